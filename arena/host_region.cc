@@ -1,0 +1,90 @@
+// Host backend: each region is a memfd sized to the reservation and mapped shared with
+// MAP_NORESERVE, so nothing is committed until touched. Decommit punches the range out of
+// the memfd, which returns the memory to the system (st_blocks falls).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "arena/region.h"
+
+namespace kvarena {
+namespace {
+
+absl::Status ErrnoStatus(const char* what, int err) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+class HostRegion final : public Region {
+ public:
+  HostRegion(int fd, uint8_t* base, size_t size) : fd_(fd), base_(base), size_(size) {}
+  ~HostRegion() override {
+    munmap(base_, size_);
+    close(fd_);
+  }
+  HostRegion(const HostRegion&) = delete;
+  HostRegion& operator=(const HostRegion&) = delete;
+
+  uint8_t* base() const override { return base_; }
+  size_t size() const override { return size_; }
+  int fd() const override { return fd_; }
+
+  // Pages of a memfd are allocated on first touch; there is nothing to do up front.
+  absl::Status Commit(size_t offset, size_t bytes) override {
+    if (offset + bytes > size_) return absl::OutOfRangeError("commit past the region's end");
+    return absl::OkStatus();
+  }
+
+  absl::Status Decommit(size_t offset, size_t bytes) override {
+    if (offset + bytes > size_) return absl::OutOfRangeError("decommit past the region's end");
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset), off_t(bytes)) != 0) {
+      return ErrnoStatus("fallocate(PUNCH_HOLE)", errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> ResidentBytes() const override {
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoStatus("fstat", errno);
+    return size_t(st.st_blocks) * 512;
+  }
+
+ private:
+  const int fd_;
+  uint8_t* const base_;
+  const size_t size_;
+};
+
+class HostBackend final : public Backend {
+ public:
+  std::string name() const override { return "host"; }
+
+  absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes, const std::string& label) override {
+    if (bytes == 0) return absl::InvalidArgumentError("reserve: bytes=0");
+    bytes = (bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+    const int fd = memfd_create(label.c_str(), MFD_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("memfd_create", errno);
+    if (ftruncate(fd, off_t(bytes)) != 0) {
+      const int err = errno;
+      close(fd);
+      return ErrnoStatus("ftruncate", err);
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      close(fd);
+      return ErrnoStatus("mmap", err);
+    }
+    return std::make_unique<HostRegion>(fd, static_cast<uint8_t*>(p), bytes);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> NewHostBackend() { return std::make_unique<HostBackend>(); }
+
+}  // namespace kvarena

@@ -1,0 +1,61 @@
+// Memory regions that hold KV pools, behind one small interface with a host (memfd) and,
+// later, a CUDA (VMM / legacy IPC) implementation.
+//
+// A Region is one contiguous virtual range reserved up front; physical memory is
+// committed chunk by chunk as pages are used and decommitted (given back to the system)
+// when chunks empty, so the range's address — and therefore every page id — never moves.
+//
+// Thread-safety: a Region's methods may be called concurrently for disjoint ranges; a
+// Backend is safe for concurrent use.
+#ifndef KVARENA_ARENA_REGION_H_
+#define KVARENA_ARENA_REGION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvarena {
+
+// Granularity of commit/decommit: CUDA VMM's minimum on current GPUs, used by every backend
+// so chunk sizes agree.
+inline constexpr size_t kChunkGranularity = size_t{2} << 20;
+
+class Region {
+ public:
+  virtual ~Region() = default;
+
+  // Base of the reserved range; valid for the region's lifetime.
+  virtual uint8_t* base() const = 0;
+  virtual size_t size() const = 0;
+
+  // Makes [offset, offset + bytes) usable. REQUIRES: inside the range.
+  virtual absl::Status Commit(size_t offset, size_t bytes) = 0;
+  // Gives [offset, offset + bytes) back to the system; later reads see zeros or garbage.
+  virtual absl::Status Decommit(size_t offset, size_t bytes) = 0;
+
+  // Bytes of physical memory the region holds now, as the system reports it.
+  virtual absl::StatusOr<size_t> ResidentBytes() const = 0;
+
+  // For sharing with another process: the host backend's memfd, -1 where not shareable.
+  virtual int fd() const { return -1; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "host", "cuda"
+  // Reserves a range of `bytes` (rounded up to kChunkGranularity) with nothing committed.
+  virtual absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes,
+                                                          const std::string& label) = 0;
+};
+
+// The host backend: memfd + MAP_NORESERVE, decommit by FALLOC_FL_PUNCH_HOLE.
+std::unique_ptr<Backend> NewHostBackend();
+
+}  // namespace kvarena
+
+#endif  // KVARENA_ARENA_REGION_H_

@@ -1,0 +1,114 @@
+// KvStore: the whole KV arena of one device — pools per geometry, the caches drawn from
+// them, sessions that own caches, and every operation the daemon serves. The daemon's
+// handlers and the client's inproc mode both call this, so each rule lives here once.
+//
+// Thread-safety: every method is safe to call concurrently. Operations on different
+// caches run in parallel; operations on one cache are serialised by that cache's lock.
+// Lock order: store map lock -> cache lock -> pool lock. Stats read counters only.
+//
+// Errors (absl::Status codes, mapped one-to-one to gRPC codes by the daemon):
+//   INVALID_ARGUMENT    bad spec, shape, dtype, layer or pos
+//   NOT_FOUND           no such cache
+//   RESOURCE_EXHAUSTED  arena full, max_tokens reached
+//   FAILED_PRECONDITION state (attend over evicted keys, unknown session, ...)
+//   PERMISSION_DENIED   the cache belongs to another session
+//   ALREADY_EXISTS      Allocate with a cache_id in use
+// A rejected call changes nothing: no page, counter or byte.
+//
+// `session` is the caller's session id ("" for none). A cache allocated in a session
+// belongs to it; any other caller touching it gets PERMISSION_DENIED (Stats excepted).
+#ifndef KVARENA_CORE_KV_STORE_H_
+#define KVARENA_CORE_KV_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "arena/region.h"
+#include "core/types.h"
+
+namespace kvarena {
+
+struct StoreOptions {
+  size_t arena_bytes = size_t{1} << 30;  // the budget every pool draws from
+  int default_page_size = 16;
+  int num_threads = -1;        // CPU attention threads; -1: one per core
+  int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
+};
+
+class KvStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const StoreOptions& options,
+                                                         std::unique_ptr<Backend> backend);
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  // cache_id "" picks a fresh id. Pages are taken lazily, on each layer's first write.
+  absl::StatusOr<CacheInfo> Allocate(const std::string& session, const CacheSpec& spec,
+                                     const std::string& cache_id);
+
+  // Dense append of n tokens to one layer: pos must equal the layer's length.
+  // k, v: [1, num_kv_heads, n, head_dim] in the cache's dtype.
+  absl::StatusOr<AppendResult> Append(const std::string& session, const std::string& cache_id,
+                                      int layer, int64_t pos, const TensorArg& k,
+                                      const TensorArg& v);
+
+  // With k/v: append them at pos (== layer length), then attend q (same n) over past+new,
+  // causally. Without: attend q at positions [pos, pos + n) over what is cached
+  // (pos + n <= layer length). q: [1, num_q_heads, n, head_dim]; out receives q's shape
+  // and dtype and must be exactly q.bytes long.
+  absl::StatusOr<AttendResult> Attend(const std::string& session, const AttendArgs& args,
+                                      void* out, size_t out_bytes);
+
+  // Rolls back the last n tokens on every layer, all or nothing (see DESIGN.md).
+  absl::StatusOr<PopnResult> Popn(const std::string& session, const std::string& cache_id,
+                                  int64_t n);
+
+  // Drops every token; keep_pages keeps the cache's pages reserved for reuse.
+  absl::StatusOr<CacheInfo> Reset(const std::string& session, const std::string& cache_id,
+                                  bool keep_pages);
+  absl::Status Release(const std::string& session, const std::string& cache_id);
+
+  absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
+                                    int layer);
+  absl::StatusOr<CacheDescription> Describe(const std::string& session,
+                                            const std::string& cache_id);
+
+  // Local path. Reserve makes room for `tokens` more tokens on every layer of each listed
+  // cache, all-or-nothing across the list; Commit advances the lengths by the same counts
+  // (after the worker wrote the K/V itself) and applies windows.
+  absl::StatusOr<std::vector<ReserveResult>> Reserve(const std::string& session,
+                                                     const std::vector<CacheTokens>& items);
+  absl::StatusOr<std::vector<CacheInfo>> Commit(const std::string& session,
+                                                const std::vector<CacheTokens>& items);
+
+  ArenaStats Stats() const;
+  absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
+  std::vector<CacheInfo> ListCaches() const;
+
+  // Sessions. OpenSession returns an unguessable id. DetachSession starts the grace
+  // period; ReapSessions releases the caches of sessions whose grace has run out.
+  std::string OpenSession(const std::string& client_name);
+  void DetachSession(const std::string& session_id, absl::Time release_at);
+  // Returns the number of caches released.
+  int ReapSessions(absl::Time now);
+  bool HasSession(const std::string& session_id) const;
+
+  // The memory of a pool, for tests and (later) sharing with workers.
+  const Region* TEST_PoolRegion(uint64_t pool_id) const;
+
+ private:
+  struct Impl;
+  explicit KvStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_KV_STORE_H_

@@ -1,0 +1,146 @@
+// Value types of the core API: cache specs, tensors passed in and out, results and stats.
+// Plain structs with no synchronisation; the daemon and the client's inproc mode convert
+// them to and from the wire (proto/kvarena/v1/kvarena.proto) field by field.
+#ifndef KVARENA_CORE_TYPES_H_
+#define KVARENA_CORE_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+struct CacheSpec {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kUnspecified;
+  int page_size = 0;               // 0: the store's default
+  std::vector<int> layer_windows;  // empty, or one per layer; 0 = global, w >= 2 = sliding
+  int64_t max_tokens = 0;          // 0: no limit beyond the arena
+};
+
+struct CacheInfo {
+  std::string cache_id;
+  CacheSpec spec;  // page_size resolved, layer_windows filled to num_layers
+  int64_t seq_len = 0;
+  std::vector<int64_t> layer_lens;
+  uint64_t pool_id = 0;
+  uint64_t page_bytes = 0;
+};
+
+// A borrowed, contiguous, row-major tensor: [1, heads, tokens, head_dim] at the API.
+struct TensorArg {
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// A tensor the core returns (GetKv); data holds the raw bytes.
+struct TensorOut {
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+struct AppendResult {
+  int64_t layer_len = 0;
+  int64_t seq_len = 0;
+};
+
+struct AttendArgs {
+  std::string cache_id;
+  int layer = 0;
+  int64_t pos = 0;
+  TensorArg q;
+  TensorArg k;          // k and v both absent (data == nullptr, bytes == 0): attend over the cache
+  TensorArg v;
+  double scale = 0;     // 0: 1/sqrt(head_dim)
+  uint32_t window = 0;  // 0: the layer's own window; else also mask keys older than this
+};
+
+struct AttendResult {
+  std::vector<int64_t> out_shape;  // equals q's shape; out has q's dtype
+  int64_t seq_len = 0;
+};
+
+struct PopnResult {
+  int64_t popped = 0;  // n, or 0 when refused
+  int64_t seq_len = 0;
+  std::string refusal;  // why it refused; empty when popped == n
+};
+
+struct GetKvResult {
+  TensorOut k;  // [1, num_kv_heads, tokens, head_dim]
+  TensorOut v;
+  int64_t first_pos = 0;  // absolute position of the first returned token
+};
+
+struct LayerPages {
+  int64_t first_pos = 0;  // absolute position of slot 0 of page_ids[0]
+  int64_t len = 0;        // tokens written (absolute)
+  std::vector<int32_t> page_ids;
+};
+
+struct CacheDescription {
+  CacheInfo info;
+  std::vector<LayerPages> layers;
+};
+
+// Local path: make room for / commit `tokens` more tokens on every layer of a cache.
+struct CacheTokens {
+  std::string cache_id;
+  int64_t tokens = 0;
+};
+
+struct ReserveResult {
+  std::string cache_id;
+  int64_t first_pos = 0;  // the first reserved position (the current seq_len)
+  std::vector<LayerPages> layers;  // per layer: pages covering [first_pos, first_pos + tokens)
+};
+
+struct PageStats {
+  int64_t num_pages = 0;   // pages_used + pages_free
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;
+  int page_size = 0;       // for the arena total: 0 unless every pool shares one page size
+  int64_t seq_len = 0;     // for the arena total: sum over caches
+  int64_t layers_materialized = 0;
+  int64_t layers_total = 0;
+  int64_t layers_sliding = 0;
+  uint64_t bytes_used = 0;      // pages_used x page bytes
+  uint64_t pages_evicted = 0;   // freed by sliding windows, since creation
+  uint64_t refusals = 0;        // popn refusals and rejected appends / reserves, since creation
+};
+
+struct PoolStats {
+  uint64_t pool_id = 0;
+  PageLayout layout;
+  uint64_t page_bytes = 0;
+  int64_t num_pages = 0;  // pages_used + pages_free
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;  // free in committed chunks + what the uncommitted budget could give
+  int64_t chunks_committed = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t bytes_committed = 0;
+  int64_t num_caches = 0;
+};
+
+struct ArenaStats {
+  PageStats pages;  // totals over every pool
+  std::vector<PoolStats> pools;
+  std::string backend;
+  uint64_t arena_bytes = 0;
+  uint64_t bytes_committed = 0;
+  uint64_t bytes_used = 0;
+  int64_t num_caches = 0;
+  int64_t num_sessions = 0;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_TYPES_H_

@@ -1,0 +1,51 @@
+// CPU kernels over a PagedKvView: append new tokens into their pages, gather a layer's
+// tokens back into contiguous tensors, and paged attention (prefill and decode, GQA,
+// sliding-window masking) with float32 accumulation for f32 / f16 / bf16 storage.
+//
+// Tensors at this interface are contiguous, row-major, in the view's dtype:
+//   k, v, k_out, v_out : [num_kv_heads][n][head_dim]
+//   q, out             : [num_q_heads][n][head_dim]
+// (the API's [1, heads, tokens, head_dim] with the batch dimension dropped).
+//
+// The kernels do not validate: the caller (core/) checks shapes, positions and page
+// coverage first. Concurrent calls are safe when they write disjoint pages / outputs.
+#ifndef KVARENA_KERNELS_CPU_KV_KERNELS_H_
+#define KVARENA_KERNELS_CPU_KV_KERNELS_H_
+
+#include <cstdint>
+
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+class ThreadPool;
+
+// Writes n tokens at absolute positions [pos, pos + n).
+// REQUIRES: the view's blocks cover positions [pos, pos + n); pos >= view.first_pos().
+void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v);
+
+// Copies positions [pos, pos + n) out of the pages.
+// REQUIRES: view.first_pos() <= pos and pos + n <= view.len.
+void GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out);
+
+struct AttentionParams {
+  int num_q_heads = 0;  // a multiple of layout.num_kv_heads (GQA)
+  int64_t q_pos = 0;    // absolute position of the first query
+  int64_t n = 1;        // queries: positions [q_pos, q_pos + n)
+  float scale = 0;      // softmax scale (callers default it to 1/sqrt(head_dim))
+  int64_t window = 0;   // 0: full causal; w >= 1: query at p sees keys in (p - w, p]
+};
+
+// out[h][i] = softmax(scale * q[h][i] . K[t]) V[t] over keys t with
+// max(view.first_pos(), p - window + 1) <= t <= p, where p = q_pos + i (causal).
+// REQUIRES: q_pos + n <= view.len, and every query has at least one visible key.
+// pool may be null (runs on the calling thread).
+void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                    void* out, ThreadPool* pool);
+
+// Whether the vectorised (AVX2 + FMA + F16C) path is in use on this CPU.
+bool CpuKernelsVectorized();
+
+}  // namespace kvarena
+
+#endif  // KVARENA_KERNELS_CPU_KV_KERNELS_H_

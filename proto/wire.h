@@ -1,0 +1,44 @@
+// Conversions between the wire messages (kvarena.v1) and the core value types
+// (core/types.h), one function per type and direction, shared by the daemon and the
+// client so no field is mapped twice. Pure functions; thread-safe.
+//
+// Decoding never validates semantics (that is core's job); it only carries values.
+// Tensors decoded from the wire borrow the message's bytes: the message must outlive them.
+#ifndef KVARENA_PROTO_WIRE_H_
+#define KVARENA_PROTO_WIRE_H_
+
+#include "core/types.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+
+DType FromProto(v1::DType d);
+v1::DType ToProto(DType d);
+
+CacheSpec FromProto(const v1::CacheSpec& p);
+void ToProto(const CacheSpec& s, v1::CacheSpec* p);
+
+CacheInfo FromProto(const v1::CacheInfo& p);
+void ToProto(const CacheInfo& c, v1::CacheInfo* p);
+
+// Inline tensors only (payload `data`); a SharedSlice payload is resolved by the caller.
+TensorArg FromProto(const v1::Tensor& p);
+void ToProto(const TensorArg& t, v1::Tensor* p);  // copies t.data into p's bytes
+void ToProto(TensorOut&& t, v1::Tensor* p);       // moves t.data into p's bytes
+TensorOut TensorOutFromProto(const v1::Tensor& p);
+
+LayerPages FromProto(const v1::LayerPages& p);
+void ToProto(const LayerPages& l, uint32_t layer, v1::LayerPages* p);
+
+PageStats FromProto(const v1::PageStats& p);
+void ToProto(const PageStats& s, v1::PageStats* p);
+
+PoolStats FromProto(const v1::PoolStats& p);
+void ToProto(const PoolStats& s, v1::PoolStats* p);
+
+ArenaStats FromProto(const v1::StatsResponse& p);
+void ToProto(const ArenaStats& s, v1::StatsResponse* p);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_PROTO_WIRE_H_

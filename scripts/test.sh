@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: installs dependencies, builds, and runs the whole suite under ctest.
+# Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-deps
+scripts/build.sh
+if [ -f tests/node/package.json ]; then
+  (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
+fi
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure --timeout 300 -j"$(nproc)"
