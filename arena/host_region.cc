@@ -41,10 +41,24 @@ class HostRegion final : public Region {
 
   absl::Status Decommit(size_t offset, size_t bytes) override {
     if (offset + bytes > size_) return absl::OutOfRangeError("decommit past the region's end");
-    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(offset), off_t(bytes)) != 0) {
+    // Punch whole file-system blocks only: a partial block at either end may hold the
+    // neighbouring range's live bytes, which a punch would zero.
+    const size_t begin = (offset + kBlock - 1) / kBlock * kBlock;
+    const size_t end = (offset + bytes) / kBlock * kBlock;
+    if (end <= begin) return absl::OkStatus();
+    if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(begin),
+                  off_t(end - begin)) != 0) {
       return ErrnoStatus("fallocate(PUNCH_HOLE)", errno);
     }
     return absl::OkStatus();
+  }
+
+  std::string share_kind() const override { return "host_memfd"; }
+
+  absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const override {
+    const int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return ErrnoStatus("dup(memfd)", errno);
+    return std::vector<SharedPiece>{{0, size_, fd}};
   }
 
   absl::StatusOr<size_t> ResidentBytes() const override {
@@ -54,6 +68,7 @@ class HostRegion final : public Region {
   }
 
  private:
+  static constexpr size_t kBlock = 4096;
   const int fd_;
   uint8_t* const base_;
   const size_t size_;
@@ -83,8 +98,47 @@ class HostBackend final : public Backend {
   }
 };
 
+// A peer's view of a host region: the range is reserved PROT_NONE up front so pieces map
+// at fixed offsets inside it.
+class HostMapping final : public MappedRegion {
+ public:
+  HostMapping(uint8_t* base, size_t size) : base_(base), size_(size) {}
+  ~HostMapping() override { munmap(base_, size_); }
+  HostMapping(const HostMapping&) = delete;
+  HostMapping& operator=(const HostMapping&) = delete;
+
+  uint8_t* base() const override { return base_; }
+  size_t size() const override { return size_; }
+
+  absl::Status MapPieces(std::vector<SharedPiece> pieces) override {
+    absl::Status status;
+    for (const SharedPiece& p : pieces) {
+      if (status.ok() && (p.offset + p.bytes > size_ || p.fd < 0)) {
+        status = absl::InvalidArgumentError(absl::StrCat("piece [", p.offset, ", +", p.bytes,
+                                                         ") lies outside a region of ", size_, " bytes"));
+      }
+      if (status.ok() && mmap(base_ + p.offset, p.bytes, PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_FIXED | MAP_NORESERVE, p.fd, off_t(p.offset)) == MAP_FAILED) {
+        status = ErrnoStatus("mmap(piece)", errno);
+      }
+      if (p.fd >= 0) close(p.fd);
+    }
+    return status;
+  }
+
+ private:
+  uint8_t* const base_;
+  const size_t size_;
+};
+
 }  // namespace
 
 std::unique_ptr<Backend> NewHostBackend() { return std::make_unique<HostBackend>(); }
+
+absl::StatusOr<std::unique_ptr<MappedRegion>> ImportHostRegion(size_t size) {
+  void* p = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
+  return std::make_unique<HostMapping>(static_cast<uint8_t*>(p), size);
+}
 
 }  // namespace kvarena

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,6 +24,13 @@ namespace kvarena {
 // Granularity of commit/decommit: CUDA VMM's minimum on current GPUs, used by every backend
 // so chunk sizes agree.
 inline constexpr size_t kChunkGranularity = size_t{2} << 20;
+
+// One piece of a shared region: bytes [offset, offset + bytes) reachable through fd.
+struct SharedPiece {
+  size_t offset = 0;
+  size_t bytes = 0;
+  int fd = -1;
+};
 
 class Region {
  public:
@@ -42,7 +50,31 @@ class Region {
 
   // For sharing with another process: the host backend's memfd, -1 where not shareable.
   virtual int fd() const { return -1; }
+
+  // How a peer maps this region: "host_memfd", "cuda_vmm" or "cuda_ipc".
+  virtual std::string share_kind() const = 0;
+  // The pieces a peer maps to see [0, size()), each with a new fd the caller owns (host:
+  // one piece, the memfd; CUDA VMM: one per committed chunk). Empty for cuda_ipc.
+  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const = 0;
+  // cuda_ipc only: the cudaIpcMemHandle_t bytes.
+  virtual std::string ipc_handle() const { return ""; }
 };
+
+// A region as another process sees it: the same size, so an offset (a page id times the
+// page bytes) means the same place. Not thread-safe; owned by one client.
+class MappedRegion {
+ public:
+  virtual ~MappedRegion() = default;
+  virtual uint8_t* base() const = 0;
+  virtual size_t size() const = 0;
+  // Maps pieces received from the owner (they may arrive over time, as the owner grows).
+  // Takes ownership of each piece's fd.
+  virtual absl::Status MapPieces(std::vector<SharedPiece> pieces) = 0;
+};
+
+// Maps a region exported by another process. kind is Region::share_kind() there.
+absl::StatusOr<std::unique_ptr<MappedRegion>> ImportRegion(const std::string& kind, size_t size,
+                                                           const std::string& ipc_handle);
 
 class Backend {
  public:
