@@ -1,0 +1,300 @@
+// PagedAttention: splits the work into units, runs them on the pool, merges the splits.
+//
+// A unit is (query block, group of kv heads, split of the key range). It walks its keys
+// in tiles of kTileTokens consecutive positions (so tiles cross page boundaries freely),
+// and for each tile runs the tile step (attention_tile.h) once per kv head over all the
+// query rows of that head: the g = num_q_heads / num_kv_heads heads of the GQA group times
+// the block's queries, so each K/V element is loaded once for all of them. Walking tiles
+// outermost and heads inside reads the pages in address order.
+//
+// Decode (n = 1) puts every kv head in one unit and splits long contexts into key ranges
+// (flash-decoding); each split leaves (m, l, acc) per row and the caller merges them.
+// Prefill uses one head per unit and blocks of queries, splitting keys only when there
+// are too few units for the threads.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <vector>
+
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/dtype_convert.h"
+#include "kernels/cpu/kv_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvarena {
+namespace {
+
+using cpu_internal::AttendTileArgs;
+using cpu_internal::AttendTileFn;
+using cpu_internal::kTileTokens;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kMaxRowsPerUnit = 64;       // query rows whose state one unit keeps
+constexpr int64_t kMinSplitTokens = 256;  // shortest key range worth its own split
+constexpr int kUnitsPerThread = 4;        // slack for load balance
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+struct Plan {
+  int group = 1;         // q heads per kv head
+  int64_t block = 1;     // queries per query block
+  int64_t q_blocks = 1;
+  int heads_per_unit = 1;
+  int head_chunks = 1;
+  int64_t splits = 1;
+  int64_t num_units() const { return q_blocks * head_chunks * splits; }
+};
+
+// Everything a unit reads, plus where it writes.
+struct Call {
+  const PagedKvView* view = nullptr;
+  const AttentionParams* params = nullptr;
+  Plan plan;
+  AttendTileFn tile_fn = nullptr;
+  const float* qs = nullptr;  // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
+  void* out = nullptr;  // [num_q_heads][n][head_dim] in the cache dtype
+  // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
+  float* partial = nullptr;
+};
+
+int64_t FirstVisible(const PagedKvView& view, const AttentionParams& p, int64_t pos) {
+  const int64_t lo = p.window > 0 ? pos - p.window + 1 : 0;
+  return std::max(view.first_pos(), lo);
+}
+
+Plan MakePlan(const PagedKvView& view, const AttentionParams& p, int threads) {
+  Plan plan;
+  const int num_kv_heads = view.layout.num_kv_heads;
+  plan.group = p.num_q_heads / num_kv_heads;
+  plan.block = std::min<int64_t>(p.n, std::max(1, kMaxRowsPerUnit / plan.group));
+  plan.q_blocks = CeilDiv(p.n, plan.block);
+  const int64_t rows_per_head = plan.block * plan.group;
+  plan.heads_per_unit = int(std::clamp<int64_t>(kMaxRowsPerUnit / rows_per_head, 1, num_kv_heads));
+  plan.head_chunks = int(CeilDiv(num_kv_heads, plan.heads_per_unit));
+  if (threads <= 1) return plan;
+
+  const int64_t target = int64_t(threads) * kUnitsPerThread;
+  const int64_t last_pos = p.q_pos + p.n - 1;
+  const int64_t first_pos_of_last_block = p.q_pos + (plan.q_blocks - 1) * plan.block;
+  const int64_t span = last_pos - FirstVisible(view, p, first_pos_of_last_block) + 1;
+  const int64_t base = plan.q_blocks * plan.head_chunks;
+  if (base < target) {
+    plan.splits = std::clamp<int64_t>(CeilDiv(target, base), 1,
+                                      std::max<int64_t>(1, span / kMinSplitTokens));
+  }
+  if (plan.num_units() < target && plan.head_chunks < num_kv_heads) {
+    const int64_t want = CeilDiv(target, plan.q_blocks * plan.splits);
+    plan.heads_per_unit = int(CeilDiv(num_kv_heads, std::min<int64_t>(want, num_kv_heads)));
+    plan.head_chunks = int(CeilDiv(num_kv_heads, plan.heads_per_unit));
+  }
+  return plan;
+}
+
+// Fills ptrs[j] = K of position pos + j (head 0) and V likewise, for j < count.
+void TokenPointers(const PagedKvView& view, int64_t pos, int count, const uint8_t** k,
+                   const uint8_t** v) {
+  const PageLayout& layout = view.layout;
+  const size_t token_bytes = layout.TokenBytes();
+  const size_t v_offset = size_t(layout.page_size) * token_bytes;
+  for (int j = 0; j < count;) {
+    const uint8_t* base = view.TokenPtr(0, pos + j);
+    const int64_t in_page = layout.page_size - (pos + j) % layout.page_size;
+    for (int64_t s = 0; s < in_page && j < count; ++s, ++j) {
+      k[j] = base + s * token_bytes;
+      v[j] = k[j] + v_offset;
+    }
+  }
+}
+
+void RunUnit(const Call& call, int64_t unit) {
+  const PagedKvView& view = *call.view;
+  const AttentionParams& p = *call.params;
+  const Plan& plan = call.plan;
+  const int dim = view.layout.head_dim;
+  const int64_t split = unit % plan.splits;
+  const int head_chunk = int(unit / plan.splits % plan.head_chunks);
+  const int64_t q_block = unit / plan.splits / plan.head_chunks;
+
+  const int64_t i0 = q_block * plan.block;
+  const int64_t nq = std::min(plan.block, p.n - i0);
+  const int rows = int(nq * plan.group);  // per kv head, row = i * group + g
+  const int h0 = head_chunk * plan.heads_per_unit;
+  const int h1 = std::min(view.layout.num_kv_heads, h0 + plan.heads_per_unit);
+
+  std::vector<int64_t> row_lo(rows), row_hi(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t pos = p.q_pos + i0 + r / plan.group;
+    row_lo[r] = FirstVisible(view, p, pos);
+    row_hi[r] = pos;
+  }
+  // This split's share of the block's key range, cut at tile-aligned positions.
+  const int64_t lo = row_lo[0], end = p.q_pos + i0 + nq;
+  const int64_t aligned = lo / kTileTokens * kTileTokens;
+  const int64_t chunk = CeilDiv(CeilDiv(end - aligned, plan.splits), kTileTokens) * kTileTokens;
+  const int64_t s_lo = std::max(lo, aligned + split * chunk);
+  const int64_t s_end = std::min(end, aligned + (split + 1) * chunk);
+
+  const size_t state_rows = size_t(h1 - h0) * rows;
+  std::vector<float> m(state_rows, kNegInf), l(state_rows, 0.0f), acc(state_rows * dim, 0.0f);
+  std::vector<float> scratch(size_t(rows) * (kTileTokens + 1));
+  const uint8_t* k_ptr[kTileTokens];
+  const uint8_t* v_ptr[kTileTokens];
+  const uint8_t* next_k[kTileTokens];  // the tile after this one, for prefetching
+  const uint8_t* next_v[kTileTokens];
+  AttendTileArgs args;
+  args.dtype = view.layout.dtype;
+  args.head_dim = dim;
+  args.rows = rows;
+  args.row_lo = row_lo.data();
+  args.row_hi = row_hi.data();
+  args.k = k_ptr;
+  args.v = v_ptr;
+  args.next_k = next_k;
+  args.next_v = next_v;
+  args.scratch = scratch.data();
+  const size_t head_bytes = size_t(dim) * view.layout.ElemBytes();
+  auto tile_end = [&](int64_t t0) {
+    return std::min(s_end, t0 / kTileTokens * kTileTokens + kTileTokens);
+  };
+  if (s_lo < s_end) TokenPointers(view, s_lo, int(tile_end(s_lo) - s_lo), next_k, next_v);
+  for (int64_t t0 = s_lo; t0 < s_end;) {
+    const int64_t t1 = tile_end(t0);
+    args.pos0 = t0;
+    args.tokens = int(t1 - t0);
+    std::copy(next_k, next_k + args.tokens, k_ptr);
+    std::copy(next_v, next_v + args.tokens, v_ptr);
+    const int next_tokens = t1 < s_end ? int(tile_end(t1) - t1) : 0;
+    if (next_tokens > 0) TokenPointers(view, t1, next_tokens, next_k, next_v);
+    args.next_tokens = next_tokens;
+    for (int h = h0; h < h1; ++h) {
+      const size_t off = size_t(h) * head_bytes;
+      const size_t s = size_t(h - h0) * rows;
+      args.q = call.qs + (size_t(h) * p.n + i0) * plan.group * dim;
+      args.head_offset = off;
+      args.m = m.data() + s;
+      args.l = l.data() + s;
+      args.acc = acc.data() + s * dim;
+      call.tile_fn(args);
+    }
+    t0 = t1;
+  }
+
+  for (int h = h0; h < h1; ++h) {
+    for (int r = 0; r < rows; ++r) {
+      const size_t s = size_t(h - h0) * rows + r;
+      const int64_t i = i0 + r / plan.group;
+      const int g = r % plan.group;
+      float* a = acc.data() + s * dim;
+      if (plan.splits > 1) {
+        float* part = call.partial +
+                      ((((size_t(h) * p.n + i) * plan.group + g) * plan.splits + split) * (dim + 2));
+        part[0] = m[s];
+        part[1] = l[s];
+        std::copy(a, a + dim, part + 2);
+        continue;
+      }
+      const float inv = l[s] > 0 ? 1.0f / l[s] : 0.0f;
+      for (int d = 0; d < dim; ++d) a[d] *= inv;
+      const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
+      cpu_internal::StoreFromFloat(view.layout.dtype, a, dim,
+                                   static_cast<uint8_t*>(call.out) +
+                                       out_row * dim * view.layout.ElemBytes());
+    }
+  }
+}
+
+// Combines the splits of every row into the output.
+void MergeSplits(const Call& call) {
+  const PagedKvView& view = *call.view;
+  const AttentionParams& p = *call.params;
+  const Plan& plan = call.plan;
+  const int dim = view.layout.head_dim;
+  std::vector<float> o(dim);
+  const int64_t rows = int64_t(view.layout.num_kv_heads) * p.n * plan.group;
+  for (int64_t row = 0; row < rows; ++row) {  // row = (h * n + i) * group + g
+    const float* parts = call.partial + size_t(row) * plan.splits * (dim + 2);
+    float m = kNegInf;
+    for (int64_t s = 0; s < plan.splits; ++s) m = std::max(m, parts[s * (dim + 2)]);
+    std::fill(o.begin(), o.end(), 0.0f);
+    float l = 0;
+    if (m != kNegInf) {
+      for (int64_t s = 0; s < plan.splits; ++s) {
+        const float* part = parts + s * (dim + 2);
+        if (part[0] == kNegInf) continue;
+        const float w = std::exp2(part[0] - m);
+        l += w * part[1];
+        for (int d = 0; d < dim; ++d) o[d] += w * part[2 + d];
+      }
+    }
+    const float inv = l > 0 ? 1.0f / l : 0.0f;
+    for (int d = 0; d < dim; ++d) o[d] *= inv;
+    const int64_t g = row % plan.group, i = row / plan.group % p.n, h = row / plan.group / p.n;
+    const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
+    cpu_internal::StoreFromFloat(view.layout.dtype, o.data(), dim,
+                                 static_cast<uint8_t*>(call.out) +
+                                     out_row * dim * view.layout.ElemBytes());
+  }
+}
+
+// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e), for kv heads [h0, h1).
+void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
+                  int h0, int h1, float* qs) {
+  const int dim = view.layout.head_dim;
+  const float factor = p.scale * std::numbers::log2e_v<float>;
+  const size_t elem = view.layout.ElemBytes();
+  for (int h = h0; h < h1; ++h) {
+    for (int64_t i = 0; i < p.n; ++i) {
+      for (int g = 0; g < group; ++g) {
+        const size_t src_row = (size_t(h) * group + g) * p.n + i;
+        float* dst = qs + ((size_t(h) * p.n + i) * group + g) * dim;
+        cpu_internal::LoadAsFloat(view.layout.dtype,
+                                  static_cast<const uint8_t*>(q) + src_row * dim * elem, dim, dst);
+        for (int d = 0; d < dim; ++d) dst[d] *= factor;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                    void* out, ThreadPool* pool) {
+  if (params.n <= 0) return;
+  const int threads = pool != nullptr ? pool->num_threads() : 1;
+  const int num_kv_heads = view.layout.num_kv_heads;
+  const int dim = view.layout.head_dim;
+  Call call;
+  call.view = &view;
+  call.params = &params;
+  call.plan = MakePlan(view, params, threads);
+  call.tile_fn = cpu_internal::SelectAttendTile(dim);
+  call.out = out;
+
+  const int group = call.plan.group;
+  std::vector<float> qs(size_t(num_kv_heads) * params.n * group * dim);
+  const bool big_q = qs.size() >= (size_t(1) << 16);
+  if (pool != nullptr && big_q) {
+    pool->ParallelFor(num_kv_heads, [&](int64_t h) {
+      ScaleQueries(view, params, group, q, int(h), int(h) + 1, qs.data());
+    });
+  } else {
+    ScaleQueries(view, params, group, q, 0, num_kv_heads, qs.data());
+  }
+  call.qs = qs.data();
+
+  std::vector<float> partial;
+  if (call.plan.splits > 1) {
+    partial.resize(qs.size() / dim * call.plan.splits * (dim + 2));
+    call.partial = partial.data();
+  }
+  const int64_t units = call.plan.num_units();
+  if (pool != nullptr && units > 1) {
+    pool->ParallelFor(units, [&call](int64_t u) { RunUnit(call, u); });
+  } else {
+    for (int64_t u = 0; u < units; ++u) RunUnit(call, u);
+  }
+  if (call.plan.splits > 1) MergeSplits(call);
+}
+
+}  // namespace kvarena

@@ -1,0 +1,246 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention_reference.h"
+#include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/kv_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvarena {
+namespace {
+
+using kvarena::testing::DecodeAll;
+using kvarena::testing::RandomStored;
+using kvarena::testing::ReferenceAttention;
+using kvarena::testing::TestPagedLayer;
+
+// One attention problem: a paged layer with random K/V, random q, and the parameters.
+struct Problem {
+  PageLayout layout;
+  int group = 1;
+  int64_t first_block = 0, q_pos = 0, n = 1, extra = 0;  // len = q_pos + n + extra
+  int64_t window = 0;
+  float scale_factor = 1;  // scale = scale_factor / sqrt(head_dim)
+};
+
+// How the kernel is run.
+struct Variant {
+  bool portable;
+  bool pooled;
+};
+constexpr Variant kVariants[] = {{false, false}, {false, true}, {true, false}, {true, true}};
+
+class PagedAttentionTest : public ::testing::Test {
+ protected:
+  PagedAttentionTest() : seed_(std::random_device()()), rng_(seed_), pool_(2) {}
+  ~PagedAttentionTest() override { TEST_ForcePortableKernels(false); }
+
+  int64_t Rand(int64_t lo, int64_t hi) {  // uniform in [lo, hi]
+    return lo + int64_t(rng_() % uint64_t(hi - lo + 1));
+  }
+
+  // Runs PagedAttention with poisoned (NaN) output and a guard band after it; returns the
+  // decoded output.
+  std::vector<double> RunKernel(const PagedKvView& view, const AttentionParams& params,
+                                const std::vector<uint8_t>& q, Variant variant) {
+    TEST_ForcePortableKernels(variant.portable);
+    EXPECT_EQ(CpuKernelsVectorized(), !variant.portable && cpu_internal::CpuHasAvx2FmaF16c());
+    const size_t bytes = q.size();
+    std::vector<uint8_t> out(bytes + 64, 0xFF);
+    PagedAttention(view, params, q.data(), out.data(), variant.pooled ? &pool_ : nullptr);
+    TEST_ForcePortableKernels(false);
+    EXPECT_TRUE(std::all_of(out.begin() + bytes, out.end(), [](uint8_t b) { return b == 0xFF; }))
+        << "wrote past the output";
+    out.resize(bytes);
+    return DecodeAll(view.layout.dtype, out);
+  }
+
+  // Checks every variant against the float64 reference of the stored values. The error
+  // allowed is float32 accumulation plus half an output ULP of the dtype.
+  void CheckProblem(const Problem& pb, const Variant* variants, size_t num_variants) {
+    const int64_t len = pb.q_pos + pb.n + pb.extra;
+    TestPagedLayer layer(pb.layout, pb.first_block, len, rng_);
+    layer.FillRandom(rng_);
+    const int num_q_heads = pb.layout.num_kv_heads * pb.group;
+    const std::vector<uint8_t> q =
+        RandomStored(pb.layout.dtype, size_t(num_q_heads) * pb.n * pb.layout.head_dim, rng_);
+    AttentionParams params;
+    params.num_q_heads = num_q_heads;
+    params.q_pos = pb.q_pos;
+    params.n = pb.n;
+    params.scale = pb.scale_factor / std::sqrt(float(pb.layout.head_dim));
+    params.window = pb.window;
+    const std::vector<double> want = ReferenceAttention(
+        layer, DecodeAll(pb.layout.dtype, q), num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
+
+    const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
+                           : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
+                                                                 : 0.0;
+    for (size_t vi = 0; vi < num_variants; ++vi) {
+      const Variant variant = variants[vi];
+      SCOPED_TRACE(::testing::Message() << (variant.portable ? "portable" : "vectorised")
+                                        << (variant.pooled ? " pooled" : " no-pool"));
+      const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
+      size_t bad = 0;
+      for (size_t i = 0; i < want.size() && bad < 5; ++i) {
+        const double tol = 1e-5 + out_rel * std::fabs(want[i]);
+        if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
+          ++bad;
+          ADD_FAILURE() << "element " << i << " (head " << i / pb.layout.head_dim / pb.n
+                        << ", query " << i / pb.layout.head_dim % pb.n << "): got " << got[i]
+                        << " want " << want[i];
+        }
+      }
+    }
+  }
+
+  static std::string Describe(const Problem& pb) {
+    std::ostringstream s;
+    s << DTypeName(pb.layout.dtype) << " head_dim=" << pb.layout.head_dim
+      << " page_size=" << pb.layout.page_size << " kv_heads=" << pb.layout.num_kv_heads
+      << " group=" << pb.group << " window=" << pb.window << " first_block=" << pb.first_block
+      << " q_pos=" << pb.q_pos << " n=" << pb.n << " extra=" << pb.extra
+      << " scale_factor=" << pb.scale_factor;
+    return s.str();
+  }
+
+  // The sweep for one dtype: head_dim x page_size x group x window, each with a random
+  // decode and a random prefill problem (random lengths, sometimes an evicted prefix),
+  // each run vectorised and portable, with and without the pool.
+  void Sweep(DType dtype) {
+    SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+    for (int head_dim : {64, 128, 256}) {
+      for (int page_size : {1, 8, 16, 32}) {
+        for (int group : {1, 4, 8}) {
+          for (int window : {0, 2, 5, 17}) {
+            for (int64_t n : {int64_t(1), Rand(2, 12)}) {
+              Problem pb;
+              pb.layout.dtype = dtype;
+              pb.layout.head_dim = head_dim;
+              pb.layout.page_size = page_size;
+              pb.layout.num_kv_heads = 2;
+              pb.group = group;
+              pb.window = window;
+              pb.n = n;
+              pb.q_pos = Rand(0, 90);
+              pb.extra = Rand(0, 3) == 0 ? Rand(1, 5) : 0;
+              if (pb.q_pos >= page_size && Rand(0, 1) == 1) {
+                pb.first_block = Rand(1, pb.q_pos / page_size);  // evicted prefix
+              }
+              pb.scale_factor = Rand(0, 1) == 1 ? 4.0f : 1.0f;
+              SCOPED_TRACE(Describe(pb));
+              CheckProblem(pb, kVariants, std::size(kVariants));
+              if (HasFailure()) return;  // one broken config is enough to read
+            }
+          }
+        }
+      }
+    }
+  }
+
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  ThreadPool pool_;
+};
+
+TEST_F(PagedAttentionTest, Float32MatchesReferenceAcrossSweep) { Sweep(DType::kFloat32); }
+TEST_F(PagedAttentionTest, Float16MatchesReferenceAcrossSweep) { Sweep(DType::kFloat16); }
+TEST_F(PagedAttentionTest, BFloat16MatchesReferenceAcrossSweep) { Sweep(DType::kBFloat16); }
+
+// Long contexts: decode splits the keys across units (flash-decoding) and merges them.
+TEST_F(PagedAttentionTest, LongContextDecodeMergesSplits) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t window : {int64_t(0), int64_t(700)}) {
+      Problem pb;
+      pb.layout = {dtype, 16, 4, 128};
+      pb.group = 4;
+      pb.window = window;
+      pb.q_pos = Rand(1500, 4000);
+      pb.first_block = Rand(0, 1) == 1 ? Rand(1, 50) : 0;
+      SCOPED_TRACE(Describe(pb));
+      CheckProblem(pb, kVariants, std::size(kVariants));
+    }
+  }
+}
+
+// Many query blocks, some evicted prefix, a window; prefill with and without splits.
+TEST_F(PagedAttentionTest, LongPrefillMatchesReference) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  for (int group : {1, 8}) {
+    Problem pb;
+    pb.layout = {DType::kFloat16, 16, 2, 64};
+    pb.group = group;
+    pb.window = group == 1 ? 0 : 300;
+    pb.q_pos = Rand(200, 600);
+    pb.first_block = 3;
+    pb.n = Rand(60, 150);
+    SCOPED_TRACE(Describe(pb));
+    CheckProblem(pb, kVariants, std::size(kVariants));
+  }
+}
+
+// Head dims off the sweep: 36 (not a multiple of 8: the portable tile even when
+// vectorised), 40 (8-wide blocks only: bfloat16 without the 16-wide path, and a tail of
+// dims after the register-blocked ones), 72.
+TEST_F(PagedAttentionTest, UnusualHeadDimsMatchReference) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (int head_dim : {36, 40, 72}) {
+      for (int64_t n : {int64_t(1), int64_t(5)}) {
+        Problem pb;
+        pb.layout = {dtype, 8, 2, head_dim};
+        pb.group = 2;
+        pb.q_pos = Rand(10, 60);
+        pb.n = n;
+        pb.window = Rand(0, 1) == 1 ? 9 : 0;
+        SCOPED_TRACE(Describe(pb));
+        CheckProblem(pb, kVariants, std::size(kVariants));
+      }
+    }
+  }
+}
+
+// Callers on several threads share one pool; each gets the result a lone caller gets.
+TEST_F(PagedAttentionTest, ConcurrentCallersShareOnePool) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  const PageLayout layout{DType::kFloat16, 16, 4, 128};
+  TestPagedLayer layer(layout, 0, 3000, rng_);
+  layer.FillRandom(rng_);
+  AttentionParams params;
+  params.num_q_heads = 16;
+  params.q_pos = 2999;
+  params.scale = 0.1f;
+  constexpr int kCallers = 4;
+  std::vector<std::vector<uint8_t>> q, lone(kCallers);
+  for (int c = 0; c < kCallers; ++c) {
+    q.push_back(RandomStored(layout.dtype, size_t(16) * 128, rng_));
+    lone[c].assign(q[c].size(), 0xFF);
+    PagedAttention(layer.view(), params, q[c].data(), lone[c].data(), &pool_);
+  }
+  std::vector<std::vector<uint8_t>> shared(kCallers, std::vector<uint8_t>(q[0].size()));
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kCallers; ++c) {
+    threads.emplace_back([&, c] {
+      for (int rep = 0; rep < 20; ++rep) {
+        std::fill(shared[c].begin(), shared[c].end(), 0xFF);
+        PagedAttention(layer.view(), params, q[c].data(), shared[c].data(), &pool_);
+        if (shared[c] != lone[c]) return;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int c = 0; c < kCallers; ++c) EXPECT_EQ(shared[c], lone[c]) << "caller " << c;
+}
+
+}  // namespace
+}  // namespace kvarena

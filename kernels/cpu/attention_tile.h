@@ -1,0 +1,72 @@
+// Internal to kernels/cpu: the inner step of PagedAttention, one tile of consecutive key
+// positions against the query rows of one kv head, with a portable implementation and an
+// AVX2 + FMA + F16C one (a separate translation unit built with those flags), and the
+// run-time choice between them.
+//
+// The tile step keeps the flash-attention running state of each row in the log2 domain:
+// m = max score seen, l = sum of 2^(score - m), acc = sum of 2^(score - m) * V.
+// It only reads K/V and writes the state and scratch it is given, so tiles of different
+// rows or of different key ranges may run concurrently.
+//
+// This header must stay free of inline functions and std templates: the AVX2 unit
+// includes it, and any such code emitted there could replace the portable copy at link.
+#ifndef KVARENA_KERNELS_CPU_ATTENTION_TILE_H_
+#define KVARENA_KERNELS_CPU_ATTENTION_TILE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+namespace cpu_internal {
+
+// Key positions per tile (the scratch row length).
+inline constexpr int kTileTokens = 32;
+
+struct AttendTileArgs {
+  DType dtype = DType::kFloat32;  // K/V storage type
+  int head_dim = 0;
+  int rows = 0;                   // query rows (GQA heads x queries) of this kv head
+  const float* q = nullptr;       // [rows][head_dim], pre-scaled by scale * log2(e)
+  const int64_t* row_lo = nullptr;  // [rows] first visible key position per row
+  const int64_t* row_hi = nullptr;  // [rows] last visible key position (inclusive)
+  int64_t pos0 = 0;               // absolute position of tile token 0
+  int tokens = 0;                 // 1..kTileTokens consecutive positions pos0..
+  const uint8_t* const* k = nullptr;  // [tokens] K of token j, kv head 0
+  const uint8_t* const* v = nullptr;  // [tokens] V of token j, kv head 0
+  size_t head_offset = 0;         // bytes from head 0 to this kv head within a token
+  // The next tile's tokens (same head_offset), which the step may prefetch; 0 if none.
+  int next_tokens = 0;
+  const uint8_t* const* next_k = nullptr;  // [next_tokens]
+  const uint8_t* const* next_v = nullptr;  // [next_tokens]
+  float* m = nullptr;             // [rows] running max, -inf before the first key
+  float* l = nullptr;             // [rows] running sum of weights
+  float* acc = nullptr;           // [rows][head_dim] running weighted sum of V
+  float* scratch = nullptr;       // [rows][kTileTokens + 1] floats of workspace
+};
+
+// Folds the visible keys of one tile into the rows' running state. Rows that see no key
+// of the tile are left unchanged.
+using AttendTileFn = void (*)(const AttendTileArgs& args);
+
+void PortableAttendTile(const AttendTileArgs& args);
+// REQUIRES: CpuHasAvx2FmaF16c() and head_dim % 8 == 0.
+void Avx2AttendTile(const AttendTileArgs& args);
+
+// Whether this CPU (and OS) runs AVX2, FMA and F16C code.
+bool CpuHasAvx2FmaF16c();
+
+// The tile function PagedAttention uses for this head_dim: AVX2 when supported, not
+// forced off and head_dim % 8 == 0, portable otherwise.
+AttendTileFn SelectAttendTile(int head_dim);
+
+}  // namespace cpu_internal
+
+// Test hook: force the portable kernels (true) or restore the automatic choice (false).
+// The environment variable KVARENA_CPU_KERNELS=portable forces them from the start.
+void TEST_ForcePortableKernels(bool force);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_KERNELS_CPU_ATTENTION_TILE_H_

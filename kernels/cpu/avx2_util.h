@@ -1,0 +1,163 @@
+// Vector helpers for the AVX2 attention tile: element formats, horizontal reductions,
+// exp2, the online-softmax row update and the next-tile prefetcher.
+//
+// Include ONLY from translation units built with -mavx2 -mfma -mf16c. Everything here
+// lives in kvarena::cpu_internal::avx2 and is inline, so every copy the linker may pick
+// is AVX2 code called from AVX2 code; no portable unit may include this header.
+#ifndef KVARENA_KERNELS_CPU_AVX2_UTIL_H_
+#define KVARENA_KERNELS_CPU_AVX2_UTIL_H_
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/attention_tile.h"
+
+namespace kvarena::cpu_internal::avx2 {
+
+inline constexpr float kNegInf = -__builtin_inff();
+
+// Element formats: Load8 reads 8 consecutive stored elements as 8 floats.
+struct F32 {
+  static constexpr size_t kBytes = 4;
+  static __m256 Load8(const uint8_t* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+};
+struct F16 {
+  static constexpr size_t kBytes = 2;
+  static __m256 Load8(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+// bfloat16: zero-extend to 32 bits, shift into the high half. (Loading 16 at a time and
+// splitting even / odd elements with a shift and a mask measured no faster.)
+struct BF16 {
+  static constexpr size_t kBytes = 2;
+  static __m256 Load8(const uint8_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+};
+
+inline int Min(int a, int b) { return a < b ? a : b; }
+inline int Max(int a, int b) { return a > b ? a : b; }
+
+inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float HMax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// Lane i of the result = horizontal sum of v[i].
+inline __m256 HSum8(const __m256* v) {
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]);
+  const __m256 t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]);
+  const __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1);  // per 128-bit half: sums of v0..v3
+  const __m256 u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of v4..v7
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                       _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0.
+inline __m256 Exp2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
+  // Taylor series of 2^f = e^(f ln2) to degree 7: relative error < 1e-8 on [-0.5, 0.5].
+  __m256 p = _mm256_set1_ps(1.5252733804059841e-05f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-03f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-02f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-01f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  // 2^n as exponent bits; n = -127 gives the bit pattern 0, i.e. 0.0f.
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// Mask of the first `count` lanes (count in [0, 8]).
+inline __m256i FirstLanes(int count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// Prefetches the next tile's K and V of one head into L2 a few tokens at a time, so the
+// requests spread over the computation instead of stalling it in one burst. (The
+// hardware prefetchers do not follow the per-head walk: 256 bytes every TokenBytes.)
+class Prefetcher {
+ public:
+  Prefetcher() = default;
+  Prefetcher(const AttendTileArgs& args, size_t head_bytes)
+      : k_(args.next_k), v_(args.next_v), n_(args.next_tokens), off_(args.head_offset),
+        bytes_(head_bytes) {}
+  void Step(int tokens) {
+    for (const int end = Min(n_, next_ + tokens); next_ < end; ++next_) {
+      for (size_t b = 0; b < bytes_; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(k_[next_] + off_ + b), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(v_[next_] + off_ + b), _MM_HINT_T1);
+      }
+    }
+  }
+  void Rest() { Step(n_); }
+
+ private:
+  const uint8_t* const* k_ = nullptr;
+  const uint8_t* const* v_ = nullptr;
+  int n_ = 0, next_ = 0;
+  size_t off_ = 0, bytes_ = 0;
+};
+
+// Turns scores[a, b) of one row into weights 2^(s - m_new) (masked entries are -inf and
+// become 0), updates m and l, and returns the factor that rescales the old acc.
+inline float SoftmaxRow(float* s, int a, int b, float* m, float* l) {
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  const int full_end = a + (b - a) / 8 * 8;  // [a, full_end) in whole vectors
+  const __m256i tail = FirstLanes(b - full_end);
+  const bool has_tail = full_end < b;
+  auto load_tail = [&] {
+    return _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(s + full_end, tail),
+                            _mm256_castsi256_ps(tail));
+  };
+  __m256 vmax = has_tail ? load_tail() : neg_inf;
+  for (int t = a; t < full_end; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + t));
+  const float m_old = *m;
+  const float tile_max = HMax(vmax);
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  if (m_new == kNegInf) {  // nothing visible yet: all weights 0, state unchanged
+    for (int t = a; t < b; ++t) s[t] = 0;
+    return 1.0f;
+  }
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 vsum = _mm256_setzero_ps();
+  for (int t = a; t < full_end; t += 8) {
+    const __m256 w = Exp2(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+    _mm256_storeu_ps(s + t, w);
+    vsum = _mm256_add_ps(vsum, w);
+  }
+  if (has_tail) {
+    const __m256 w = Exp2(_mm256_sub_ps(load_tail(), mv));
+    _mm256_maskstore_ps(s + full_end, tail, w);
+    vsum = _mm256_add_ps(vsum, w);
+  }
+  const float corr = m_old == kNegInf ? 0.0f : __builtin_exp2f(m_old - m_new);
+  *l = *l * corr + HSum(vsum);
+  *m = m_new;
+  return corr;
+}
+
+}  // namespace kvarena::cpu_internal::avx2
+
+#endif  // KVARENA_KERNELS_CPU_AVX2_UTIL_H_

@@ -1,0 +1,128 @@
+#include "kernels/cpu/dtype_convert.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention_reference.h"
+
+namespace kvarena::cpu_internal {
+namespace {
+
+using kvarena::testing::DecodeStored;
+
+class DTypeConvertTest : public ::testing::Test {
+ protected:
+  static double Decode(DType dtype, uint16_t bits) {
+    return DecodeStored(dtype, reinterpret_cast<const uint8_t*>(&bits));
+  }
+  // The oracle for float -> half: GCC's _Float16 conversion (round to nearest even).
+  static uint16_t HalfOracle(float f) {
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    return bits;
+  }
+  // The oracle for float -> bfloat16: the nearer of the two bf16 neighbours of f (computed
+  // in double), the even one on a tie.
+  static uint16_t BFloat16Oracle(float f) {
+    const uint16_t down = uint16_t(FloatBits(f) >> 16);  // truncation, toward zero
+    const uint16_t up = uint16_t(down + 1);              // next magnitude away from zero
+    const double x = std::fabs(double(f));
+    const double lo = std::fabs(Decode(DType::kBFloat16, down));
+    // Past the largest finite value, rounding goes on as if the exponent were unbounded.
+    const double hi = (up & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128)
+                                              : std::fabs(Decode(DType::kBFloat16, up));
+    if (x - lo < hi - x) return down;
+    if (x - lo > hi - x) return up;
+    return (down & 1) ? up : down;
+  }
+  // Float inputs that stress rounding: random bit patterns, exact ties, subnormal edges.
+  static std::vector<float> Probes(std::mt19937_64& rng) {
+    std::vector<float> out = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.9f, 65520.0f, 1e6f,
+                              0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f,
+                              std::numeric_limits<float>::max(),
+                              std::numeric_limits<float>::denorm_min(),
+                              std::numeric_limits<float>::infinity()};
+    for (uint32_t mant = 0; mant < 64; ++mant) {  // ties and near-ties of the last bits
+      out.push_back(BitsFloat(0x3f800000u | (mant << 10) | 0x1000u));
+      out.push_back(BitsFloat(0x3f800000u | (mant << 13) | 0x8000u));
+    }
+    for (int i = 0; i < 200000; ++i) out.push_back(BitsFloat(uint32_t(rng())));
+    for (int i = 0; i < 50000; ++i) {  // around the half subnormal range
+      out.push_back(std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng),
+                               -int(rng() % 30)));
+    }
+    const size_t n = out.size();
+    for (size_t i = 0; i < n; ++i) out.push_back(-out[i]);
+    return out;
+  }
+};
+
+TEST_F(DTypeConvertTest, HalfToFloatIsExactForAllBitPatterns) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const double want = Decode(DType::kFloat16, uint16_t(bits));
+    const float got = HalfToFloat(uint16_t(bits));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << std::hex << bits;
+    } else {
+      EXPECT_EQ(double(got), want) << std::hex << bits;
+    }
+  }
+}
+
+TEST_F(DTypeConvertTest, FloatToHalfRoundsToNearestEven) {
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  for (float f : Probes(rng)) {
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      continue;
+    }
+    ASSERT_EQ(FloatToHalf(f), HalfOracle(f)) << "f=" << std::hexfloat << f;
+  }
+}
+
+TEST_F(DTypeConvertTest, BFloat16RoundsToNearestEvenAndWidensExactly) {
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  for (float f : Probes(rng)) {
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(f))));
+      continue;
+    }
+    if (std::isinf(f)) {
+      EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(f)), f);
+      continue;
+    }
+    ASSERT_EQ(FloatToBFloat16(f), BFloat16Oracle(f)) << "f=" << std::hexfloat << f;
+  }
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const double want = Decode(DType::kBFloat16, uint16_t(bits));
+    if (!std::isnan(want)) {
+      EXPECT_EQ(double(BFloat16ToFloat(uint16_t(bits))), want);
+    }
+  }
+}
+
+TEST_F(DTypeConvertTest, RowConversionsRoundTripStoredValues) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::vector<uint8_t> stored = kvarena::testing::RandomStored(dtype, 1000, rng);
+    std::vector<float> f(1000);
+    LoadAsFloat(dtype, stored.data(), f.size(), f.data());
+    std::vector<uint8_t> back(stored.size());
+    StoreFromFloat(dtype, f.data(), f.size(), back.data());
+    EXPECT_EQ(back, stored);
+  }
+}
+
+}  // namespace
+}  // namespace kvarena::cpu_internal
