@@ -13,7 +13,8 @@
 //   FAILED_PRECONDITION state (attend over evicted keys, unknown session, ...)
 //   PERMISSION_DENIED   the cache belongs to another session
 //   ALREADY_EXISTS      Allocate with a cache_id in use
-// A rejected call changes nothing: no page, counter or byte.
+// A rejected call changes nothing — no page, length, byte or page counter — except the
+// `refusals` counter, which records it for operators.
 //
 // `session` is the caller's session id ("" for none). A cache allocated in a session
 // belongs to it; any other caller touching it gets PERMISSION_DENIED (Stats excepted).
@@ -39,6 +40,26 @@ struct StoreOptions {
   int default_page_size = 16;
   int num_threads = -1;        // CPU attention threads; -1: one per core
   int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
+  size_t scratch_bytes = size_t{64} << 20;  // per session, host memory for zero-copy tensors
+};
+
+// A memory region an attached session may map: every pool, and its own scratch region.
+struct RegionInfo {
+  uint64_t region_id = 0;  // pools: pool_id + 1; scratch: kScratchRegionBase + n
+  std::string kind;        // Region::share_kind()
+  uint64_t size = 0;
+  uint64_t pool_id = 0;    // pools only
+  bool scratch = false;
+  std::string ipc_handle;  // cuda_ipc only
+};
+inline constexpr uint64_t kScratchRegionBase = uint64_t{1} << 32;
+
+// A tensor's bytes inside a session's scratch region, resolved to a pointer. Holding it
+// keeps the region mapped even if the session ends meanwhile.
+struct ResolvedSlice {
+  std::shared_ptr<const Region> region;
+  uint8_t* data = nullptr;
+  size_t bytes = 0;
 };
 
 class KvStore {
@@ -99,6 +120,20 @@ class KvStore {
   // Returns the number of caches released.
   int ReapSessions(absl::Time now);
   bool HasSession(const std::string& session_id) const;
+
+  // Zero-copy data plane. The regions a session may map (pools grow new entries as new
+  // geometries appear); FAILED_PRECONDITION for no or an unknown session.
+  absl::StatusOr<std::vector<RegionInfo>> SessionRegions(const std::string& session) const;
+  // The fds a peer maps to see one region (new fds the caller owns). PERMISSION_DENIED for
+  // another session's scratch region, NOT_FOUND for an unknown id.
+  absl::StatusOr<std::vector<SharedPiece>> ExportRegion(const std::string& session,
+                                                        uint64_t region_id) const;
+  // [offset, offset + length) of the session's own scratch region. INVALID_ARGUMENT when
+  // outside it; PERMISSION_DENIED for any other region.
+  absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,
+                                             uint64_t offset, uint64_t length) const;
+  // The pool memory in this process (inproc clients view pages through it).
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) const;
 
   // The memory of a pool, for tests and (later) sharing with workers.
   const Region* TEST_PoolRegion(uint64_t pool_id) const;

@@ -1,0 +1,117 @@
+// KvCache: one sequence's paged KV cache — a LayerTable per layer drawing pages from one
+// PagePool — and the operations on it: dense append, attend, popn, reset, release, get_kv,
+// and the local path's reserve / commit.
+//
+// Thread-safety: every public method takes the cache's own lock, except the *Locked ones,
+// which REQUIRE it (the store holds several caches' locks for an all-or-nothing Reserve).
+// Every operation validates before it mutates: an error leaves pages, lengths and
+// counters exactly as they were. After Release() every operation returns NOT_FOUND.
+#ifndef KVARENA_CORE_KV_CACHE_H_
+#define KVARENA_CORE_KV_CACHE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/layer_table.h"
+#include "core/page_pool.h"
+#include "core/types.h"
+
+namespace kvarena {
+
+class ThreadPool;
+
+// Arena-wide counters that Stats reads in O(1); each cache adds its deltas as it changes.
+struct StoreCounters {
+  std::atomic<int64_t> seq_len_sum{0};
+  std::atomic<int64_t> layers_materialized{0};
+  std::atomic<int64_t> layers_total{0};
+  std::atomic<int64_t> layers_sliding{0};
+  std::atomic<uint64_t> pages_evicted{0};
+  std::atomic<uint64_t> refusals{0};
+};
+
+class KvCache {
+ public:
+  // REQUIRES: spec resolved by ResolveSpec and matching pool's layout.
+  KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool,
+          StoreCounters* counters);
+  ~KvCache();  // releases what it still holds
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::string& owner() const { return owner_; }
+  const CacheSpec& spec() const { return spec_; }
+  PagePool* pool() const { return pool_; }
+
+  absl::StatusOr<AppendResult> Append(int layer, int64_t pos, const TensorArg& k,
+                                      const TensorArg& v);
+  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes,
+                                      ThreadPool* threads);
+  absl::StatusOr<PopnResult> Popn(int64_t n);
+  absl::StatusOr<CacheInfo> Reset(bool keep_pages);
+  void Release();
+  absl::StatusOr<GetKvResult> GetKv(int layer);
+  absl::StatusOr<CacheDescription> Describe();
+  absl::StatusOr<CacheInfo> Info();
+  absl::StatusOr<PageStats> Stats();
+
+  // Local path, under the lock (see class comment).
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  // Pages needed so every layer covers [len, seq_len + tokens); checks max_tokens.
+  absl::StatusOr<int64_t> PagesToReserveLocked(int64_t tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the pages counted above to the layers (consumes ids from *ids, front first).
+  ReserveResult AddReservedLocked(int64_t tokens, const std::vector<int32_t>& ids, size_t* next)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks that Commit(tokens) is possible: every layer at seq_len with pages reserved.
+  absl::Status CheckCommitLocked(int64_t tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CacheInfo CommitLocked(int64_t tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountRefusal() {
+    refusals_.fetch_add(1, std::memory_order_relaxed);
+    counters_->refusals.fetch_add(1, std::memory_order_relaxed);
+  }
+
+ private:
+  int64_t SeqLenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t MaterializedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates, takes pages and writes n tokens at pos == layer length.
+  absl::StatusOr<AppendResult> AppendLocked(absl::string_view op, int layer, int64_t pos,
+                                            const TensorArg& k, const TensorArg& v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the blocks of a sliding layer wholly below block_start - window + 1: what no query
+  // at block_start or later can see. Evicting relative to the start of the latest block
+  // (not its end) keeps that block's keys, so a speculative draft appended as one block
+  // can always be rolled back with popn; the price is that a prefill's early pages stay
+  // until the next append.
+  void EvictLocked(int layer, int64_t block_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLocked(std::vector<int32_t>& ids, int64_t old_seq, int64_t old_mat)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(int64_t old_seq, int64_t old_mat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  CacheInfo InfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PagedKvView ViewLocked(int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string id_;
+  const CacheSpec spec_;
+  const std::string owner_;
+  PagePool* const pool_;
+  StoreCounters* const counters_;
+
+  mutable absl::Mutex mu_;
+  std::vector<LayerTable> layers_ ABSL_GUARDED_BY(mu_);
+  int64_t pages_held_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pages_evicted_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> refusals_{0};
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_KV_CACHE_H_

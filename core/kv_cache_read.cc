@@ -1,0 +1,182 @@
+// KvCache operations that read the pages: Attend (with its optional append), GetKv and
+// Describe; and the local path's Reserve / Commit steps.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/kv_cache.h"
+#include "core/validate.h"
+#include "kernels/cpu/kv_kernels.h"
+
+namespace kvarena {
+namespace {
+
+// The narrower of the layer's window and the call's (0 = none).
+int64_t EffectiveWindow(int layer_window, uint32_t call_window) {
+  if (layer_window == 0) return call_window;
+  if (call_window == 0) return layer_window;
+  return std::min<int64_t>(layer_window, call_window);
+}
+
+}  // namespace
+
+absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes,
+                                             ThreadPool* threads) {
+  absl::MutexLock lock(&mu_);
+  const int layer = args.layer;
+  if (absl::Status s = CheckLayerLocked("attend", layer); !s.ok()) return s;
+  const TensorArg& q = args.q;
+  const int64_t q_heads = q.shape.size() == 4 ? q.shape[1] : 0;
+  if (q_heads < 1 || q_heads % spec_.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attend: q.shape=[", absl::StrJoin(q.shape, ", "), "] must be [1, q_heads, tokens, ",
+        spec_.head_dim, "] with q_heads a multiple of num_kv_heads=", spec_.num_kv_heads));
+  }
+  absl::StatusOr<int64_t> n = CheckTensor("attend", "q", q, spec_.dtype, q_heads, spec_.head_dim);
+  if (!n.ok()) return n.status();
+  if (out_bytes != q.bytes || out == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attend: out has ", out_bytes, " bytes but q needs ", q.bytes));
+  }
+  if (!std::isfinite(args.scale) || args.scale < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("attend: scale=", args.scale, " must be finite and >= 0"));
+  }
+  const bool has_k = Present(args.k), has_v = Present(args.v);
+  if (has_k != has_v) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attend: ", has_k ? "k" : "v", " given without ", has_k ? "v" : "k"));
+  }
+  const LayerTable& t = layers_[size_t(layer)];
+  const int64_t window = EffectiveWindow(spec_.layer_windows[size_t(layer)], args.window);
+  if (has_k) {
+    if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
+    }
+    absl::StatusOr<AppendResult> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
+    if (!appended.ok()) return appended.status();
+  } else {
+    if (args.pos < 0 || args.pos + *n > t.len()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attend: pos=", args.pos, " with ", *n, " queries needs positions up to ", args.pos + *n,
+          " but layer ", layer, " holds ", t.len(), " tokens (pass k and v to append)"));
+    }
+    const int64_t need = window > 0 ? std::max<int64_t>(0, args.pos - window + 1) : 0;
+    if (need < t.first_pos(spec_.page_size)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "attend: query at pos=", args.pos, " needs keys from position ", need, " but layer ",
+          layer, " evicted everything below ", t.first_pos(spec_.page_size),
+          " (window ", spec_.layer_windows[size_t(layer)], ")"));
+    }
+  }
+  AttentionParams p;
+  p.num_q_heads = int(q_heads);
+  p.q_pos = args.pos;
+  p.n = *n;
+  p.scale = args.scale > 0 ? float(args.scale) : 1.0f / std::sqrt(float(spec_.head_dim));
+  p.window = window;
+  PagedAttention(ViewLocked(layer), p, q.data, out, threads);
+  return AttendResult{q.shape, SeqLenLocked()};
+}
+
+absl::StatusOr<GetKvResult> KvCache::GetKv(int layer) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLayerLocked("get_kv", layer); !s.ok()) return s;
+  const LayerTable& t = layers_[size_t(layer)];
+  const int64_t first = t.first_pos(spec_.page_size);
+  const int64_t n = t.len() - first;
+  GetKvResult r;
+  r.first_pos = first;
+  const size_t bytes = size_t(n) * size_t(spec_.num_kv_heads) * size_t(spec_.head_dim) * DTypeSize(spec_.dtype);
+  for (TensorOut* o : {&r.k, &r.v}) {
+    o->dtype = spec_.dtype;
+    o->shape = {1, spec_.num_kv_heads, n, spec_.head_dim};
+    o->data.resize(bytes);
+  }
+  if (n > 0) GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
+  return r;
+}
+
+absl::StatusOr<CacheDescription> KvCache::Describe() {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  CacheDescription d;
+  d.info = InfoLocked();
+  d.layers.reserve(layers_.size());
+  for (const LayerTable& t : layers_) {
+    d.layers.push_back(LayerPages{t.first_pos(spec_.page_size), t.len(),
+                                  std::vector<int32_t>(t.blocks(), t.blocks() + t.num_blocks())});
+  }
+  return d;
+}
+
+absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
+  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  if (tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("reserve: cache '", id_, "' tokens=", tokens, " < 0"));
+  }
+  const int64_t end = SeqLenLocked() + tokens;
+  if (spec_.max_tokens > 0 && end > spec_.max_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("reserve: cache '", id_, "' would hold ", end,
+                                                     " tokens but max_tokens=", spec_.max_tokens));
+  }
+  int64_t pages = 0;
+  for (const LayerTable& t : layers_) pages += t.BlocksMissing(end, spec_.page_size);
+  return pages;
+}
+
+ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32_t>& ids,
+                                         size_t* next) {
+  const int64_t seq = SeqLenLocked();
+  const int64_t old_mat = MaterializedLocked();
+  const int64_t end = seq + tokens;
+  ReserveResult r;
+  r.cache_id = id_;
+  r.first_pos = seq;
+  for (LayerTable& t : layers_) {
+    const int64_t missing = t.BlocksMissing(end, spec_.page_size);
+    t.AddBlocks(ids.data() + *next, missing);
+    *next += size_t(missing);
+    pages_held_ += missing;
+    const int64_t from = t.len() / spec_.page_size * spec_.page_size;
+    r.layers.push_back(LayerPages{from, t.len(), t.BlocksCovering(from, end, spec_.page_size)});
+  }
+  PublishLocked(seq, old_mat);
+  return r;
+}
+
+absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
+  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  if (tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("commit: cache '", id_, "' tokens=", tokens, " < 0"));
+  }
+  const int64_t seq = SeqLenLocked();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerTable& t = layers_[i];
+    if (t.len() != seq) {
+      return absl::FailedPreconditionError(absl::StrCat("commit: cache '", id_, "' layer ", i, " holds ",
+                                                        t.len(), " tokens but seq_len=", seq,
+                                                        "; the local path keeps layers in step"));
+    }
+    if (t.BlocksMissing(seq + tokens, spec_.page_size) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "commit: cache '", id_, "' layer ", i, " has no pages reserved for positions up to ",
+          seq + tokens, "; call Reserve first"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+CacheInfo KvCache::CommitLocked(int64_t tokens) {
+  const int64_t seq = SeqLenLocked();
+  const int64_t old_mat = MaterializedLocked();
+  for (int i = 0; i < spec_.num_layers; ++i) {
+    layers_[size_t(i)].set_len(seq + tokens);
+    EvictLocked(i, seq);
+  }
+  PublishLocked(seq, old_mat);
+  return InfoLocked();
+}
+
+}  // namespace kvarena

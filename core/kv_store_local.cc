@@ -1,0 +1,101 @@
+// The local path: Reserve and Commit over one or many caches, all or nothing.
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/kv_store.h"
+#include "core/kv_store_impl.h"
+
+namespace kvarena {
+namespace {
+
+// Holds the locks of several caches, taken in address order so two calls listing the
+// same caches in different orders cannot deadlock.
+class MultiLock {
+ public:
+  explicit MultiLock(std::vector<KvCache*> caches) : caches_(std::move(caches)) {
+    std::sort(caches_.begin(), caches_.end());
+    for (KvCache* c : caches_) c->mu().Lock();
+  }
+  ~MultiLock() {
+    for (auto it = caches_.rbegin(); it != caches_.rend(); ++it) (*it)->mu().Unlock();
+  }
+  MultiLock(const MultiLock&) = delete;
+  MultiLock& operator=(const MultiLock&) = delete;
+
+ private:
+  std::vector<KvCache*> caches_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> KvStore::Impl::FindAll(
+    absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const {
+  if (items.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": items is empty"));
+  std::vector<std::shared_ptr<KvCache>> caches;
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!seen.insert(items[i].cache_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": items[", i, "] lists cache '", items[i].cache_id, "' a second time"));
+    }
+    auto cache = Find(session, items[i].cache_id);
+    if (!cache.ok()) return cache.status();
+    caches.push_back(*std::move(cache));
+  }
+  return caches;
+}
+
+absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& session,
+                                                            const std::vector<CacheTokens>& items) {
+  auto caches = impl_->FindAll("reserve", session, items);
+  if (!caches.ok()) return caches.status();
+  std::vector<KvCache*> raw;
+  for (const auto& c : *caches) raw.push_back(c.get());
+  MultiLock lock(raw);
+
+  // Count per pool, then take every pool's pages before handing any out.
+  absl::flat_hash_map<PagePool*, int64_t> need;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    absl::StatusOr<int64_t> pages = raw[i]->PagesToReserveLocked(items[i].tokens);
+    if (!pages.ok()) {
+      if (absl::IsResourceExhausted(pages.status())) raw[i]->CountRefusal();
+      return pages.status();
+    }
+    need[raw[i]->pool()] += *pages;
+  }
+  absl::flat_hash_map<PagePool*, std::vector<int32_t>> taken;
+  for (const auto& [pool, n] : need) {
+    std::vector<int32_t>& ids = taken[pool];
+    if (absl::Status s = pool->Allocate(n, &ids); !s.ok()) {
+      for (auto& [p, got] : taken) p->Free(got);
+      raw.front()->CountRefusal();
+      return absl::Status(s.code(), absl::StrCat("reserve: ", s.message()));
+    }
+  }
+  absl::flat_hash_map<PagePool*, size_t> next;
+  std::vector<ReserveResult> out;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    PagePool* pool = raw[i]->pool();
+    out.push_back(raw[i]->AddReservedLocked(items[i].tokens, taken[pool], &next[pool]));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<CacheInfo>> KvStore::Commit(const std::string& session,
+                                                       const std::vector<CacheTokens>& items) {
+  auto caches = impl_->FindAll("commit", session, items);
+  if (!caches.ok()) return caches.status();
+  std::vector<KvCache*> raw;
+  for (const auto& c : *caches) raw.push_back(c.get());
+  MultiLock lock(raw);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (absl::Status s = raw[i]->CheckCommitLocked(items[i].tokens); !s.ok()) return s;
+  }
+  std::vector<CacheInfo> out;
+  for (size_t i = 0; i < raw.size(); ++i) out.push_back(raw[i]->CommitLocked(items[i].tokens));
+  return out;
+}
+
+}  // namespace kvarena

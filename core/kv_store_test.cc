@@ -1,0 +1,329 @@
+#include "core/kv_store.h"
+
+#include "core/store_fixture.h"
+
+namespace kvarena {
+namespace {
+
+using ::testing::HasSubstr;
+using Code = absl::StatusCode;
+
+TEST_F(StoreTest, AllocateRejectsBadSpecs) {
+  struct Case {
+    const char* name;
+    CacheSpec spec;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"zero layers", Spec(0, 2, 8), "spec.num_layers=0"},
+      {"zero kv heads", Spec(2, 0, 8), "spec.num_kv_heads=0"},
+      {"zero head_dim", Spec(2, 2, 0), "spec.head_dim=0"},
+      {"unspecified dtype", Spec(2, 2, 8, DType::kUnspecified), "spec.dtype=0"},
+      {"windows length", Spec(2, 2, 8, DType::kFloat32, {0, 0, 0}), "layer_windows has 3 entries but num_layers=2"},
+      {"window of one", Spec(2, 2, 8, DType::kFloat32, {0, 1}), "layer_windows[1]=1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto r = store_->Allocate("", c.spec, "");
+    EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+  }
+  EXPECT_EQ(store_->Stats().num_caches, 0);
+}
+
+TEST_F(StoreTest, AllocateFillsDefaultsAndTakesNoPages) {
+  CacheSpec s = Spec(3, 2, 8);
+  s.page_size = 0;
+  auto info = store_->Allocate("", s, "");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->spec.page_size, 4);
+  EXPECT_EQ(info->spec.layer_windows, std::vector<int>(3, 0));
+  EXPECT_EQ(info->page_bytes, 2u * 4 * 2 * 8 * 4);
+  EXPECT_EQ(PagesUsed(), 0);
+  EXPECT_THAT(store_->Allocate("", s, info->cache_id), StatusIs(Code::kAlreadyExists));
+}
+
+TEST_F(StoreTest, LayersMaterialiseOnFirstWrite) {
+  const std::string id = Alloc(Spec(4, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 2, 5).ok());
+  const PageStats s = *store_->CacheStats(id);
+  EXPECT_EQ(s.layers_materialized, 1);
+  EXPECT_EQ(s.layers_total, 4);
+  EXPECT_EQ(s.pages_used, 2);  // 5 tokens, page_size 4
+  EXPECT_EQ(s.seq_len, 5);
+}
+
+TEST_F(StoreTest, AppendMustBeDense) {
+  const std::string id = Alloc(Spec(2, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 1, 10).ok());
+  const Snapshot before = Snap(id);
+  OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
+  auto r = store_->Append("", id, 1, 12, k.Arg(), k.Arg());
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("append: pos=12 but layer 1 holds 10 tokens"));
+  EXPECT_THAT(store_->Append("", id, 1, 9, k.Arg(), k.Arg()), StatusIs(Code::kInvalidArgument));
+  EXPECT_TRUE(Snap(id) == before);
+}
+
+TEST_F(StoreTest, AppendRejectsBadTensorsAndChangesNothing) {
+  const std::string id = Alloc(Spec(2, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 3).ok());
+  const Snapshot before = Snap(id);
+  OwnedTensor good = RandomTensor(rng_, DType::kFloat32, 2, 2, 8);
+  OwnedTensor bf = RandomTensor(rng_, DType::kBFloat16, 2, 2, 8);
+  OwnedTensor heads = RandomTensor(rng_, DType::kFloat32, 3, 2, 8);
+  TensorArg short_bytes = good.Arg();
+  short_bytes.bytes -= 4;
+  TensorArg three_d = good.Arg();
+  three_d.shape = {2, 2, 8};
+  struct Case {
+    const char* name;
+    int layer;
+    TensorArg k, v;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"dtype", 0, bf.Arg(), bf.Arg(), "k.dtype=bfloat16 but the cache holds float32"},
+      {"heads", 0, heads.Arg(), heads.Arg(), "k.shape=[1, 3, 2, 8] must be [1, 2, tokens, 8]"},
+      {"rank", 0, three_d, three_d, "k.shape=[2, 2, 8]"},
+      {"bytes", 0, short_bytes, good.Arg(), "k has 124 bytes but shape [1, 2, 2, 8] of float32 needs 128"},
+      {"layer", 2, good.Arg(), good.Arg(), "layer=2 but the cache has num_layers=2"},
+      {"k vs v", 0, good.Arg(), RandomTensor(rng_, DType::kFloat32, 2, 3, 8).Arg(), ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto r = store_->Append("", id, c.layer, 3, c.k, c.v);
+    EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+    EXPECT_TRUE(Snap(id) == before);
+  }
+}
+
+TEST_F(StoreTest, MaxTokensRejectsAndWritesNothing) {
+  const std::string id = Alloc(Spec(1, 2, 8, DType::kFloat32, {}, /*max_tokens=*/10));
+  ASSERT_TRUE(AppendRandom(id, 0, 8).ok());
+  const Snapshot before = Snap(id);
+  auto r = AppendRandom(id, 0, 3);
+  EXPECT_THAT(r, StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("would hold 11 tokens but max_tokens=10"));
+  Snapshot after = Snap(id);
+  EXPECT_EQ(after.cache.refusals, 1u);
+  EXPECT_TRUE(after == before);
+  EXPECT_TRUE(AppendRandom(id, 0, 2).ok());
+}
+
+TEST_F(StoreTest, FullArenaRejectsAndWritesNothing) {
+  MakeStore(kChunkGranularity);  // page = 2*4*2*8*4 = 512 bytes -> 4096 pages
+  const std::string id = Alloc(Spec(1, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 4095 * 4).ok());
+  const Snapshot before = Snap(id);
+  EXPECT_THAT(AppendRandom(id, 0, 8), StatusIs(Code::kResourceExhausted));
+  EXPECT_TRUE(Snap(id) == before);
+  EXPECT_TRUE(AppendRandom(id, 0, 4).ok());
+  EXPECT_EQ(store_->Stats().pages.pages_free, 0);
+}
+
+TEST_F(StoreTest, GetKvReadsBackBitExact) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const std::string id = Alloc(Spec(2, 3, 16, dtype));
+    OwnedTensor k = RandomTensor(rng_, dtype, 3, 11, 16);
+    OwnedTensor v = RandomTensor(rng_, dtype, 3, 11, 16);
+    ASSERT_TRUE(store_->Append("", id, 1, 0, k.Arg(), v.Arg()).ok());
+    auto kv = store_->GetKv("", id, 1);
+    ASSERT_TRUE(kv.ok());
+    EXPECT_EQ(kv->first_pos, 0);
+    EXPECT_EQ(kv->k.shape, (std::vector<int64_t>{1, 3, 11, 16}));
+    EXPECT_EQ(kv->k.data, std::string(k.bytes.begin(), k.bytes.end()));
+    EXPECT_EQ(kv->v.data, std::string(v.bytes.begin(), v.bytes.end()));
+    auto empty = store_->GetKv("", id, 0);
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(empty->k.shape, (std::vector<int64_t>{1, 3, 0, 16}));
+  }
+}
+
+TEST_F(StoreTest, ResetKeepPagesKeepsExactlyThePages) {
+  const std::string id = Alloc(Spec(2, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 9).ok());
+  ASSERT_TRUE(AppendRandom(id, 1, 4).ok());
+  const auto pages = store_->Describe("", id)->layers;
+  ASSERT_TRUE(store_->Reset("", id, /*keep_pages=*/true).ok());
+  EXPECT_EQ(PagesUsed(), 4);
+  const auto kept = store_->Describe("", id)->layers;
+  EXPECT_EQ(kept[0].page_ids, pages[0].page_ids);
+  EXPECT_EQ(kept[0].len, 0);
+  refs_[id].assign(2, RefLayer{});
+  ASSERT_TRUE(AppendRandom(id, 0, 12).ok());  // reuses the kept pages
+  EXPECT_EQ(PagesUsed(), 4);
+  EXPECT_EQ(store_->Describe("", id)->layers[0].page_ids, pages[0].page_ids);
+  ExpectAttendMatches(id, 0, 11, 1, 4);
+  ASSERT_TRUE(store_->Reset("", id, /*keep_pages=*/false).ok());
+  EXPECT_EQ(PagesUsed(), 0);
+  EXPECT_EQ(store_->CacheStats(id)->layers_materialized, 0);
+}
+
+TEST_F(StoreTest, ReleaseReturnsEveryPage) {
+  const std::string a = Alloc(Spec(2, 2, 8));
+  const std::string b = Alloc(Spec(1, 2, 8));
+  ASSERT_TRUE(AppendRandom(a, 0, 9).ok());
+  ASSERT_TRUE(AppendRandom(b, 0, 5).ok());
+  ASSERT_TRUE(store_->Release("", a).ok());
+  EXPECT_EQ(PagesUsed(), 2);
+  EXPECT_THAT(store_->Release("", a), StatusIs(Code::kNotFound));
+  EXPECT_THAT(store_->CacheStats(a), StatusIs(Code::kNotFound));
+  EXPECT_THAT(AppendRandom(a, 0, 1), StatusIs(Code::kNotFound));
+  EXPECT_EQ(store_->Stats().num_caches, 1);
+  EXPECT_EQ(store_->Stats().pages.seq_len, 5);
+}
+
+TEST_F(StoreTest, AttendAppendsThenAttendsCausally) {
+  const std::string id = Alloc(Spec(1, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 6).ok());
+  const CacheSpec& s = specs_[id];
+  OwnedTensor q = RandomTensor(rng_, s.dtype, 4, 3, 8);
+  OwnedTensor k = RandomTensor(rng_, s.dtype, 2, 3, 8);
+  OwnedTensor v = RandomTensor(rng_, s.dtype, 2, 3, 8);
+  std::vector<uint8_t> out(q.bytes.size());
+  AttendArgs a{id, 0, 6, q.Arg(), k.Arg(), v.Arg(), 0.3, 0};
+  auto r = store_->Attend("", a, out.data(), out.size());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->seq_len, 9);
+  Record(refs_[id][0], k, v);
+  const auto want = ReferenceAttention(refs_[id][0], q, 6, 2, 0.3, 0);
+  const auto got = Decode(s.dtype, out.data(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4);
+}
+
+TEST_F(StoreTest, AttendRejectsBadQueriesAndChangesNothing) {
+  const std::string id = Alloc(Spec(1, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 6).ok());
+  const Snapshot before = Snap(id);
+  OwnedTensor q3 = RandomTensor(rng_, DType::kFloat32, 3, 1, 8);
+  OwnedTensor q = RandomTensor(rng_, DType::kFloat32, 4, 1, 8);
+  OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
+  std::vector<uint8_t> out(q.bytes.size());
+  auto call = [&](AttendArgs a, size_t out_bytes) { return store_->Attend("", a, out.data(), out_bytes); };
+  EXPECT_THAT(call({id, 0, 5, q3.Arg(), {}, {}, 0, 0}, q3.bytes.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 5, q.Arg(), {}, {}, 0, 0}, 4), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 6, q.Arg(), {}, {}, 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 6, q.Arg(), k.Arg(), {}, 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 5, q.Arg(), k.Arg(), k.Arg(), 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 5, q.Arg(), {}, {}, -1.0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({"nope", 0, 5, q.Arg(), {}, {}, 0, 0}, out.size()), StatusIs(Code::kNotFound));
+  EXPECT_TRUE(Snap(id) == before);
+}
+
+TEST_F(StoreTest, CallWindowMasksKeysStillCached) {
+  const std::string id = Alloc(Spec(1, 2, 8));
+  ASSERT_TRUE(AppendRandom(id, 0, 20).ok());
+  ExpectAttendMatches(id, 0, 19, 1, 2, /*window=*/5);
+  ExpectAttendMatches(id, 0, 10, 4, 4, /*window=*/3);
+}
+
+TEST_F(StoreTest, SlidingLayerEvictsPagesOutsideTheWindow) {
+  const std::string id = Alloc(Spec(2, 2, 8, DType::kFloat32, {0, 5}));
+  for (int t = 0; t < 40; ++t) {
+    ASSERT_TRUE(AppendRandom(id, 0, 1).ok());
+    ASSERT_TRUE(AppendRandom(id, 1, 1).ok());
+    ExpectAttendMatches(id, 1, t, 1, 2);
+  }
+  const auto layers = store_->Describe("", id)->layers;
+  EXPECT_EQ(layers[0].page_ids.size(), 10u);
+  EXPECT_LE(layers[1].page_ids.size(), 3u);  // keys (34, 39] span at most 3 pages of 4
+  EXPECT_GT(layers[1].first_pos, 0);
+  EXPECT_GT(store_->CacheStats(id)->pages_evicted, 0u);
+  auto kv = store_->GetKv("", id, 1);
+  EXPECT_EQ(kv->first_pos, layers[1].first_pos);
+  EXPECT_EQ(kv->k.shape[2], 40 - layers[1].first_pos);
+  // A query whose window reaches evicted keys is refused, not answered wrongly.
+  OwnedTensor q = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
+  std::vector<uint8_t> out(q.bytes.size());
+  AttendArgs a{id, 1, 10, q.Arg(), {}, {}, 0, 0};
+  EXPECT_THAT(store_->Attend("", a, out.data(), out.size()), StatusIs(Code::kFailedPrecondition));
+}
+
+TEST_F(StoreTest, SessionsOwnTheirCaches) {
+  const std::string s1 = store_->OpenSession("w1");
+  const std::string s2 = store_->OpenSession("w2");
+  EXPECT_EQ(s1.size(), 32u);
+  EXPECT_NE(s1, s2);
+  auto info = store_->Allocate(s1, Spec(1, 2, 8), "mine");
+  ASSERT_TRUE(info.ok());
+  OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
+  EXPECT_THAT(store_->Append(s2, "mine", 0, 0, k.Arg(), k.Arg()), StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->Append("", "mine", 0, 0, k.Arg(), k.Arg()), StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->Release(s2, "mine"), StatusIs(Code::kPermissionDenied));
+  EXPECT_TRUE(store_->CacheStats("mine").ok());  // operators may read stats
+  EXPECT_TRUE(store_->Append(s1, "mine", 0, 0, k.Arg(), k.Arg()).ok());
+  EXPECT_THAT(store_->Allocate("bogus", Spec(1, 2, 8), ""), StatusIs(Code::kFailedPrecondition));
+}
+
+TEST_F(StoreTest, DetachedSessionsReleaseAfterGrace) {
+  const std::string s1 = store_->OpenSession("w1");
+  ASSERT_TRUE(store_->Allocate(s1, Spec(1, 2, 8), "a").ok());
+  OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 9, 8);
+  ASSERT_TRUE(store_->Append(s1, "a", 0, 0, k.Arg(), k.Arg()).ok());
+  const absl::Time t0 = absl::Now();
+  store_->DetachSession(s1, t0 + absl::Seconds(5));
+  EXPECT_FALSE(store_->HasSession(s1));
+  EXPECT_EQ(store_->ReapSessions(t0 + absl::Seconds(1)), 0);
+  EXPECT_EQ(PagesUsed(), 3);
+  EXPECT_EQ(store_->ReapSessions(t0 + absl::Seconds(5)), 1);
+  EXPECT_EQ(PagesUsed(), 0);
+  EXPECT_EQ(store_->Stats().num_sessions, 0);
+}
+
+TEST_F(StoreTest, ReserveIsAllOrNothingAcrossCaches) {
+  MakeStore(kChunkGranularity);  // 4096 pages of 512 bytes
+  const std::string a = Alloc(Spec(2, 2, 8));
+  const std::string b = Alloc(Spec(2, 2, 8, DType::kFloat32, {}, /*max_tokens=*/16));
+  auto r = store_->Reserve("", {{a, 6}, {b, 6}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].layers[0].page_ids.size(), 2u);
+  EXPECT_EQ(PagesUsed(), 8);
+  const Snapshot before = Snap(a);
+  EXPECT_THAT(store_->Reserve("", {{a, 100}, {b, 20}}), StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(store_->Reserve("", {{a, 100000}, {b, 1}}), StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(store_->Reserve("", {{a, 1}, {a, 1}}), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(store_->Reserve("", {{a, 1}, {"nope", 1}}), StatusIs(Code::kNotFound));
+  EXPECT_TRUE(Snap(a) == before);
+  EXPECT_EQ(PagesUsed(), 8);
+}
+
+TEST_F(StoreTest, CommitAdvancesLengthsOverWrittenPages) {
+  const std::string a = Alloc(Spec(2, 2, 8, DType::kFloat32, {0, 3}));
+  EXPECT_THAT(store_->Commit("", {{a, 1}}), StatusIs(Code::kFailedPrecondition));
+  ASSERT_TRUE(store_->Reserve("", {{a, 8}}).ok());
+  auto c = store_->Commit("", {{a, 5}});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0].seq_len, 5);
+  EXPECT_EQ((*c)[0].layer_lens, (std::vector<int64_t>{5, 5}));
+  ASSERT_TRUE(store_->Commit("", {{a, 3}}).ok());
+  EXPECT_THAT(store_->Commit("", {{a, 1}}), StatusIs(Code::kFailedPrecondition));
+  // Sliding layer 1 (w=3): after the block starting at 5, keys below 3 are dead.
+  EXPECT_EQ(store_->Describe("", a)->layers[1].first_pos, 0);
+  ASSERT_TRUE(store_->Reserve("", {{a, 4}}).ok());
+  ASSERT_TRUE(store_->Commit("", {{a, 4}}).ok());
+  EXPECT_EQ(store_->Describe("", a)->layers[1].first_pos, 4);
+}
+
+TEST_F(StoreTest, ArenaStatsTotalEveryPool) {
+  const std::string a = Alloc(Spec(1, 2, 8));
+  const std::string b = Alloc(Spec(1, 2, 8, DType::kBFloat16));
+  ASSERT_TRUE(AppendRandom(a, 0, 5).ok());
+  ASSERT_TRUE(AppendRandom(b, 0, 9).ok());
+  const ArenaStats s = store_->Stats();
+  EXPECT_EQ(s.backend, "host");
+  EXPECT_EQ(s.pools.size(), 2u);
+  EXPECT_EQ(s.pages.pages_used, 5);
+  EXPECT_EQ(s.pages.seq_len, 14);
+  EXPECT_EQ(s.pages.layers_total, 2);
+  EXPECT_EQ(s.pages.layers_materialized, 2);
+  EXPECT_EQ(s.bytes_used, 2u * 512 + 3u * 256);
+  EXPECT_EQ(s.pages.page_size, 4);
+  EXPECT_EQ(s.num_caches, 2);
+  EXPECT_EQ(s.pools[0].num_caches, 1);
+}
+
+}  // namespace
+}  // namespace kvarena

@@ -1,0 +1,189 @@
+#include "core/page_pool.h"
+
+#include <algorithm>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvarena {
+
+bool ArenaBudget::TryCharge(size_t bytes) {
+  size_t used = used_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > limit_ - used) return false;
+  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+  return true;
+}
+
+size_t ChunkBytesFor(size_t page_bytes) {
+  const size_t lcm = std::lcm(page_bytes, kChunkGranularity);
+  if (lcm <= 16 * kChunkGranularity) return lcm;
+  return (kChunkGranularity + page_bytes - 1) / page_bytes * page_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const PageLayout& layout,
+                                                           Backend* backend, ArenaBudget* budget,
+                                                           int empty_chunks_kept) {
+  const size_t page_bytes = layout.PageBytes();
+  const size_t chunk_bytes = ChunkBytesFor(page_bytes);
+  const size_t max_chunks = budget->limit() / chunk_bytes;
+  if (max_chunks == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool: a chunk of ", chunk_bytes, " bytes (pages of ", page_bytes,
+                     " bytes) does not fit arena_bytes=", budget->limit()));
+  }
+  auto region = backend->Reserve(max_chunks * chunk_bytes,
+                                 absl::StrCat("kvarena-pool-", id));
+  if (!region.ok()) return region.status();
+  return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
+                                                chunk_bytes, empty_chunks_kept));
+}
+
+PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
+                   ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept)
+    : id_(id),
+      layout_(layout),
+      page_bytes_(layout.PageBytes()),
+      chunk_bytes_(chunk_bytes),
+      pages_per_chunk_(int32_t(chunk_bytes / layout.PageBytes())),
+      empty_chunks_kept_(empty_chunks_kept),
+      region_(std::move(region)),
+      budget_(budget) {
+  const int32_t num_chunks = int32_t(region_->size() / chunk_bytes_);
+  chunks_.resize(num_chunks);
+  uncommitted_.resize(num_chunks);
+  for (int32_t c = 0; c < num_chunks; ++c) uncommitted_[c] = num_chunks - 1 - c;
+}
+
+PagePool::~PagePool() { budget_->Refund(size_t(chunks_committed_) * chunk_bytes_); }
+
+int64_t PagePool::FreeCommittedLocked() const {
+  return chunks_committed_ * pages_per_chunk_ - pages_used_;
+}
+
+void PagePool::OpenLocked(int32_t c) {
+  chunks_[c].open_index = int32_t(open_chunks_.size());
+  open_chunks_.push_back(c);
+}
+
+void PagePool::CloseLocked(int32_t c) {
+  const int32_t i = chunks_[c].open_index;
+  const int32_t last = open_chunks_.back();
+  open_chunks_[i] = last;
+  chunks_[last].open_index = i;
+  open_chunks_.pop_back();
+  chunks_[c].open_index = -1;
+}
+
+absl::Status PagePool::CommitChunksLocked(int64_t count) {
+  if (count > int64_t(uncommitted_.size()) ||
+      !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
+        budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t c = uncommitted_.back();
+    if (absl::Status s = region_->Commit(size_t(c) * chunk_bytes_, chunk_bytes_); !s.ok()) {
+      budget_->Refund(size_t(count - i) * chunk_bytes_);
+      return s;
+    }
+    uncommitted_.pop_back();
+    Chunk& chunk = chunks_[c];
+    chunk.committed = true;
+    chunk.used = 0;
+    chunk.free.resize(pages_per_chunk_);
+    const int32_t first = c * pages_per_chunk_;
+    for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
+    OpenLocked(c);
+    ++chunks_committed_;
+    ++empty_committed_;
+  }
+  return absl::OkStatus();
+}
+
+void PagePool::DecommitChunkLocked(int32_t c) {
+  Chunk& chunk = chunks_[c];
+  if (chunk.open_index >= 0) CloseLocked(c);
+  chunk.committed = false;
+  chunk.free.clear();
+  chunk.free.shrink_to_fit();
+  // A failed punch leaves the memory resident but the chunk reusable; nothing to undo.
+  (void)region_->Decommit(size_t(c) * chunk_bytes_, chunk_bytes_);
+  uncommitted_.push_back(c);
+  --chunks_committed_;
+  --empty_committed_;
+  budget_->Refund(chunk_bytes_);
+}
+
+absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out) {
+  if (n <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  const int64_t missing = n - FreeCommittedLocked();
+  if (missing > 0) {
+    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
+    if (absl::Status s = CommitChunksLocked(chunks); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("allocate ", n, " page(s) of ", page_bytes_,
+                                                 " bytes: ", s.message()));
+    }
+  }
+  out->reserve(out->size() + size_t(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t c = open_chunks_.back();
+    Chunk& chunk = chunks_[c];
+    if (chunk.used == 0) --empty_committed_;
+    out->push_back(chunk.free.back());
+    chunk.free.pop_back();
+    ++chunk.used;
+    if (chunk.free.empty()) CloseLocked(c);
+  }
+  pages_used_ += n;
+  return absl::OkStatus();
+}
+
+void PagePool::Free(absl::Span<const int32_t> ids) {
+  absl::MutexLock lock(&mu_);
+  for (const int32_t id : ids) {
+    const int32_t c = id / pages_per_chunk_;
+    Chunk& chunk = chunks_[c];
+    if (chunk.free.empty()) OpenLocked(c);
+    chunk.free.push_back(id);
+    if (--chunk.used == 0) {
+      ++empty_committed_;
+      if (empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
+    }
+  }
+  pages_used_ -= int64_t(ids.size());
+}
+
+int64_t PagePool::pages_used() const {
+  absl::MutexLock lock(&mu_);
+  return pages_used_;
+}
+
+PoolStats PagePool::Stats() const {
+  PoolStats s;
+  s.pool_id = id_;
+  s.layout = layout_;
+  s.page_bytes = page_bytes_;
+  s.chunk_bytes = chunk_bytes_;
+  absl::MutexLock lock(&mu_);
+  const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
+                                                  int64_t(uncommitted_.size()));
+  s.pages_used = pages_used_;
+  s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_;
+  s.num_pages = s.pages_used + s.pages_free;
+  s.chunks_committed = chunks_committed_;
+  s.bytes_committed = uint64_t(chunks_committed_) * chunk_bytes_;
+  return s;
+}
+
+bool PagePool::TEST_IsAllocated(int32_t id) const {
+  absl::MutexLock lock(&mu_);
+  const Chunk& chunk = chunks_[id / pages_per_chunk_];
+  if (!chunk.committed) return false;
+  return std::find(chunk.free.begin(), chunk.free.end(), id) == chunk.free.end();
+}
+
+}  // namespace kvarena
