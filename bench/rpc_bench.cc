@@ -1,0 +1,323 @@
+// RPC latency over a Unix socket: starts the real kvarenad as a child process and times,
+// from one client thread, Ping (the empty unary RPC every target is relative to), Append
+// of one decode token, Popn(1), Stats and a decode Attend over a 4096-token context. The
+// same core operations are timed in process (a KvStore here) so the table shows what the
+// RPC adds. Plain loops with std::chrono; prints one table; runs in well under 2 minutes.
+//
+// Usage: rpc_bench [--kvarenad=PATH] [--quick]
+//   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "core/kv_store.h"
+#include "kvarena/v1/kvarena.grpc.pb.h"
+
+namespace kvarena {
+namespace {
+
+constexpr int kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kContext = 4096;
+
+// float -> IEEE half by truncation; bench data lies in [-1, 1], tiny values flush to zero.
+uint16_t ToHalf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = (u >> 16) & 0x8000;
+  const int exp = int((u >> 23) & 0xff) - 127 + 15;
+  if (exp <= 0) return sign;
+  return sign | uint16_t(exp << 10) | uint16_t((u >> 13) & 0x3ff);
+}
+
+// [1, heads, tokens, head_dim] float16 values in [-1, 1].
+v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<uint16_t> v(size_t(heads) * tokens * kHeadDim);
+  for (uint16_t& x : v) x = ToHalf(dist(*rng));
+  v1::Tensor t;
+  for (int64_t d : {1, heads, tokens, kHeadDim}) t.add_shape(d);
+  t.set_dtype(v1::FLOAT16);
+  t.set_data(v.data(), v.size() * 2);
+  return t;
+}
+
+TensorArg Arg(const v1::Tensor& t) {
+  return {DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(), t.data().size()};
+}
+
+struct Latency {
+  double p50 = 0, p99 = 0;
+  int n = 0;
+};
+
+// One timed operation: `op` runs n times; `between` (optional) runs untimed before each.
+struct Timed {
+  Timed(std::function<bool()> op, std::function<void()> between, int n)
+      : op(std::move(op)), between(std::move(between)), n(n) {}
+
+  std::function<bool()> op;
+  std::function<void()> between;
+  int n;
+  std::vector<double> us;
+
+  Latency Result() {
+    if (us.empty()) return {};
+    std::sort(us.begin(), us.end());
+    return {us[us.size() / 2], us[std::min(us.size() - 1, size_t(us.size() * 0.99))],
+            int(us.size())};
+  }
+};
+
+// Runs every operation in kRounds interleaved rounds (a few untimed warm-up calls each),
+// so load that comes and goes on the machine weighs on every row alike.
+void MeasureInterleaved(const std::vector<Timed*>& ops) {
+  using Clock = std::chrono::steady_clock;
+  constexpr int kRounds = 10, kWarmup = 5;
+  for (int round = 0; round < kRounds; ++round) {
+    for (Timed* t : ops) {
+      const int n = t->n / kRounds;
+      for (int i = -kWarmup; i < n; ++i) {
+        if (t->between) t->between();
+        const auto start = Clock::now();
+        const bool ok = t->op();
+        const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+        if (!ok) {
+          std::fprintf(stderr, "rpc_bench: call failed\n");
+          std::exit(1);
+        }
+        if (i >= 0) t->us.push_back(us);
+      }
+    }
+  }
+}
+
+class ChildDaemon {
+ public:
+  ChildDaemon(const std::string& binary, const std::string& dir) : socket_(dir + "/kvarena.sock") {
+    const std::string log = dir + "/kvarenad.log";
+    std::vector<std::string> argv = {binary, "--listen=unix:" + socket_, "--arena_bytes=1Gi"};
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ != 0) return;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned daemon if the bench dies
+    if (getppid() != parent) _exit(127);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(127);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  ~ChildDaemon() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  bool ok() const { return pid_ > 0; }
+  std::string address() const { return "unix:" + socket_; }
+
+ private:
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+// Waits until Ping answers; each try on a fresh channel (a failed connect backs off).
+std::unique_ptr<v1::KvCacheService::Stub> Connect(const std::string& address) {
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetInt("kvarena.bench.attempt", attempt);
+    auto stub = v1::KvCacheService::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext ctx;
+    v1::PingResponse resp;
+    if (stub->Ping(&ctx, v1::PingRequest(), &resp).ok()) return stub;
+    usleep(20'000);
+  }
+  return nullptr;
+}
+
+struct Row {
+  const char* name;
+  Latency rpc;
+  Latency local;  // n == 0: no in-process counterpart
+};
+
+void PrintTable(const std::vector<Row>& rows) {
+  const double ping = rows[0].rpc.p50;
+  std::printf("%-34s %7s %10s %10s %9s %13s %12s\n", "operation (UDS, 1 client)", "n",
+              "p50 us", "p99 us", "p50/Ping", "in-proc p50", "RPC adds");
+  for (const Row& r : rows) {
+    std::printf("%-34s %7d %10.1f %10.1f %9.2f", r.name, r.rpc.n, r.rpc.p50, r.rpc.p99,
+                r.rpc.p50 / ping);
+    if (r.local.n > 0) {
+      std::printf(" %13.1f %12.1f\n", r.local.p50, r.rpc.p50 - r.local.p50);
+    } else {
+      std::printf(" %13s %12s\n", "-", "-");
+    }
+  }
+}
+
+int Run(const std::string& kvarenad, bool quick) {
+  const int scale = quick ? 10 : 1;
+  char dir_template[] = "/tmp/kvarena_rpc_bench.XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  std::vector<Row> rows;
+  {
+    ChildDaemon daemon(kvarenad, dir);
+    std::unique_ptr<v1::KvCacheService::Stub> stub = daemon.ok() ? Connect(daemon.address()) : nullptr;
+    if (stub == nullptr) {
+      std::fprintf(stderr, "rpc_bench: could not start or reach %s (log in %s)\n", kvarenad.c_str(),
+                   dir.c_str());
+      return 1;
+    }
+    std::unique_ptr<KvStore> store = *KvStore::Create(StoreOptions{}, NewHostBackend());
+    std::mt19937 rng(1);
+    const auto call = [&](auto method, const auto& req, auto* resp) {
+      grpc::ClientContext ctx;
+      return ((*stub).*method)(&ctx, req, resp).ok();
+    };
+
+    // Two caches of one layer [8 kv heads, head_dim 128, float16]: one for appends, one
+    // prefilled with the decode context. Each exists in the daemon and in process.
+    v1::AllocateRequest alloc;
+    alloc.mutable_spec()->set_num_layers(1);
+    alloc.mutable_spec()->set_num_kv_heads(kKvHeads);
+    alloc.mutable_spec()->set_head_dim(kHeadDim);
+    alloc.mutable_spec()->set_dtype(v1::FLOAT16);
+    const CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0};
+    v1::AllocateResponse allocated;
+    for (const char* id : {"append", "context"}) {
+      alloc.set_cache_id(id);
+      if (!call(&v1::KvCacheService::Stub::Allocate, alloc, &allocated) ||
+          !store->Allocate("", spec, id).ok()) {
+        std::fprintf(stderr, "rpc_bench: allocate failed\n");
+        return 1;
+      }
+    }
+    v1::AppendRequest prefill;
+    prefill.set_cache_id("context");
+    for (int pos = 0; pos < kContext; pos += 512) {
+      prefill.set_pos(pos);
+      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, &rng);
+      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, &rng);
+      v1::AppendResponse r;
+      if (!call(&v1::KvCacheService::Stub::Append, prefill, &r) ||
+          !store->Append("", "context", 0, pos, Arg(prefill.k()), Arg(prefill.v())).ok()) {
+        std::fprintf(stderr, "rpc_bench: prefill failed\n");
+        return 1;
+      }
+    }
+
+    // The operations, over the daemon (rpc) and in process (local).
+    v1::PingResponse pong;
+    Timed ping{[&] { return call(&v1::KvCacheService::Stub::Ping, v1::PingRequest(), &pong); },
+               nullptr, 20000 / scale};
+
+    v1::AppendRequest append;
+    append.set_cache_id("append");
+    *append.mutable_k() = HalfTensor(kKvHeads, 1, &rng);
+    *append.mutable_v() = HalfTensor(kKvHeads, 1, &rng);
+    v1::AppendResponse appended;
+    uint64_t rpc_pos = 0;
+    int64_t local_pos = 0;
+    const TensorArg k1 = Arg(append.k()), v1_ = Arg(append.v());
+    const auto rpc_append = [&] {
+      append.set_pos(rpc_pos++);
+      return call(&v1::KvCacheService::Stub::Append, append, &appended);
+    };
+    const auto local_append = [&] {
+      return store->Append("", "append", 0, local_pos++, k1, v1_).ok();
+    };
+    Timed append_rpc{rpc_append, nullptr, 5000 / scale};
+    Timed append_local{local_append, nullptr, 5000 / scale};
+
+    v1::PopnRequest popn;
+    popn.set_cache_id("append");
+    popn.set_n(1);
+    v1::PopnResponse popped;
+    Timed popn_rpc{[&] {
+                     --rpc_pos;
+                     return call(&v1::KvCacheService::Stub::Popn, popn, &popped) &&
+                            popped.popped() == 1;
+                   },
+                   [&] { rpc_append(); }, 5000 / scale};
+    Timed popn_local{[&] {
+                       --local_pos;
+                       auto r = store->Popn("", "append", 1);
+                       return r.ok() && r->popped == 1;
+                     },
+                     [&] { local_append(); }, 5000 / scale};
+
+    v1::StatsResponse stats;
+    Timed stats_rpc{
+        [&] { return call(&v1::KvCacheService::Stub::Stats, v1::StatsRequest(), &stats); },
+        nullptr, 20000 / scale};
+    Timed stats_local{[&] { return store->Stats().num_caches == 2; }, nullptr, 20000 / scale};
+
+    v1::AttendRequest attend;
+    attend.set_cache_id("context");
+    attend.set_pos(kContext - 1);
+    *attend.mutable_q() = HalfTensor(kQHeads, 1, &rng);
+    v1::AttendResponse attended;
+    AttendArgs args;
+    args.cache_id = "context";
+    args.pos = kContext - 1;
+    args.q = Arg(attend.q());
+    std::string out(args.q.bytes, '\0');
+    Timed attend_rpc{[&] { return call(&v1::KvCacheService::Stub::Attend, attend, &attended); },
+                     nullptr, 1000 / scale};
+    Timed attend_local{[&] { return store->Attend("", args, out.data(), out.size()).ok(); },
+                       nullptr, 1000 / scale};
+
+    MeasureInterleaved({&ping, &append_rpc, &append_local, &popn_rpc, &popn_local, &stats_rpc,
+                        &stats_local, &attend_rpc, &attend_local});
+    rows = {{"Ping (empty unary)", ping.Result(), {}},
+            {"Append (1 token, 8x128 f16)", append_rpc.Result(), append_local.Result()},
+            {"Popn(1) (after an untimed append)", popn_rpc.Result(), popn_local.Result()},
+            {"Stats (whole arena)", stats_rpc.Result(), stats_local.Result()},
+            {"Attend decode, ctx 4096, 32q/8kv", attend_rpc.Result(), attend_local.Result()}};
+  }
+  std::filesystem::remove_all(dir);
+  std::printf("rpc_bench: %u cores; every row's in-process column is the same KvStore call "
+              "without gRPC\n", std::thread::hardware_concurrency());
+  PrintTable(rows);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvarena
+
+int main(int argc, char** argv) {
+  std::string kvarenad =
+      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--kvarenad=", 0) == 0) {
+      kvarenad = arg.substr(11);
+    } else if (arg == "--quick") {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  return kvarena::Run(kvarenad, quick);
+}

@@ -1,0 +1,17 @@
+// The command-line flags of kvarenad (defined in flags.cc, linked into the binary only).
+#ifndef KVARENA_DAEMON_FLAGS_H_
+#define KVARENA_DAEMON_FLAGS_H_
+
+#include "daemon/server.h"
+
+namespace kvarena {
+
+// Makes --help list the daemon's flags with their text; call before parsing.
+void ConfigureFlagsUsage();
+
+// The parsed flags as daemon options.
+DaemonOptions OptionsFromFlags();
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_FLAGS_H_

@@ -1,0 +1,33 @@
+// Listening addresses of kvarenad (--listen): `unix:PATH` (also `unix://ABS_PATH`) or
+// `HOST:PORT`, and the care a Unix socket path needs around bind. Thread-compatible.
+#ifndef KVARENA_DAEMON_LISTEN_H_
+#define KVARENA_DAEMON_LISTEN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvarena {
+
+struct ListenAddress {
+  std::string uri;        // as gRPC takes it
+  std::string unix_path;  // the socket file; empty for TCP
+};
+
+// INVALID_ARGUMENT for an empty list or entry.
+absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
+    const std::vector<std::string>& specs);
+
+// Before bind: creates the parent directory when missing; removes a stale socket file
+// (one nobody answers on: connect() gets ECONNREFUSED). ALREADY_EXISTS when a live
+// process answers on it, FAILED_PRECONDITION when the path is not a socket.
+absl::Status PrepareUnixSocket(const std::string& path);
+
+// After bind: owner and group may connect (0660).
+absl::Status RestrictUnixSocket(const std::string& path);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_LISTEN_H_

@@ -1,0 +1,156 @@
+#include "daemon/server.h"
+
+#include <chrono>
+#include <utility>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/byte_size.h"
+#include "grpc/health/v1/health.pb.h"
+
+namespace kvarena {
+namespace {
+
+constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
+// Prefill appends and GetKv of long contexts exceed gRPC's 4 MiB default.
+constexpr int kMaxMessageBytes = 1 << 30;
+// Each held Attach stream owns a sync-server thread; this bounds the whole server.
+constexpr int kMaxThreads = 4096;
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name) {
+  if (name == "auto" || name == "host") return NewHostBackend();
+  if (name == "cuda") {
+    return absl::UnimplementedError(
+        "--backend=cuda: this build of kvarenad has no CUDA backend yet; use --backend=host "
+        "(or auto)");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend=", name, ": must be one of auto, host, cuda"));
+}
+
+void ConfigureBuilder(grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder->SetMaxSendMessageSize(kMaxMessageBytes);
+  // Two daemons must never share a TCP port silently.
+  builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Notice a vanished TCP peer so its Attach stream ends and its session's grace starts.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  grpc::ResourceQuota quota("kvarenad");
+  quota.SetMaxThreads(kMaxThreads);
+  builder->SetResourceQuota(quota);
+  // Pollers pick up new calls while attached workers hold their threads.
+  builder->SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 2);
+  builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 8);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  std::unique_ptr<Daemon> d(new Daemon(options));
+  absl::StatusOr<std::vector<ListenAddress>> addresses = ParseListenAddresses(options.listen);
+  if (!addresses.ok()) return addresses.status();
+  d->addresses_ = std::move(*addresses);
+  if (options.metrics_port < 0 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
+  }
+
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend);
+  if (!backend.ok()) return backend.status();
+  StoreOptions store_options;
+  store_options.arena_bytes = options.arena_bytes;
+  store_options.default_page_size = options.page_size;
+  store_options.num_threads = options.num_threads;
+  absl::StatusOr<std::unique_ptr<KvStore>> store =
+      KvStore::Create(store_options, std::move(*backend));
+  if (!store.ok()) return store.status();
+  d->store_ = std::move(*store);
+  d->service_ =
+      std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, options.session_grace);
+  if (options.metrics_port != 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
+        MetricsServer::Start(options.metrics_port, d->store_.get(), &d->rpcs_);
+    if (!metrics.ok()) return metrics.status();
+    d->metrics_ = std::move(*metrics);
+  }
+
+  for (const ListenAddress& a : d->addresses_) {
+    if (a.unix_path.empty()) continue;
+    if (absl::Status s = PrepareUnixSocket(a.unix_path); !s.ok()) return s;
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // The default health service speaks upb internally; linking the generated message
+  // registers grpc.health.v1 in the generated pool, so reflection can describe it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+
+  grpc::ServerBuilder builder;
+  std::vector<int> ports(d->addresses_.size(), 0);
+  for (size_t i = 0; i < d->addresses_.size(); ++i) {
+    builder.AddListeningPort(d->addresses_[i].uri, grpc::InsecureServerCredentials(), &ports[i]);
+  }
+  builder.RegisterService(d->service_.get());
+  ConfigureBuilder(&builder);
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ",
+                                               absl::StrJoin(options.listen, ","),
+                                               " (the gRPC log above says why)"));
+  }
+  for (size_t i = 0; i < d->addresses_.size(); ++i) {
+    ListenAddress& a = d->addresses_[i];
+    if (!a.unix_path.empty()) {
+      if (absl::Status s = RestrictUnixSocket(a.unix_path); !s.ok()) return s;
+    } else if (absl::EndsWith(a.uri, ":0")) {  // report the port the system picked
+      a.uri = absl::StrCat(a.uri.substr(0, a.uri.size() - 1), ports[i]);
+    }
+  }
+  grpc::HealthCheckServiceInterface* health = d->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(v1::KvCacheService::service_full_name(), true);
+
+  Daemon* self = d.get();
+  d->reaper_ = std::thread([self] {
+    while (!self->stop_reaper_.WaitForNotificationWithTimeout(kReapInterval)) {
+      self->store_->ReapSessions(absl::Now());
+    }
+  });
+  return d;
+}
+
+Daemon::~Daemon() {
+  if (reaper_.joinable()) {
+    stop_reaper_.Notify();
+    reaper_.join();
+  }
+  if (server_ != nullptr) server_->Shutdown();  // no-op after Shutdown(deadline)
+}
+
+void Daemon::Shutdown(absl::Duration deadline) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(false);  // Watch streams see NOT_SERVING ...
+  health->Shutdown();               // ... and then end, so they do not hold up the drain
+  service_->BeginShutdown();
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+}
+
+void Daemon::Wait() { server_->Wait(); }
+
+std::string Daemon::StartLine() const {
+  std::vector<std::string> uris;
+  for (const ListenAddress& a : addresses_) uris.push_back(a.uri);
+  return absl::StrCat(
+      "kvarenad: serving backend=", store_->Stats().backend, " arena_bytes=",
+      options_.arena_bytes, " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}),
+      ") page_size=", options_.page_size,
+      " session_grace=", absl::FormatDuration(options_.session_grace),
+      " metrics_port=", options_.metrics_port, " on ", absl::StrJoin(uris, ","));
+}
+
+}  // namespace kvarena

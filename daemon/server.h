@@ -1,0 +1,71 @@
+// Daemon: one running kvarenad — the KvStore, the gRPC server (KvCacheService, the
+// standard health service, server reflection) on every --listen address, the session
+// reaper and the optional metrics endpoint.
+//
+// Thread-safety: Shutdown() may be called from any thread, once; Wait() from one.
+#ifndef KVARENA_DAEMON_SERVER_H_
+#define KVARENA_DAEMON_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/kv_store.h"
+#include "daemon/listen.h"
+#include "daemon/metrics.h"
+#include "daemon/rpc_counters.h"
+#include "daemon/service.h"
+
+namespace kvarena {
+
+struct DaemonOptions {
+  std::vector<std::string> listen = {"unix:/tmp/kvarena.sock"};
+  std::string backend = "auto";  // auto | host | cuda
+  uint64_t arena_bytes = uint64_t{1} << 30;
+  int page_size = 16;
+  absl::Duration session_grace = absl::Seconds(5);
+  int metrics_port = 0;  // 0: no metrics endpoint
+  int num_threads = -1;  // CPU attention threads; -1: one per core
+};
+
+class Daemon {
+ public:
+  // Creates the store, binds every address and starts serving (health SERVING).
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Health NOT_SERVING, Attach streams end, then in-flight calls get up to `deadline` to
+  // finish while new calls are refused (UNAVAILABLE).
+  void Shutdown(absl::Duration deadline);
+  // Blocks until the server has shut down.
+  void Wait();
+
+  // "kvarenad: serving backend=host arena_bytes=1Gi ... on unix:/tmp/kvarena.sock"
+  std::string StartLine() const;
+
+ private:
+  explicit Daemon(const DaemonOptions& options) : options_(options) {}
+
+  const DaemonOptions options_;
+  std::vector<ListenAddress> addresses_;
+  std::unique_ptr<KvStore> store_;
+  RpcCounters rpcs_;
+  std::unique_ptr<KvCacheServiceImpl> service_;
+  std::unique_ptr<MetricsServer> metrics_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Notification stop_reaper_;
+  std::thread reaper_;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_SERVER_H_

@@ -1,0 +1,60 @@
+// KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each one decodes the request
+// (proto/wire.h), calls one KvStore operation with the caller's session (metadata
+// `kvarena-session`, "" when absent), maps the status (ToGrpcStatus) and encodes the
+// reply. No rules and no locks live here: the store owns both.
+//
+// Thread-safety: handlers run concurrently on gRPC's sync-server threads.
+#ifndef KVARENA_DAEMON_SERVICE_H_
+#define KVARENA_DAEMON_SERVICE_H_
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/kv_store.h"
+#include "daemon/rpc_counters.h"
+#include "kvarena/v1/kvarena.grpc.pb.h"
+
+namespace kvarena {
+
+inline constexpr char kSessionMetadataKey[] = "kvarena-session";
+
+class KvCacheServiceImpl final : public v1::KvCacheService::Service {
+ public:
+  // store and rpcs must outlive the service. A broken Attach stream detaches its session
+  // with `session_grace` before its caches are released.
+  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, absl::Duration session_grace)
+      : store_(store), rpcs_(rpcs), session_grace_(session_grace) {}
+
+  // Ends every Attach stream promptly (UNAVAILABLE) and refuses new ones; call before
+  // grpc::Server::Shutdown so the drain does not wait for attached workers.
+  void BeginShutdown();
+
+  using Ctx = grpc::ServerContext;
+  grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
+  grpc::Status Append(Ctx*, const v1::AppendRequest*, v1::AppendResponse*) override;
+  grpc::Status Attend(Ctx*, const v1::AttendRequest*, v1::AttendResponse*) override;
+  grpc::Status Popn(Ctx*, const v1::PopnRequest*, v1::PopnResponse*) override;
+  grpc::Status Reset(Ctx*, const v1::ResetRequest*, v1::ResetResponse*) override;
+  grpc::Status Release(Ctx*, const v1::ReleaseRequest*, v1::ReleaseResponse*) override;
+  grpc::Status Reserve(Ctx*, const v1::ReserveRequest*, v1::ReserveResponse*) override;
+  grpc::Status Commit(Ctx*, const v1::CommitRequest*, v1::CommitResponse*) override;
+  grpc::Status GetKv(Ctx*, const v1::GetKvRequest*, v1::GetKvResponse*) override;
+  grpc::Status Describe(Ctx*, const v1::DescribeRequest*, v1::DescribeResponse*) override;
+  grpc::Status Stats(Ctx*, const v1::StatsRequest*, v1::StatsResponse*) override;
+  grpc::Status ListCaches(Ctx*, const v1::ListCachesRequest*, v1::ListCachesResponse*) override;
+  grpc::Status Attach(Ctx*, const v1::AttachRequest*,
+                      grpc::ServerWriter<v1::AttachEvent>*) override;
+  grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+
+ private:
+  // Counts the call and maps its status.
+  grpc::Status Done(Rpc rpc, const absl::Status& status);
+
+  KvStore* const store_;
+  RpcCounters* const rpcs_;
+  const absl::Duration session_grace_;
+  absl::Notification shutting_down_;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_SERVICE_H_

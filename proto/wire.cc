@@ -1,0 +1,210 @@
+#include "proto/wire.h"
+
+#include <utility>
+
+namespace kvarena {
+
+// The two enums share their numbering (kernels/paged_kv.h); an unknown wire value
+// decodes to kUnspecified so core rejects it by name.
+DType FromProto(v1::DType d) {
+  switch (d) {
+    case v1::FLOAT32: return DType::kFloat32;
+    case v1::FLOAT16: return DType::kFloat16;
+    case v1::BFLOAT16: return DType::kBFloat16;
+    default: return DType::kUnspecified;
+  }
+}
+
+v1::DType ToProto(DType d) {
+  switch (d) {
+    case DType::kFloat32: return v1::FLOAT32;
+    case DType::kFloat16: return v1::FLOAT16;
+    case DType::kBFloat16: return v1::BFLOAT16;
+    case DType::kUnspecified: break;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+CacheSpec FromProto(const v1::CacheSpec& p) {
+  CacheSpec s;
+  s.num_layers = static_cast<int>(p.num_layers());
+  s.num_kv_heads = static_cast<int>(p.num_kv_heads());
+  s.head_dim = static_cast<int>(p.head_dim());
+  s.dtype = FromProto(p.dtype());
+  s.page_size = static_cast<int>(p.page_size());
+  s.layer_windows.assign(p.layer_windows().begin(), p.layer_windows().end());
+  s.max_tokens = static_cast<int64_t>(p.max_tokens());
+  return s;
+}
+
+void ToProto(const CacheSpec& s, v1::CacheSpec* p) {
+  p->set_num_layers(static_cast<uint32_t>(s.num_layers));
+  p->set_num_kv_heads(static_cast<uint32_t>(s.num_kv_heads));
+  p->set_head_dim(static_cast<uint32_t>(s.head_dim));
+  p->set_dtype(ToProto(s.dtype));
+  p->set_page_size(static_cast<uint32_t>(s.page_size));
+  p->mutable_layer_windows()->Assign(s.layer_windows.begin(), s.layer_windows.end());
+  p->set_max_tokens(static_cast<uint64_t>(s.max_tokens));
+}
+
+CacheInfo FromProto(const v1::CacheInfo& p) {
+  CacheInfo c;
+  c.cache_id = p.cache_id();
+  c.spec = FromProto(p.spec());
+  c.seq_len = static_cast<int64_t>(p.seq_len());
+  c.layer_lens.assign(p.layer_lens().begin(), p.layer_lens().end());
+  c.pool_id = p.pool_id();
+  c.page_bytes = p.page_bytes();
+  return c;
+}
+
+void ToProto(const CacheInfo& c, v1::CacheInfo* p) {
+  p->set_cache_id(c.cache_id);
+  ToProto(c.spec, p->mutable_spec());
+  p->set_seq_len(static_cast<uint64_t>(c.seq_len));
+  p->mutable_layer_lens()->Assign(c.layer_lens.begin(), c.layer_lens.end());
+  p->set_pool_id(c.pool_id);
+  p->set_page_bytes(c.page_bytes);
+}
+
+// A message without an inline payload decodes to data == nullptr, bytes == 0: "absent".
+TensorArg FromProto(const v1::Tensor& p) {
+  TensorArg t;
+  t.dtype = FromProto(p.dtype());
+  t.shape.assign(p.shape().begin(), p.shape().end());
+  if (p.payload_case() == v1::Tensor::kData) {
+    t.data = p.data().data();
+    t.bytes = p.data().size();
+  }
+  return t;
+}
+
+void ToProto(const TensorArg& t, v1::Tensor* p) {
+  p->mutable_shape()->Assign(t.shape.begin(), t.shape.end());
+  p->set_dtype(ToProto(t.dtype));
+  if (t.data != nullptr) {
+    p->set_data(t.data, t.bytes);
+  } else {
+    p->clear_payload();
+  }
+}
+
+void ToProto(TensorOut&& t, v1::Tensor* p) {
+  p->mutable_shape()->Assign(t.shape.begin(), t.shape.end());
+  p->set_dtype(ToProto(t.dtype));
+  p->set_data(std::move(t.data));
+}
+
+TensorOut TensorOutFromProto(const v1::Tensor& p) {
+  TensorOut t;
+  t.dtype = FromProto(p.dtype());
+  t.shape.assign(p.shape().begin(), p.shape().end());
+  t.data = p.data();
+  return t;
+}
+
+LayerPages FromProto(const v1::LayerPages& p) {
+  LayerPages l;
+  l.first_pos = static_cast<int64_t>(p.first_pos());
+  l.len = static_cast<int64_t>(p.len());
+  l.page_ids.assign(p.page_ids().begin(), p.page_ids().end());
+  return l;
+}
+
+void ToProto(const LayerPages& l, uint32_t layer, v1::LayerPages* p) {
+  p->set_layer(layer);
+  p->set_first_pos(static_cast<uint64_t>(l.first_pos));
+  p->set_len(static_cast<uint64_t>(l.len));
+  p->mutable_page_ids()->Assign(l.page_ids.begin(), l.page_ids.end());
+}
+
+PageStats FromProto(const v1::PageStats& p) {
+  PageStats s;
+  s.num_pages = static_cast<int64_t>(p.num_pages());
+  s.pages_used = static_cast<int64_t>(p.pages_used());
+  s.pages_free = static_cast<int64_t>(p.pages_free());
+  s.page_size = static_cast<int>(p.page_size());
+  s.seq_len = static_cast<int64_t>(p.seq_len());
+  s.layers_materialized = p.layers_materialized();
+  s.layers_total = p.layers_total();
+  s.layers_sliding = p.layers_sliding();
+  s.bytes_used = p.bytes_used();
+  s.pages_evicted = p.pages_evicted();
+  s.refusals = p.refusals();
+  return s;
+}
+
+void ToProto(const PageStats& s, v1::PageStats* p) {
+  p->set_num_pages(static_cast<uint64_t>(s.num_pages));
+  p->set_pages_used(static_cast<uint64_t>(s.pages_used));
+  p->set_pages_free(static_cast<uint64_t>(s.pages_free));
+  p->set_page_size(static_cast<uint32_t>(s.page_size));
+  p->set_seq_len(static_cast<uint64_t>(s.seq_len));
+  p->set_layers_materialized(static_cast<uint32_t>(s.layers_materialized));
+  p->set_layers_total(static_cast<uint32_t>(s.layers_total));
+  p->set_layers_sliding(static_cast<uint32_t>(s.layers_sliding));
+  p->set_bytes_used(s.bytes_used);
+  p->set_pages_evicted(s.pages_evicted);
+  p->set_refusals(s.refusals);
+}
+
+PoolStats FromProto(const v1::PoolStats& p) {
+  PoolStats s;
+  s.pool_id = p.pool_id();
+  s.layout.num_kv_heads = static_cast<int>(p.num_kv_heads());
+  s.layout.head_dim = static_cast<int>(p.head_dim());
+  s.layout.dtype = FromProto(p.dtype());
+  s.layout.page_size = static_cast<int>(p.page_size());
+  s.page_bytes = p.page_bytes();
+  s.num_pages = static_cast<int64_t>(p.num_pages());
+  s.pages_used = static_cast<int64_t>(p.pages_used());
+  s.pages_free = static_cast<int64_t>(p.pages_free());
+  s.chunks_committed = static_cast<int64_t>(p.chunks_committed());
+  s.chunk_bytes = p.chunk_bytes();
+  s.bytes_committed = p.bytes_committed();
+  s.num_caches = static_cast<int64_t>(p.num_caches());
+  return s;
+}
+
+void ToProto(const PoolStats& s, v1::PoolStats* p) {
+  p->set_pool_id(s.pool_id);
+  p->set_num_kv_heads(static_cast<uint32_t>(s.layout.num_kv_heads));
+  p->set_head_dim(static_cast<uint32_t>(s.layout.head_dim));
+  p->set_dtype(ToProto(s.layout.dtype));
+  p->set_page_size(static_cast<uint32_t>(s.layout.page_size));
+  p->set_page_bytes(s.page_bytes);
+  p->set_num_pages(static_cast<uint64_t>(s.num_pages));
+  p->set_pages_used(static_cast<uint64_t>(s.pages_used));
+  p->set_pages_free(static_cast<uint64_t>(s.pages_free));
+  p->set_chunks_committed(static_cast<uint64_t>(s.chunks_committed));
+  p->set_chunk_bytes(s.chunk_bytes);
+  p->set_bytes_committed(s.bytes_committed);
+  p->set_num_caches(static_cast<uint64_t>(s.num_caches));
+}
+
+ArenaStats FromProto(const v1::StatsResponse& p) {
+  ArenaStats s;
+  s.pages = FromProto(p.pages());
+  for (const v1::PoolStats& pool : p.pools()) s.pools.push_back(FromProto(pool));
+  s.backend = p.backend();
+  s.arena_bytes = p.arena_bytes();
+  s.bytes_committed = p.bytes_committed();
+  s.bytes_used = p.bytes_used();
+  s.num_caches = static_cast<int64_t>(p.num_caches());
+  s.num_sessions = static_cast<int64_t>(p.num_sessions());
+  return s;
+}
+
+void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
+  ToProto(s.pages, p->mutable_pages());
+  p->clear_pools();
+  for (const PoolStats& pool : s.pools) ToProto(pool, p->add_pools());
+  p->set_backend(s.backend);
+  p->set_arena_bytes(s.arena_bytes);
+  p->set_bytes_committed(s.bytes_committed);
+  p->set_bytes_used(s.bytes_used);
+  p->set_num_caches(static_cast<uint64_t>(s.num_caches));
+  p->set_num_sessions(static_cast<uint64_t>(s.num_sessions));
+}
+
+}  // namespace kvarena

@@ -1,0 +1,163 @@
+// kvarenad as a process: flags, the Unix socket's care, start line, TCP, and the drain on
+// SIGTERM (health NOT_SERVING, Attach streams end, exit 0, then UNAVAILABLE).
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/daemon/rpc_test_util.h"
+
+namespace kvarena {
+namespace {
+
+using grpc::StatusCode;
+using grpc::health::v1::Health;
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+bool ExitedWith(int status, int code) { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
+
+// Leaves a socket file at `path` that nothing listens on, as a crashed daemon would.
+void MakeStaleSocket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  path.copy(addr.sun_path, sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+}
+
+HealthCheckResponse::ServingStatus CheckHealth(DaemonProcess& d, const std::string& service) {
+  HealthCheckRequest req;
+  req.set_service(service);
+  HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status s = Health::NewStub(d.NewChannel())->Check(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp.status();
+}
+
+class ProcessTest : public KvarenadTest {};
+
+TEST_F(ProcessTest, HealthServesBothNames) {
+  EXPECT_EQ(CheckHealth(*daemon_, ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(CheckHealth(*daemon_, "kvarena.v1.KvCacheService"), HealthCheckResponse::SERVING);
+}
+
+TEST_F(ProcessTest, SocketIsGroupReadWriteOnly) {
+  struct stat st;
+  ASSERT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+}
+
+TEST_F(ProcessTest, PrintsOneStartLine) {
+  EXPECT_THAT(daemon_->Log(), HasSubstr("backend=host arena_bytes=67108864 (64Mi)"));
+  EXPECT_THAT(daemon_->Log(), HasSubstr("on " + daemon_->address()));
+}
+
+TEST_F(ProcessTest, StaleSocketFileIsReplaced) {
+  DaemonProcess d({}, MakeStaleSocket);
+  EXPECT_TRUE(d.WaitServing()) << d.Log();
+}
+
+TEST_F(ProcessTest, MissingSocketDirectoryIsCreated) {
+  TempDir dir;
+  DaemonProcess d({"--listen=unix:" + dir.path() + "/run/kvarena/kvarena.sock"});
+  EXPECT_TRUE(d.WaitServing()) << d.Log();
+}
+
+TEST_F(ProcessTest, SecondDaemonOnALiveSocketExitsWithAnError) {
+  DaemonProcess second({"--listen=" + daemon_->address()});
+  const std::optional<int> status = second.WaitExit(absl::Seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(ExitedWith(*status, 1)) << *status;
+  EXPECT_THAT(second.Log(), HasSubstr("is serving on " + daemon_->address()));
+  EXPECT_EQ(CheckHealth(*daemon_, ""), HealthCheckResponse::SERVING);
+}
+
+TEST_F(ProcessTest, ServesTcpBesidesTheSocket) {
+  TempDir dir;
+  DaemonProcess d({"--listen=unix:" + dir.path() + "/k.sock,127.0.0.1:0"});
+  ASSERT_TRUE(d.WaitServing()) << d.Log();
+  const std::string log = d.Log();
+  const size_t at = log.find("127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int port = std::atoi(log.c_str() + at + 10);
+  ASSERT_GT(port, 0) << log;
+  auto stub = v1::KvCacheService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  v1::PingResponse resp;
+  EXPECT_TRUE(stub->Ping(Ctx().get(), v1::PingRequest(), &resp).ok());
+}
+
+TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
+  std::string out;
+  RunCommand({KVARENAD_PATH, "--help"}, &out);
+  for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
+                           "--session_grace", "--metrics_port", "--num_threads"}) {
+    EXPECT_THAT(out, HasSubstr(flag));
+  }
+  EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));
+  EXPECT_THAT(out, HasSubstr("default: 1Gi"));
+}
+
+TEST_F(ProcessTest, CudaBackendFailsFast) {
+  TempDir dir;
+  std::string out;
+  const int status = RunCommand(
+      {KVARENAD_PATH, "--backend=cuda", "--listen=unix:" + dir.path() + "/k.sock"}, &out);
+  EXPECT_TRUE(ExitedWith(status, 1)) << status;
+  EXPECT_THAT(out, HasSubstr("no CUDA backend"));
+}
+
+TEST_F(ProcessTest, BadByteSizeIsRejectedByName) {
+  std::string out;
+  const int status = RunCommand({KVARENAD_PATH, "--arena_bytes=12Q"}, &out);
+  EXPECT_FALSE(ExitedWith(status, 0));
+  EXPECT_THAT(out, HasSubstr("arena_bytes"));
+}
+
+TEST_F(ProcessTest, SigtermGoesNotServingEndsStreamsAndExitsZero) {
+  auto health = Health::NewStub(daemon_->NewChannel());
+  grpc::ClientContext watch_ctx;
+  auto watch = health->Watch(&watch_ctx, HealthCheckRequest());
+  HealthCheckResponse seen;
+  ASSERT_TRUE(watch->Read(&seen));
+  ASSERT_EQ(seen.status(), HealthCheckResponse::SERVING);
+  auto attach_stub = v1::KvCacheService::NewStub(daemon_->NewChannel());
+  grpc::ClientContext attach_ctx;
+  auto attach = attach_stub->Attach(&attach_ctx, v1::AttachRequest());
+  v1::AttachEvent event;
+  ASSERT_TRUE(attach->Read(&event));
+
+  const absl::Time sent = absl::Now();
+  daemon_->Signal(SIGTERM);
+  ASSERT_TRUE(watch->Read(&seen));
+  EXPECT_EQ(seen.status(), HealthCheckResponse::NOT_SERVING);
+  // gRPC 1.51 keeps Watch streams open through a drain (until its deadline cancels them);
+  // a prober that saw NOT_SERVING hangs up, as here.
+  watch_ctx.TryCancel();
+  watch->Finish();
+  EXPECT_FALSE(attach->Read(&event));
+  EXPECT_THAT(attach->Finish(), StatusIs(StatusCode::UNAVAILABLE, "shutting down"));
+  // Both streams ended well inside the 5 s drain deadline.
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(2));
+
+  const std::optional<int> status = daemon_->WaitExit(absl::Seconds(10));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(ExitedWith(*status, 0)) << *status;
+  v1::StatsResponse resp;
+  EXPECT_THAT(stub_->Stats(Ctx().get(), v1::StatsRequest(), &resp),
+              StatusIs(StatusCode::UNAVAILABLE));
+  EXPECT_FALSE(std::filesystem::exists(daemon_->socket_path()));
+}
+
+}  // namespace
+}  // namespace kvarena

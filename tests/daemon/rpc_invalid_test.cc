@@ -1,0 +1,163 @@
+// INVALID_ARGUMENT from every boundary check, each followed by a check that nothing
+// changed, and that the message names the field and the numbers.
+#include "tests/daemon/rpc_test_util.h"
+
+namespace kvarena {
+namespace {
+
+using grpc::StatusCode;
+
+class InvalidArgumentTest : public KvarenadTest {
+ protected:
+  // A float32 cache [2 layers, 2 kv heads, head_dim 8, page 4] holding 5 tokens on layer 0.
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(KvarenadTest::SetUp());
+    id_ = Allocate(Spec(2, 2, 8));
+    ASSERT_TRUE(AppendF32(id_, 0, 0, 5, 2, 8, 1).ok());
+    before_ = Snapshot(id_);
+  }
+  void ExpectUnchanged() { EXPECT_EQ(Snapshot(id_), before_); }
+
+  std::string id_;
+  std::string before_;
+};
+
+TEST_F(InvalidArgumentTest, AllocateRejectsBadSpecFields) {
+  struct Case {
+    const char* name;
+    void (*mutate)(v1::CacheSpec*);
+    const char* message;
+  };
+  const Case kCases[] = {
+      {"zero layers", [](v1::CacheSpec* s) { s->set_num_layers(0); }, "num_layers=0"},
+      {"zero kv heads", [](v1::CacheSpec* s) { s->set_num_kv_heads(0); }, "num_kv_heads=0"},
+      {"zero head_dim", [](v1::CacheSpec* s) { s->set_head_dim(0); }, "head_dim=0"},
+      {"unspecified dtype", [](v1::CacheSpec* s) { s->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       "dtype"},
+      {"windows length", [](v1::CacheSpec* s) { s->add_layer_windows(0); },
+       "layer_windows has 1 entries but num_layers=2"},
+      {"window 1",
+       [](v1::CacheSpec* s) {
+         s->add_layer_windows(0);
+         s->add_layer_windows(1);
+       },
+       "layer_windows[1]=1"},
+  };
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    v1::AllocateRequest req;
+    *req.mutable_spec() = Spec(2, 2, 8);
+    c.mutate(req.mutable_spec());
+    v1::AllocateResponse resp;
+    EXPECT_THAT(stub_->Allocate(Ctx().get(), req, &resp),
+                StatusIs(StatusCode::INVALID_ARGUMENT, c.message));
+    v1::ListCachesResponse caches;
+    ASSERT_TRUE(stub_->ListCaches(Ctx().get(), v1::ListCachesRequest(), &caches).ok());
+    EXPECT_EQ(caches.caches_size(), 1);
+    ExpectUnchanged();
+  }
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsWrongDtype) {
+  EXPECT_THAT(Append(id_, 0, 5, RandomTensor(v1::FLOAT16, 2, 1, 8, 1),
+                     RandomTensor(v1::FLOAT16, 2, 1, 8, 2)),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "k.dtype=float16"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsWrongShape) {
+  EXPECT_THAT(Append(id_, 0, 5, F32Tensor(3, 1, 8, 1), F32Tensor(3, 1, 8, 2)),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "k.shape=[1, 3, 1, 8] must be [1, 2,"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsByteCountMismatch) {
+  v1::Tensor v = F32Tensor(2, 1, 8, 2);
+  v.mutable_data()->resize(v.data().size() - 4);
+  EXPECT_THAT(Append(id_, 0, 5, F32Tensor(2, 1, 8, 1), v),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "v has 60 bytes"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsMissingPayload) {
+  v1::Tensor k = F32Tensor(2, 1, 8, 1);
+  k.clear_payload();
+  EXPECT_THAT(Append(id_, 0, 5, k, F32Tensor(2, 1, 8, 2)),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "k has 0 bytes"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsBadLayer) {
+  EXPECT_THAT(AppendF32(id_, 2, 0, 1, 2, 8, 1),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "layer=2 but the cache has num_layers=2"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AppendRejectsPosGap) {
+  EXPECT_THAT(AppendF32(id_, 0, 7, 1, 2, 8, 1),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "pos=7 but layer 0 holds 5 tokens"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AttendRejectsQHeadsNotMultipleOfKvHeads) {
+  v1::AttendRequest req;
+  req.set_cache_id(id_);
+  req.set_pos(4);
+  *req.mutable_q() = F32Tensor(3, 1, 8, 1);
+  v1::AttendResponse resp;
+  EXPECT_THAT(stub_->Attend(Ctx().get(), req, &resp),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "multiple of num_kv_heads=2"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AttendOverCachedRejectsPositionsNotYetWritten) {
+  v1::AttendRequest req;
+  req.set_cache_id(id_);
+  req.set_pos(4);
+  *req.mutable_q() = F32Tensor(2, 2, 8, 1);
+  v1::AttendResponse resp;
+  EXPECT_THAT(stub_->Attend(Ctx().get(), req, &resp),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "pos=4 with 2 queries"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, AttendWithKvRejectsPosGapBeforeAppending) {
+  v1::AttendRequest req;
+  req.set_cache_id(id_);
+  req.set_pos(6);
+  *req.mutable_q() = F32Tensor(2, 1, 8, 1);
+  *req.mutable_k() = F32Tensor(2, 1, 8, 2);
+  *req.mutable_v() = F32Tensor(2, 1, 8, 3);
+  v1::AttendResponse resp;
+  EXPECT_THAT(stub_->Attend(Ctx().get(), req, &resp),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "pos=6 but layer 0 holds 5"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, GetKvRejectsBadLayer) {
+  v1::GetKvRequest req;
+  req.set_cache_id(id_);
+  req.set_layer(9);
+  v1::GetKvResponse resp;
+  EXPECT_THAT(stub_->GetKv(Ctx().get(), req, &resp),
+              StatusIs(StatusCode::INVALID_ARGUMENT, "layer=9"));
+  ExpectUnchanged();
+}
+
+TEST_F(InvalidArgumentTest, SharedSlicesAreNotServedYet) {
+  v1::AttendRequest req;
+  req.set_cache_id(id_);
+  req.set_pos(4);
+  *req.mutable_q() = F32Tensor(2, 1, 8, 1);
+  req.mutable_out()->set_region_id(1);
+  v1::AttendResponse resp;
+  EXPECT_THAT(stub_->Attend(Ctx().get(), req, &resp),
+              StatusIs(StatusCode::UNIMPLEMENTED, "shared slices"));
+  v1::Tensor shared = F32Tensor(2, 1, 8, 1);
+  shared.mutable_shared()->set_region_id(1);
+  EXPECT_THAT(Append(id_, 0, 5, shared, shared), StatusIs(StatusCode::UNIMPLEMENTED));
+  ExpectUnchanged();
+}
+
+}  // namespace
+}  // namespace kvarena
