@@ -1,0 +1,59 @@
+// CacheState: what every handle to one cache (the original and its clones) knows about it
+// between calls — the layer lengths it last saw and whether the cache is known to be gone.
+// Shared by the handles through a shared_ptr.
+//
+// Thread-safety: safe for concurrent use; the lengths are guarded by mu_.
+#ifndef KVARENA_CLIENT_CACHE_STATE_H_
+#define KVARENA_CLIENT_CACHE_STATE_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/types.h"
+
+namespace kvarena::client_internal {
+
+struct CacheState {
+  explicit CacheState(const CacheInfo& info) { Update(info); }
+
+  // From an answer that carries the whole cache (Allocate, Reset, Describe).
+  void Update(const CacheInfo& info) {
+    absl::MutexLock lock(&mu);
+    layer_lens = info.layer_lens;
+    layer_lens.resize(info.spec.num_layers, 0);
+    seq_len = info.seq_len;
+  }
+  void UpdateLayer(int layer, int64_t layer_len, int64_t new_seq_len) {
+    absl::MutexLock lock(&mu);
+    layer_lens[layer] = layer_len;
+    seq_len = new_seq_len;
+  }
+  // After a popn whose Describe failed: every layer loses n tokens.
+  void Popped(int64_t n, int64_t new_seq_len) {
+    absl::MutexLock lock(&mu);
+    for (int64_t& len : layer_lens) len = std::max<int64_t>(0, len - n);
+    seq_len = new_seq_len;
+  }
+  int64_t LayerLen(int layer) const {
+    absl::MutexLock lock(&mu);
+    return layer_lens[layer];
+  }
+  int64_t SeqLen() const {
+    absl::MutexLock lock(&mu);
+    return seq_len;
+  }
+
+  mutable absl::Mutex mu;
+  std::vector<int64_t> layer_lens ABSL_GUARDED_BY(mu);
+  int64_t seq_len ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<bool> released{false};  // release() succeeded through some handle
+  std::atomic<bool> gone{false};      // the arena answered NOT_FOUND for it
+};
+
+}  // namespace kvarena::client_internal
+
+#endif  // KVARENA_CLIENT_CACHE_STATE_H_

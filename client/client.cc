@@ -1,0 +1,97 @@
+#include "kvarena/client.h"
+
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/cache_state.h"
+#include "client/transport.h"
+
+namespace kvarena {
+
+using client_internal::CacheState;
+using client_internal::Transport;
+
+const char* ServingStatusName(ServingStatus s) {
+  switch (s) {
+    case ServingStatus::kServing: return "SERVING";
+    case ServingStatus::kNotServing: return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown: break;
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& address,
+                                                        const ClientOptions& options) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        "Connect: empty address; want unix:PATH, HOST:PORT or inproc:");
+  }
+  absl::StatusOr<std::shared_ptr<Transport>> t =
+      (address == kInprocAddress || address == "inproc")
+          ? client_internal::NewInprocTransport(options)
+          : client_internal::NewRemoteTransport(address, options);
+  if (!t.ok()) return t.status();
+  return std::shared_ptr<Client>(new Client(*std::move(t)));
+}
+
+Client::Client(std::shared_ptr<Transport> transport) : transport_(std::move(transport)) {}
+Client::~Client() = default;
+
+const std::string& Client::address() const { return transport_->address(); }
+std::string Client::session_id() const { return transport_->session_id(); }
+bool Client::is_inproc() const { return transport_->is_inproc(); }
+bool Client::connected() const { return transport_->connected(); }
+
+absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::Allocate(
+    const CacheSpec& spec, const std::string& cache_id) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  auto info = transport_->Allocate(spec, cache_id);
+  if (!info.ok()) return info.status();
+  auto state = std::make_shared<CacheState>(*info);
+  return std::shared_ptr<GenericKvCacheHandle>(
+      new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
+}
+
+absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
+    const std::string& cache_id) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  auto d = transport_->Describe(cache_id);
+  if (!d.ok()) return d.status();
+  auto state = std::make_shared<CacheState>(d->info);
+  return std::shared_ptr<GenericKvCacheHandle>(
+      new GenericKvCacheHandle(transport_, std::move(d->info), std::move(state), -1));
+}
+
+absl::Status Client::Release(const std::string& cache_id) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->Release(cache_id);
+}
+
+absl::StatusOr<ArenaStats> Client::Stats() {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->Stats();
+}
+
+absl::StatusOr<PageStats> Client::CacheStats(const std::string& cache_id) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->CacheStats(cache_id);
+}
+
+absl::StatusOr<std::vector<CacheInfo>> Client::ListCaches() {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->ListCaches();
+}
+
+absl::StatusOr<ServingStatus> Client::Health(const std::string& service) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->Health(service);
+}
+
+absl::Status Client::Ping() {
+  if (!connected()) return transport_->DisconnectedStatus();
+  return transport_->Ping();
+}
+
+}  // namespace kvarena

@@ -1,0 +1,170 @@
+// kvarena_demo: a tour of the client API against a running kvarenad (default
+// unix:/tmp/kvarena.sock). It allocates a 4-layer cache (layer 3 has a 32-token sliding
+// window), runs a prefill and decode steps through attention (append + attend), rolls back
+// a rejected 3-token draft with popn, and prints the page statistics after each phase.
+// The working cache belongs to the demo's session and is released at the end.
+//
+// With --keep (the default) it also leaves one cache, "kvarena-demo", allocated with no
+// session so it outlives the demo and `kvarena caches` / `kvarena stats` show it. A rerun
+// replaces it; grpcurl's Release (printed at the end) frees it.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kvarena/client.h"
+
+ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
+ABSL_FLAG(bool, keep, true, "leave the 'kvarena-demo' cache allocated (no session)");
+ABSL_FLAG(int, prefill, 100, "prefill tokens");
+ABSL_FLAG(int, decode, 40, "decode steps");
+
+namespace kvarena {
+namespace {
+
+constexpr int kLayers = 4, kKvHeads = 2, kQHeads = 8, kHeadDim = 64, kWindow = 32;
+
+// A float32 tensor [1, heads, n, head_dim] of small random values.
+struct Tensor {
+  std::vector<float> data;
+  TensorArg arg;
+  Tensor(std::mt19937& rng, int heads, int64_t n) : data(size_t(heads) * n * kHeadDim) {
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    for (float& x : data) x = dist(rng);
+    arg = {DType::kFloat32, {1, heads, n, kHeadDim}, data.data(), data.size() * sizeof(float)};
+  }
+};
+
+std::string Bytes(uint64_t b) {
+  if (b < 1024) return absl::StrCat(b, " B");
+  if (b < (1u << 20)) return absl::StrCat(b / 1024, " KiB");
+  return absl::StrCat(b >> 20, " MiB");
+}
+
+absl::Status Show(const char* phase, Client& client, const GenericKvCacheHandle& cache) {
+  auto p = cache.page_stats();
+  if (!p.ok()) return p.status();
+  auto a = client.Stats();
+  if (!a.ok()) return a.status();
+  std::printf("[%-8s] cache %s: %" PRId64 " tokens, %" PRId64 " pages (%s), layers %" PRId64
+              "/%" PRId64 " materialized, %" PRId64 " sliding, %" PRIu64 " pages evicted\n",
+              phase, cache.cache_id().c_str(), p->seq_len, p->pages_used,
+              Bytes(p->bytes_used).c_str(), p->layers_materialized, p->layers_total,
+              p->layers_sliding, p->pages_evicted);
+  std::printf("%11s arena: %" PRId64 " of %" PRId64 " pages used, %" PRId64 " caches, %" PRId64
+              " sessions, %s committed\n",
+              "", a->pages.pages_used, a->pages.num_pages, a->num_caches, a->num_sessions,
+              Bytes(a->bytes_committed).c_str());
+  return absl::OkStatus();
+}
+
+// n tokens on every layer through attention (append k/v, attend q over past + new).
+absl::Status Run(GenericKvCacheHandle& cache, std::mt19937& rng, int64_t n) {
+  for (int layer = 0; layer < cache.num_layers(); ++layer) {
+    Tensor q(rng, kQHeads, n), k(rng, kKvHeads, n), v(rng, kKvHeads, n);
+    auto out = cache.attention(layer, q.arg, k.arg, v.arg);
+    if (!out.ok()) return out.status();
+  }
+  return absl::OkStatus();
+}
+
+CacheSpec DemoSpec() {
+  CacheSpec spec;
+  spec.num_layers = kLayers;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kHeadDim;
+  spec.dtype = DType::kFloat32;
+  spec.layer_windows = {0, 0, 0, kWindow};
+  return spec;
+}
+
+absl::Status KeepOne(const std::string& address, std::mt19937& rng) {
+  ClientOptions options;
+  options.attach = false;  // no session: the cache outlives this process
+  options.client_name = "kvarena-demo-keep";
+  auto client = Client::Connect(address, options);
+  if (!client.ok()) return client.status();
+  auto cache = (*client)->Allocate(DemoSpec(), "kvarena-demo");
+  if (cache.status().code() == absl::StatusCode::kAlreadyExists) {  // from an earlier run
+    if (auto s = (*client)->Release("kvarena-demo"); !s.ok()) return s;
+    cache = (*client)->Allocate(DemoSpec(), "kvarena-demo");
+  }
+  if (!cache.ok()) return cache.status();
+  if (auto s = Run(**cache, rng, 48); !s.ok()) return s;
+  return Show("kept", **client, **cache);
+}
+
+absl::Status Demo() {
+  const std::string address = absl::GetFlag(FLAGS_address);
+  ClientOptions options;
+  options.client_name = "kvarena-demo";
+  auto client = Client::Connect(address, options);
+  if (!client.ok()) return client.status();
+  std::printf("connected to %s, session %s\n", address.c_str(), (*client)->session_id().c_str());
+
+  auto cache = (*client)->Allocate(DemoSpec());
+  if (!cache.ok()) return cache.status();
+  GenericKvCacheHandle& c = **cache;
+  std::printf("allocated cache %s: %d layers, %d kv heads, head_dim %d, %s, page_size %d, "
+              "device %s, windows [%s]\n",
+              c.cache_id().c_str(), c.num_layers(), c.num_kv_heads(), c.head_dim(),
+              DTypeName(c.dtype()), c.page_size(), c.device().c_str(),
+              absl::StrJoin(c.layer_windows(), ",").c_str());
+  if (auto s = Show("empty", **client, c); !s.ok()) return s;
+
+  std::mt19937 rng(7);
+  if (auto s = Run(c, rng, absl::GetFlag(FLAGS_prefill)); !s.ok()) return s;
+  if (auto s = Show("prefill", **client, c); !s.ok()) return s;
+
+  for (int i = 0; i < absl::GetFlag(FLAGS_decode); ++i) {
+    if (auto s = Run(c, rng, 1); !s.ok()) return s;
+  }
+  if (auto s = Show("decode", **client, c); !s.ok()) return s;
+
+  auto popped = c.popn(3);  // a rejected 3-token speculative draft
+  if (!popped.ok()) return popped.status();
+  std::printf("popn(3): popped %" PRId64 "%s\n", popped->popped,
+              popped->refusal.empty() ? "" : absl::StrCat(" (", popped->refusal, ")").c_str());
+  if (auto s = Show("popn", **client, c); !s.ok()) return s;
+
+  auto table = c.block_table(3);
+  if (!table.ok()) return table.status();
+  auto kv = c.get_kv(3);
+  if (!kv.ok()) return kv.status();
+  std::printf("layer 3 (window %d): block table [%s], get_kv holds positions %" PRId64
+              "..%" PRId64 "\n",
+              kWindow, absl::StrJoin(*table, ",").c_str(), kv->first_pos,
+              kv->first_pos + kv->k.shape[2] - 1);
+
+  if (auto s = c.release(); !s.ok()) return s;
+  std::printf("released %s (is_valid=%s)\n", c.cache_id().c_str(), c.is_valid() ? "true" : "false");
+
+  if (absl::GetFlag(FLAGS_keep)) {
+    if (auto s = KeepOne(address, rng); !s.ok()) return s;
+    const bool unix_socket = address.rfind("unix:", 0) == 0;
+    std::printf("left cache 'kvarena-demo' allocated (no session). Free it with:\n"
+                "  grpcurl -plaintext%s -d '{\"cache_id\":\"kvarena-demo\"}' %s "
+                "kvarena.v1.KvCacheService/Release\n",
+                unix_socket ? " -unix" : "",
+                unix_socket ? address.substr(5).c_str() : address.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvarena
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = kvarena::Demo(); !s.ok()) {
+    std::fprintf(stderr, "kvarena_demo: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,166 @@
+// GenericKvCacheHandle: a worker's reference to one paged KV cache in the arena
+// (DESIGN.md §6). Geometry accessors answer from the handle; num_tokens() and is_valid()
+// answer from what the handle knows (no RPC); block_table, views, stats and the
+// operations ask the arena. Every accessor returns real values: a view the handle cannot
+// give (a remote client has no mapping of the pool yet) is an error, never a fake.
+//
+// Handles are references, not owners: dropping one leaves the cache allocated;
+// release() frees it (and invalidates every clone); a session's caches are also freed when
+// its client goes away. clone_handle() and with_sequence_length() return new references
+// to the same cache that share its state with the original.
+//
+// Tensors are row-major [1, heads, tokens, head_dim] in the cache's dtype: k and v have
+// num_kv_heads heads, q (and attention's output) a multiple of it (GQA).
+//
+// Thread-safety: safe for concurrent use; calls on one cache are serialised by the arena.
+// append(layer, k, v) takes its position from the layer length this handle last saw, so
+// two threads appending to one layer at once race (the arena rejects the loser).
+#ifndef KVARENA_CLIENT_INCLUDE_KVARENA_KV_CACHE_HANDLE_H_
+#define KVARENA_CLIENT_INCLUDE_KVARENA_KV_CACHE_HANDLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/types.h"
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+namespace client_internal {
+class Transport;
+struct CacheState;
+}  // namespace client_internal
+
+struct AttentionOptions {
+  double scale = 0;     // 0: 1/sqrt(head_dim)
+  uint32_t window = 0;  // 0: the layer's own window; w: also mask keys older than (p-w, p]
+};
+
+// A view of one layer's pages in the mapped pool: no copy. Token t (absolute position,
+// first_pos <= t < len) of page_ids[t / page_size - first_pos / page_size], slot
+// t % page_size, holds K then V as [2][page_size][num_kv_heads][head_dim] per page.
+// page_ids/first_pos/len are a snapshot taken at the call: fetch a new ref after appends,
+// popn or window evictions. pool_base stays valid while any handle of the client lives.
+struct KvCacheRef {
+  enum class Part : uint8_t { kKeyValue, kKey, kValue };
+  Part part = Part::kKeyValue;
+  uint8_t* pool_base = nullptr;  // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
+  PageLayout layout;
+  std::vector<int32_t> page_ids;  // the layer's block table
+  int64_t first_pos = 0;          // absolute position of slot 0 of page_ids[0]
+  int64_t len = 0;                // tokens written (absolute); readable: [first_pos, len)
+
+  // K (kv = 0) or V (kv = 1) of token t, all heads: [num_kv_heads][head_dim].
+  // REQUIRES: first_pos <= t < len.
+  uint8_t* TokenPtr(int kv, int64_t t) const;
+  // The part this ref names (kKey or kValue; kKeyValue reads K).
+  uint8_t* TokenPtr(int64_t t) const;
+  // The kernels' view (borrows page_ids: keep this ref alive while it is used).
+  PagedKvView view() const;
+};
+
+class GenericKvCacheHandle {
+ public:
+  ~GenericKvCacheHandle();
+  GenericKvCacheHandle(const GenericKvCacheHandle&) = delete;
+  GenericKvCacheHandle& operator=(const GenericKvCacheHandle&) = delete;
+
+  // --- geometry (fixed at Allocate) ---
+  const std::string& cache_id() const { return info_.cache_id; }
+  int num_layers() const { return info_.spec.num_layers; }
+  int num_heads() const { return info_.spec.num_kv_heads; }  // kv heads
+  int num_kv_heads() const { return info_.spec.num_kv_heads; }
+  int head_dim() const { return info_.spec.head_dim; }
+  DType dtype() const { return info_.spec.dtype; }
+  int page_size() const { return info_.spec.page_size; }
+  const std::vector<int>& layer_windows() const { return info_.spec.layer_windows; }
+  int64_t max_tokens() const { return info_.spec.max_tokens; }
+  uint64_t pool_id() const { return info_.pool_id; }
+  PageLayout layout() const;
+  // "cpu" for the host backend (the only one today).
+  std::string device() const;
+
+  // --- state ---
+  // Tokens in the cache as this handle last saw them (narrowed by with_sequence_length).
+  int64_t num_tokens() const;
+  int64_t seq_len() const { return num_tokens(); }
+  // Length of one layer as last seen (-1 for a bad layer).
+  int64_t layer_len(int layer) const;
+  // False once released (through any clone), once the arena reported the cache gone, or
+  // once the client is disconnected. No RPC.
+  bool is_valid() const;
+  // Re-reads the lengths from the arena (Describe).
+  absl::Status refresh();
+
+  // --- pages ---
+  absl::StatusOr<std::vector<int32_t>> block_table(int layer) const;
+  absl::StatusOr<CacheDescription> describe() const;
+  // Views into the mapped pool (inproc: today; remote clients: FAILED_PRECONDITION until
+  // pools are mapped into workers).
+  absl::StatusOr<KvCacheRef> key_cache(int layer) const;
+  absl::StatusOr<KvCacheRef> value_cache(int layer) const;
+  absl::StatusOr<KvCacheRef> kv_cache(int layer) const;
+  absl::StatusOr<PageStats> stats() const;
+  absl::StatusOr<PageStats> page_stats() const { return stats(); }
+  absl::StatusOr<int64_t> pages_used() const;
+
+  // --- references ---
+  std::shared_ptr<GenericKvCacheHandle> clone_handle() const;
+  // A clone whose num_tokens() is n and whose views stop at n. INVALID_ARGUMENT if
+  // n < 0 or n > num_tokens().
+  absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> with_sequence_length(int64_t n) const;
+
+  // --- operations ---
+  // Dense append of k, v ([1, kv_heads, n, head_dim]) at the layer's end / at pos.
+  absl::StatusOr<AppendResult> append(int layer, const TensorArg& k, const TensorArg& v);
+  absl::StatusOr<AppendResult> append(int layer, int64_t pos, const TensorArg& k,
+                                      const TensorArg& v);
+  // Appends k, v at the layer's end, then attends q (same n tokens) over past + new,
+  // causally. Returns the output, q's shape and dtype.
+  absl::StatusOr<TensorOut> attention(int layer, const TensorArg& q, const TensorArg& k,
+                                      const TensorArg& v, double scale = 0);
+  absl::StatusOr<TensorOut> attention_opts(int layer, const TensorArg& q, const TensorArg& k,
+                                           const TensorArg& v, const AttentionOptions& opts);
+  // Attends q at positions [pos, pos + n) over what is cached (pos + n <= layer length).
+  absl::StatusOr<TensorOut> attention(int layer, int64_t pos, const TensorArg& q,
+                                      const AttentionOptions& opts = {});
+  // Rolls back the last n tokens on every layer, all or nothing: popped is n or 0 (then
+  // refusal says why and nothing changed).
+  absl::StatusOr<PopnResult> popn(int64_t n);
+  // Drops every token; keep_pages keeps the pages reserved for this cache.
+  absl::Status reset(bool keep_pages = false);
+  // Frees the cache; this handle and every clone become invalid.
+  absl::Status release();
+  // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos.
+  absl::StatusOr<GetKvResult> get_kv(int layer) const;
+
+ private:
+  friend class Client;
+  GenericKvCacheHandle(std::shared_ptr<client_internal::Transport> transport, CacheInfo info,
+                       std::shared_ptr<client_internal::CacheState> state, int64_t limit);
+
+  // OK when the handle may call the arena; else why not.
+  absl::Status CheckUsable(const char* op) const;
+  absl::Status CheckLayer(const char* op, int layer) const;
+  // Notes NOT_FOUND (the cache is gone) and passes the status through.
+  absl::Status Observe(const absl::Status& s) const;
+  // The layer's pages from Describe, narrowed to limit_.
+  absl::StatusOr<LayerPages> Pages(const char* op, int layer) const;
+  absl::StatusOr<KvCacheRef> View(KvCacheRef::Part part, int layer) const;
+  absl::StatusOr<TensorOut> Attend(int layer, int64_t pos, const TensorArg& q,
+                                   const TensorArg* k, const TensorArg* v,
+                                   const AttentionOptions& opts);
+
+  std::shared_ptr<client_internal::Transport> transport_;
+  CacheInfo info_;  // as allocated; lengths live in state_
+  std::shared_ptr<client_internal::CacheState> state_;
+  int64_t limit_;  // with_sequence_length's n; -1: none
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CLIENT_INCLUDE_KVARENA_KV_CACHE_HANDLE_H_

@@ -1,0 +1,86 @@
+// InprocTransport: the "inproc:" address — a KvStore with the host backend inside this
+// process, one session opened at connect. The pools are in this address space, so
+// PoolBase returns real pointers and handles give key_cache/value_cache views.
+#include <utility>
+
+#include "arena/region.h"
+#include "client/transport.h"
+#include "core/kv_store.h"
+
+namespace kvarena::client_internal {
+namespace {
+
+class InprocTransport final : public Transport {
+ public:
+  InprocTransport(std::unique_ptr<KvStore> store, std::string session)
+      : store_(std::move(store)), session_(std::move(session)) {}
+
+  const std::string& address() const override { return address_; }
+  std::string session_id() const override { return session_; }
+  bool is_inproc() const override { return true; }
+  std::string device() override { return "cpu"; }
+  bool connected() const override { return true; }
+  absl::Status DisconnectedStatus() const override { return absl::OkStatus(); }
+
+  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
+    return store_->Allocate(session_, spec, cache_id);
+  }
+  absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer, int64_t pos,
+                                      const TensorArg& k, const TensorArg& v) override {
+    return store_->Append(session_, cache_id, layer, pos, k, v);
+  }
+  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, TensorOut* out) override {
+    out->dtype = args.q.dtype;
+    out->shape = args.q.shape;
+    out->data.resize(args.q.bytes);
+    return store_->Attend(session_, args, out->data.data(), out->data.size());
+  }
+  absl::StatusOr<PopnResult> Popn(const std::string& cache_id, int64_t n) override {
+    return store_->Popn(session_, cache_id, n);
+  }
+  absl::StatusOr<CacheInfo> Reset(const std::string& cache_id, bool keep_pages) override {
+    return store_->Reset(session_, cache_id, keep_pages);
+  }
+  absl::Status Release(const std::string& cache_id) override {
+    return store_->Release(session_, cache_id);
+  }
+  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) override {
+    return store_->GetKv(session_, cache_id, layer);
+  }
+  absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) override {
+    return store_->Describe(session_, cache_id);
+  }
+  absl::StatusOr<ArenaStats> Stats() override { return store_->Stats(); }
+  absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) override {
+    return store_->CacheStats(cache_id);
+  }
+  absl::StatusOr<std::vector<CacheInfo>> ListCaches() override { return store_->ListCaches(); }
+  absl::StatusOr<ServingStatus> Health(const std::string&) override {
+    return ServingStatus::kServing;
+  }
+  absl::Status Ping() override { return absl::OkStatus(); }
+
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) override {
+    return store_->PoolBase(pool_id);
+  }
+
+ private:
+  const std::string address_ = kInprocAddress;
+  std::unique_ptr<KvStore> store_;
+  const std::string session_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOptions& options) {
+  StoreOptions so;
+  so.arena_bytes = options.arena_bytes;
+  so.default_page_size = options.page_size;
+  so.num_threads = options.num_threads;
+  auto store = KvStore::Create(so, NewHostBackend());
+  if (!store.ok()) return store.status();
+  std::string session = options.attach ? (*store)->OpenSession(options.client_name) : "";
+  return std::shared_ptr<Transport>(new InprocTransport(*std::move(store), std::move(session)));
+}
+
+}  // namespace kvarena::client_internal

@@ -1,0 +1,362 @@
+// RemoteTransport: kvarenad over gRPC. One channel; unary calls carry a deadline and the
+// session metadata; with options.attach an Attach stream is held open by a reader thread,
+// and its end marks the transport disconnected for good.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/grpc_status.h"
+#include "client/transport.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvarena/v1/kvarena.grpc.pb.h"
+#include "proto/wire.h"
+#include <grpcpp/grpcpp.h>
+
+namespace kvarena::client_internal {
+namespace {
+
+constexpr char kSessionMetadata[] = "kvarena-session";
+
+bool Present(const TensorArg& t) { return t.data != nullptr || t.bytes != 0 || !t.shape.empty(); }
+using Stub = v1::KvCacheService::Stub;
+
+// One channel and its stubs, shared by the calls in flight.
+struct Stubs {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<Stub> kv;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+class RemoteTransport final : public Transport {
+ public:
+  RemoteTransport(std::string address, const ClientOptions& options)
+      : address_(std::move(address)), options_(options) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);  // GetKv of a long cache is large
+    args.SetMaxSendMessageSize(-1);
+    auto stubs = std::make_shared<Stubs>();
+    stubs->channel =
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    stubs->kv = v1::KvCacheService::NewStub(stubs->channel);
+    stubs->health = grpc::health::v1::Health::NewStub(stubs->channel);
+    stubs_ = std::move(stubs);
+  }
+
+  ~RemoteTransport() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
+    }
+    if (reader_thread_.joinable()) reader_thread_.join();
+  }
+
+  // Opens the Attach stream and waits for its first event (the session id).
+  absl::Status Attach() {
+    v1::AttachRequest req;
+    req.set_client_name(options_.client_name);
+    absl::MutexLock lock(&mu_);
+    attach_ctx_ = std::make_unique<grpc::ClientContext>();
+    reader_ = stubs_->kv->Attach(attach_ctx_.get(), req);
+    reader_thread_ = std::thread([this] { ReadEvents(); });
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !session_.empty() || stream_done_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.connect_timeout)) {
+      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
+      return absl::UnavailableError(absl::StrCat(
+          kUnavailablePrefix, "no session from ", address_, " within ",
+          absl::FormatDuration(options_.connect_timeout), " (Attach sent no event)"));
+    }
+    if (session_.empty()) return end_status_;
+    return absl::OkStatus();
+  }
+
+  // The backend's name, as Stats reports it, turned into a device name.
+  absl::Status LearnDevice() {
+    auto st = Stats();
+    if (!st.ok()) return st.status();
+    absl::MutexLock lock(&mu_);
+    device_ = st->backend == "host" ? "cpu" : st->backend == "cuda" ? "cuda:0" : st->backend;
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const override { return address_; }
+  std::string session_id() const override {
+    absl::MutexLock lock(&mu_);
+    return session_;
+  }
+  bool is_inproc() const override { return false; }
+  std::string device() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!device_.empty()) return device_;
+    }
+    absl::Status s = LearnDevice();
+    absl::MutexLock lock(&mu_);
+    return device_.empty() ? absl::StrCat("unknown (", s.message(), ")") : device_;
+  }
+  bool connected() const override { return connected_.load(); }
+  absl::Status DisconnectedStatus() const override {
+    if (connected()) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    return absl::UnavailableError(absl::StrCat(
+        kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
+        absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ", session_,
+        " and its caches are gone; connect a new Client"));
+  }
+
+  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
+    v1::AllocateRequest req;
+    ToProto(spec, req.mutable_spec());
+    req.set_cache_id(cache_id);
+    v1::AllocateResponse resp;
+    if (auto s = Call(&Stub::Allocate, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer, int64_t pos,
+                                      const TensorArg& k, const TensorArg& v) override {
+    v1::AppendRequest req;
+    req.set_cache_id(cache_id);
+    req.set_layer(layer);
+    req.set_pos(pos);
+    ToProto(k, req.mutable_k());
+    ToProto(v, req.mutable_v());
+    v1::AppendResponse resp;
+    if (auto s = Call(&Stub::Append, req, &resp); !s.ok()) return s;
+    AppendResult r;
+    r.layer_len = int64_t(resp.layer_len());
+    r.seq_len = int64_t(resp.seq_len());
+    return r;
+  }
+
+  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, TensorOut* out) override {
+    v1::AttendRequest req;
+    req.set_cache_id(args.cache_id);
+    req.set_layer(args.layer);
+    req.set_pos(args.pos);
+    ToProto(args.q, req.mutable_q());
+    // Absent k and v (attend over the cache) stay unset on the wire.
+    if (Present(args.k)) ToProto(args.k, req.mutable_k());
+    if (Present(args.v)) ToProto(args.v, req.mutable_v());
+    req.set_scale(args.scale);
+    req.set_window(args.window);
+    v1::AttendResponse resp;
+    if (auto s = Call(&Stub::Attend, req, &resp); !s.ok()) return s;
+    *out = TensorOutFromProto(resp.out());
+    AttendResult r;
+    r.out_shape = out->shape;
+    r.seq_len = int64_t(resp.seq_len());
+    return r;
+  }
+
+  absl::StatusOr<PopnResult> Popn(const std::string& cache_id, int64_t n) override {
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("popn: n=", n, " is negative"));
+    }
+    v1::PopnRequest req;
+    req.set_cache_id(cache_id);
+    req.set_n(uint64_t(n));
+    v1::PopnResponse resp;
+    if (auto s = Call(&Stub::Popn, req, &resp); !s.ok()) return s;
+    PopnResult r;
+    r.popped = int64_t(resp.popped());
+    r.seq_len = int64_t(resp.seq_len());
+    r.refusal = resp.refusal();
+    return r;
+  }
+
+  absl::StatusOr<CacheInfo> Reset(const std::string& cache_id, bool keep_pages) override {
+    v1::ResetRequest req;
+    req.set_cache_id(cache_id);
+    req.set_keep_pages(keep_pages);
+    v1::ResetResponse resp;
+    if (auto s = Call(&Stub::Reset, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::Status Release(const std::string& cache_id) override {
+    v1::ReleaseRequest req;
+    req.set_cache_id(cache_id);
+    v1::ReleaseResponse resp;
+    return Call(&Stub::Release, req, &resp);
+  }
+
+  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) override {
+    v1::GetKvRequest req;
+    req.set_cache_id(cache_id);
+    req.set_layer(layer);
+    v1::GetKvResponse resp;
+    if (auto s = Call(&Stub::GetKv, req, &resp); !s.ok()) return s;
+    GetKvResult r;
+    r.k = TensorOutFromProto(resp.k());
+    r.v = TensorOutFromProto(resp.v());
+    r.first_pos = int64_t(resp.first_pos());
+    return r;
+  }
+
+  absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) override {
+    v1::DescribeRequest req;
+    req.set_cache_id(cache_id);
+    v1::DescribeResponse resp;
+    if (auto s = Call(&Stub::Describe, req, &resp); !s.ok()) return s;
+    CacheDescription d;
+    d.info = FromProto(resp.cache());
+    d.layers.resize(d.info.spec.num_layers);
+    for (const v1::LayerPages& p : resp.layers()) {
+      if (p.layer() < d.layers.size()) d.layers[p.layer()] = FromProto(p);
+    }
+    return d;
+  }
+
+  absl::StatusOr<ArenaStats> Stats() override {
+    v1::StatsRequest req;
+    v1::StatsResponse resp;
+    if (auto s = Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+    return FromProto(resp);
+  }
+
+  absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) override {
+    v1::StatsRequest req;
+    req.set_cache_id(cache_id);
+    v1::StatsResponse resp;
+    if (auto s = Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+    return FromProto(resp.pages());
+  }
+
+  absl::StatusOr<std::vector<CacheInfo>> ListCaches() override {
+    v1::ListCachesRequest req;
+    v1::ListCachesResponse resp;
+    if (auto s = Call(&Stub::ListCaches, req, &resp); !s.ok()) return s;
+    std::vector<CacheInfo> caches;
+    caches.reserve(resp.caches_size());
+    for (const v1::CacheInfo& c : resp.caches()) caches.push_back(FromProto(c));
+    return caches;
+  }
+
+  absl::StatusOr<ServingStatus> Health(const std::string& service) override {
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    std::shared_ptr<const Stubs> stubs = GetStubs();
+    if (stubs == nullptr) return DisconnectedStatus();
+    if (auto s = Finish(stubs->health->Check(&ctx, req, &resp)); !s.ok()) return s;
+    return static_cast<ServingStatus>(resp.status());
+  }
+
+  absl::Status Ping() override {
+    v1::PingRequest req;
+    v1::PingResponse resp;
+    return Call(&Stub::Ping, req, &resp);
+  }
+
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) override {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool ", pool_id, " lives in the daemon at ", address_,
+        " and is not mapped into this process (remote clients get pool mappings with the "
+        "zero-copy path, not yet); read K/V with get_kv(), or use an inproc: client"));
+  }
+
+ private:
+  template <typename Req, typename Resp>
+  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                    const Req& req, Resp* resp) {
+    std::shared_ptr<const Stubs> stubs = GetStubs();
+    if (stubs == nullptr) return DisconnectedStatus();
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return Finish((stubs->kv.get()->*method)(&ctx, req, resp));
+  }
+
+  // The stubs, or null once disconnected. Calls hold their copy to the end.
+  std::shared_ptr<const Stubs> GetStubs() const {
+    absl::MutexLock lock(&mu_);
+    return stubs_;
+  }
+
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    // session_ is written once, before Connect returns.
+    if (!attached_session_.empty()) ctx->AddMetadata(kSessionMetadata, attached_session_);
+  }
+
+  absl::Status Finish(const grpc::Status& status) const {
+    absl::Status s = FromGrpcStatus(status);
+    if (s.code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat(s.message(), " [", address_, "]"));
+    }
+    return s;
+  }
+
+  // The reader thread: the only user of reader_ once Attach() started it.
+  void ReadEvents() {
+    grpc::ClientReader<v1::AttachEvent>* reader;
+    {
+      absl::MutexLock lock(&mu_);
+      reader = reader_.get();
+    }
+    v1::AttachEvent event;
+    while (reader->Read(&event)) {
+      absl::MutexLock lock(&mu_);
+      if (session_.empty()) {
+        session_ = event.session_id();
+        attached_session_ = session_;
+      }
+      // Later events (region updates) matter once pools are mapped into workers.
+    }
+    grpc::Status end = reader->Finish();
+    absl::MutexLock lock(&mu_);
+    // Drop the finished call now: while it exists the connection stays open, and a
+    // draining daemon waits for its connections to close.
+    reader_.reset();
+    attach_ctx_.reset();
+    stubs_.reset();  // closes the channel once no call holds it
+    end_status_ = end.ok() ? absl::UnavailableError(absl::StrCat(
+                                 kUnavailablePrefix, "the daemon closed the Attach stream"))
+                           : FromGrpcStatus(end);
+    stream_done_ = true;
+    connected_.store(false);
+  }
+
+  const std::string address_;
+  const ClientOptions options_;
+
+  std::thread reader_thread_;
+  std::string attached_session_;  // set once by the first event, before Attach() returns
+  std::atomic<bool> connected_{true};
+
+  mutable absl::Mutex mu_;
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  // Reset when the Attach stream ends: the connection closes and a draining daemon is
+  // not kept waiting for it (it waits for its connections, not only for calls).
+  std::shared_ptr<const Stubs> stubs_ ABSL_GUARDED_BY(mu_);
+  // The Attach call; reset by the reader thread when the stream ends.
+  std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader_ ABSL_GUARDED_BY(mu_);
+  std::string device_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string& address,
+                                                              const ClientOptions& options) {
+  auto t = std::make_shared<RemoteTransport>(address, options);
+  if (options.attach) {
+    if (auto s = t->Attach(); !s.ok()) return s;
+    if (auto s = t->LearnDevice(); !s.ok()) return s;
+  }
+  return std::shared_ptr<Transport>(std::move(t));
+}
+
+}  // namespace kvarena::client_internal

@@ -1,0 +1,129 @@
+// The handle API through a real kvarenad: the same values as inproc (geometry, device,
+// block tables, stats, clones), and a clear FAILED_PRECONDITION for the pool views a
+// remote client cannot map yet.
+#include <random>
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/mp/mp_fixture.h"
+#include "tests/mp/reference.h"
+#include "tests/mp/status_matchers.h"
+
+namespace kvarena::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class RemoteHandleTest : public MultiProcessTest {
+ protected:
+  void SetUp() override {
+    MultiProcessTest::SetUp();
+    StartDaemon();
+    auto c = Client::Connect(address());
+    ASSERT_THAT(c, IsOk());
+    client_ = *c;
+  }
+  void TearDown() override {
+    client_.reset();
+    MultiProcessTest::TearDown();
+  }
+  std::shared_ptr<GenericKvCacheHandle> Allocate() {
+    CacheSpec spec;
+    spec.num_layers = 2;
+    spec.num_kv_heads = 2;
+    spec.head_dim = 32;
+    spec.dtype = DType::kFloat16;
+    spec.page_size = 4;
+    spec.layer_windows = {0, 6};
+    auto h = client_->Allocate(spec);
+    EXPECT_THAT(h, IsOk());
+    return h.ok() ? *h : nullptr;
+  }
+  // n tokens on every layer; returns the K sent to layer 0.
+  void Append(GenericKvCacheHandle& h, int64_t n) {
+    for (int layer = 0; layer < h.num_layers(); ++layer) {
+      HostTensor k = RandomTensor(rng_, h.dtype(), 2, n, 32);
+      HostTensor v = RandomTensor(rng_, h.dtype(), 2, n, 32);
+      ASSERT_THAT(h.append(layer, k.arg(), v.arg()), IsOk());
+    }
+  }
+  std::shared_ptr<Client> client_;
+  std::mt19937_64 rng_{3};
+};
+
+TEST_F(RemoteHandleTest, ReportsGeometryDeviceAndPages) {
+  auto h = Allocate();
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->num_layers(), 2);
+  EXPECT_EQ(h->num_heads(), 2);
+  EXPECT_EQ(h->head_dim(), 32);
+  EXPECT_EQ(h->dtype(), DType::kFloat16);
+  EXPECT_EQ(h->page_size(), 4);
+  EXPECT_EQ(h->device(), "cpu");
+  Append(*h, 10);
+  EXPECT_EQ(h->num_tokens(), 10);
+  auto t0 = h->block_table(0);
+  ASSERT_THAT(t0, IsOk());
+  EXPECT_EQ(t0->size(), 3u);
+  EXPECT_EQ(std::set<int32_t>(t0->begin(), t0->end()).size(), 3u);
+  auto st = h->stats();
+  ASSERT_THAT(st, IsOk());
+  EXPECT_EQ(st->seq_len, 10);
+  EXPECT_EQ(st->layers_sliding, 1);
+  EXPECT_GT(st->pages_used, 3);
+  EXPECT_THAT(h->pages_used(), IsOkAndHolds(st->pages_used));
+}
+
+TEST_F(RemoteHandleTest, PoolViewsAreFailedPreconditionNotFake) {
+  auto h = Allocate();
+  Append(*h, 5);
+  for (auto view : {h->key_cache(0), h->value_cache(0), h->kv_cache(1)}) {
+    EXPECT_THAT(view, StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_THAT(std::string(view.status().message()), HasSubstr("get_kv"));
+  }
+  auto kv = h->get_kv(0);
+  ASSERT_THAT(kv, IsOk());
+  EXPECT_EQ(kv->k.shape, (std::vector<int64_t>{1, 2, 5, 32}));
+}
+
+TEST_F(RemoteHandleTest, ClonesShareTheCacheAndReleaseEndsThemAll) {
+  auto h = Allocate();
+  Append(*h, 6);
+  auto clone = h->clone_handle();
+  auto narrow = h->with_sequence_length(4);
+  ASSERT_THAT(narrow, IsOk());
+  EXPECT_EQ((*narrow)->num_tokens(), 4);
+  EXPECT_THAT(h->with_sequence_length(7), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto r = clone->popn(2);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->popped, 2);
+  EXPECT_EQ(h->num_tokens(), 4);
+  ASSERT_THAT(h->release(), IsOk());
+  EXPECT_FALSE(clone->is_valid());
+  EXPECT_FALSE((*narrow)->is_valid());
+  EXPECT_THAT(clone->stats(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(client_->CacheStats(h->cache_id()), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(RemoteHandleTest, ErrorsCarryTheDaemonsCodes) {
+  auto h = Allocate();
+  HostTensor k = RandomTensor(rng_, DType::kFloat16, 2, 1, 32);
+  HostTensor wrong = RandomTensor(rng_, DType::kFloat16, 3, 1, 32);
+  EXPECT_THAT(h->append(0, 5, k.arg(), k.arg()), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(h->append(0, wrong.arg(), wrong.arg()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(client_->OpenCache("no-such-cache"), StatusIs(absl::StatusCode::kNotFound));
+  CacheSpec spec;
+  spec.num_layers = 2;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 32;
+  spec.dtype = DType::kFloat16;
+  auto dup = client_->Allocate(spec, h->cache_id());
+  EXPECT_THAT(dup, StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(client_->Ping(), IsOk());
+  EXPECT_THAT(client_->Health(), IsOkAndHolds(ServingStatus::kServing));
+}
+
+}  // namespace
+}  // namespace kvarena::testing

@@ -1,0 +1,42 @@
+// StatusIs(code): a gmock matcher for absl::Status and absl::StatusOr<T> (Debian's abseil
+// predates absl's own status_matchers.h).
+#ifndef KVARENA_TESTS_MP_STATUS_MATCHERS_H_
+#define KVARENA_TESTS_MP_STATUS_MATCHERS_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+
+namespace kvarena::testing {
+
+inline const absl::Status& GetStatus(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& GetStatus(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
+  const absl::Status& s = GetStatus(arg);
+  *result_listener << "status is " << s;
+  return s.code() == code;
+}
+
+MATCHER(IsOk, "is OK") {
+  const absl::Status& s = GetStatus(arg);
+  *result_listener << "status is " << s;
+  return s.ok();
+}
+
+MATCHER_P(IsOkAndHolds, value, absl::StrCat("is OK and holds ", ::testing::PrintToString(value))) {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  *result_listener << "holds " << ::testing::PrintToString(*arg);
+  return *arg == value;
+}
+
+}  // namespace kvarena::testing
+
+#endif  // KVARENA_TESTS_MP_STATUS_MATCHERS_H_

@@ -1,0 +1,212 @@
+// kvarena_worker: a model worker stand-in for the multi-process tests. It allocates one
+// cache, runs prefill and decode steps through handle->attention (append + attend) with
+// random q/k/v, and checks every output against its own float64 reference over the K/V
+// it sent. Mid-way it pops 3 tokens and re-appends different ones. At the end it compares
+// get_kv with what it sent, releases the cache and exits 0; any mismatch or error is
+// printed and exits 1.
+//
+// stdout: "allocated ...", "prefill done ...", "decode step I/N ..." every --print_every
+// steps (tests wait for it before killing the worker), "worker ok".
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kvarena/client.h"
+#include "tests/mp/reference.h"
+
+ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
+ABSL_FLAG(uint64_t, seed, 1, "random seed of q/k/v");
+ABSL_FLAG(int, layers, 4, "num_layers");
+ABSL_FLAG(int, kv_heads, 2, "num_kv_heads");
+ABSL_FLAG(int, q_heads, 4, "query heads (a multiple of kv_heads)");
+ABSL_FLAG(int, head_dim, 64, "head_dim");
+ABSL_FLAG(std::string, dtype, "float16", "float32, float16 or bfloat16");
+ABSL_FLAG(int, page_size, 0, "tokens per page; 0: the daemon's default");
+ABSL_FLAG(int, prefill, 32, "prefill tokens");
+ABSL_FLAG(int, decode, 64, "decode steps");
+ABSL_FLAG(int, window, 0, "sliding window of the odd layers (0: every layer global)");
+ABSL_FLAG(int, step_delay_ms, 0, "sleep after each decode step");
+ABSL_FLAG(int, print_every, 8, "print a progress line every N decode steps");
+
+namespace kvarena {
+namespace {
+
+using testing::HostTensor;
+using testing::KvHistory;
+
+#define WORKER_RETURN_IF_ERROR(expr)        \
+  do {                                      \
+    absl::Status _s = (expr);               \
+    if (!_s.ok()) return _s;                \
+  } while (0)
+
+absl::StatusOr<DType> ParseDType(const std::string& s) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    if (s == DTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--dtype=", s, " is not a dtype"));
+}
+
+class Worker {
+ public:
+  Worker(std::shared_ptr<GenericKvCacheHandle> cache, int q_heads, uint64_t seed)
+      : cache_(std::move(cache)), q_heads_(q_heads), rng_(seed) {
+    for (int l = 0; l < cache_->num_layers(); ++l) {
+      history_.emplace_back(cache_->num_kv_heads(), cache_->head_dim());
+    }
+  }
+
+  // n new tokens on every layer; checks each output against the reference.
+  absl::Status Step(int64_t n, const std::string& what) {
+    for (int layer = 0; layer < cache_->num_layers(); ++layer) {
+      const int64_t pos = history_[layer].len();
+      HostTensor q = Random(q_heads_, n), k = Random(cache_->num_kv_heads(), n),
+                 v = Random(cache_->num_kv_heads(), n);
+      auto out = cache_->attention(layer, q.arg(), k.arg(), v.arg());
+      if (!out.ok()) {
+        return absl::Status(out.status().code(), absl::StrCat(what, " layer ", layer, " pos ",
+                                                              pos, ": ", out.status().message()));
+      }
+      history_[layer].Append(k, v);
+      const auto ref = history_[layer].Attention(q, pos, 0, cache_->layer_windows()[layer]);
+      WORKER_RETURN_IF_ERROR(testing::CompareOutput(
+          absl::StrCat(what, " layer ", layer, " pos ", pos), *out, ref));
+    }
+    return CheckLength(what);
+  }
+
+  absl::Status CheckLength(const std::string& what) const {
+    const int64_t want = history_[0].len();
+    if (cache_->num_tokens() != want) {
+      return absl::InternalError(absl::StrCat(what, ": num_tokens() = ", cache_->num_tokens(),
+                                              ", want ", want));
+    }
+    return absl::OkStatus();
+  }
+
+  // Every layer's get_kv equals what was sent, from its first_pos on.
+  absl::Status CheckGetKv(const std::string& what) const {
+    for (int layer = 0; layer < cache_->num_layers(); ++layer) {
+      auto kv = cache_->get_kv(layer);
+      if (!kv.ok()) return kv.status();
+      const std::string at = absl::StrCat(what, " get_kv layer ", layer);
+      WORKER_RETURN_IF_ERROR(
+          testing::CompareExact(at + " k", kv->k, history_[layer].HeadMajor(0, kv->first_pos)));
+      WORKER_RETURN_IF_ERROR(
+          testing::CompareExact(at + " v", kv->v, history_[layer].HeadMajor(1, kv->first_pos)));
+    }
+    return absl::OkStatus();
+  }
+
+  // Pops 3 tokens, checks the cache shrank, re-appends 3 different ones.
+  absl::Status PopnAndReappend() {
+    auto r = cache_->popn(3);
+    if (!r.ok()) return r.status();
+    if (r->popped != 3) {
+      bool sliding = false;
+      for (int w : cache_->layer_windows()) sliding |= w > 0;
+      if (r->popped == 0 && sliding) {  // allowed when a sliding layer evicted what it needs
+        std::printf("popn refused (sliding window): %s\n", r->refusal.c_str());
+        return absl::OkStatus();
+      }
+      return absl::InternalError(absl::StrCat("popn(3) popped ", r->popped, ": ", r->refusal));
+    }
+    for (KvHistory& h : history_) h.Truncate(h.len() - 3);
+    WORKER_RETURN_IF_ERROR(CheckLength("after popn"));
+    WORKER_RETURN_IF_ERROR(CheckGetKv("after popn"));
+    for (int i = 0; i < 3; ++i) WORKER_RETURN_IF_ERROR(Step(1, "re-append"));
+    std::printf("popn ok: popped 3, re-appended 3, seq_len %lld\n",
+                static_cast<long long>(cache_->num_tokens()));
+    return absl::OkStatus();
+  }
+
+ private:
+  HostTensor Random(int heads, int64_t n) {
+    return testing::RandomTensor(rng_, cache_->dtype(), heads, n, cache_->head_dim());
+  }
+
+  std::shared_ptr<GenericKvCacheHandle> cache_;
+  int q_heads_;
+  std::mt19937_64 rng_;
+  std::vector<KvHistory> history_;
+};
+
+absl::Status Run() {
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return dtype.status();
+  ClientOptions options;
+  options.client_name = absl::StrCat("kvarena_worker-", absl::GetFlag(FLAGS_seed));
+  auto client = Client::Connect(absl::GetFlag(FLAGS_address), options);
+  if (!client.ok()) return client.status();
+
+  CacheSpec spec;
+  spec.num_layers = absl::GetFlag(FLAGS_layers);
+  spec.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  spec.head_dim = absl::GetFlag(FLAGS_head_dim);
+  spec.dtype = *dtype;
+  spec.page_size = absl::GetFlag(FLAGS_page_size);
+  if (const int w = absl::GetFlag(FLAGS_window); w > 0) {
+    for (int l = 0; l < spec.num_layers; ++l) spec.layer_windows.push_back(l % 2 ? w : 0);
+  }
+  auto cache = (*client)->Allocate(spec);
+  if (!cache.ok()) return cache.status();
+  std::printf("allocated cache %s (session %s, device %s, page_size %d)\n",
+              (*cache)->cache_id().c_str(), (*client)->session_id().c_str(),
+              (*cache)->device().c_str(), (*cache)->page_size());
+  std::fflush(stdout);
+
+  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), absl::GetFlag(FLAGS_seed));
+  WORKER_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
+  auto pages = (*cache)->pages_used();
+  if (!pages.ok()) return pages.status();
+  std::printf("prefill done: %d tokens, pages_used %lld\n", absl::GetFlag(FLAGS_prefill),
+              static_cast<long long>(*pages));
+  std::fflush(stdout);
+
+  const int decode = absl::GetFlag(FLAGS_decode);
+  const int every = std::max(1, absl::GetFlag(FLAGS_print_every));
+  for (int step = 0; step < decode; ++step) {
+    WORKER_RETURN_IF_ERROR(worker.Step(1, absl::StrCat("decode step ", step)));
+    if (step == decode / 2) WORKER_RETURN_IF_ERROR(worker.PopnAndReappend());
+    if ((step + 1) % every == 0) {
+      std::printf("decode step %d/%d seq_len %lld\n", step + 1, decode,
+                  static_cast<long long>((*cache)->num_tokens()));
+      std::fflush(stdout);
+    }
+    if (int ms = absl::GetFlag(FLAGS_step_delay_ms); ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
+  }
+  WORKER_RETURN_IF_ERROR(worker.CheckGetKv("final"));
+  auto stats = (*cache)->stats();
+  if (!stats.ok()) return stats.status();
+  if (stats->seq_len != (*cache)->num_tokens()) {
+    return absl::InternalError(absl::StrCat("stats().seq_len = ", stats->seq_len,
+                                            ", num_tokens() = ", (*cache)->num_tokens()));
+  }
+  WORKER_RETURN_IF_ERROR((*cache)->release());
+  if ((*cache)->is_valid()) return absl::InternalError("is_valid() after release()");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvarena
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = kvarena::Run();
+  if (!s.ok()) {
+    std::printf("worker FAILED: %s\n", s.ToString().c_str());
+    std::fflush(stdout);
+    return 1;
+  }
+  std::printf("worker ok\n");
+  return 0;
+}

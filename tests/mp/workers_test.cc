@@ -1,0 +1,133 @@
+// Real worker processes against one real kvarenad: concurrent correctness, and a worker
+// killed mid-decode gets its pages back to the arena after --session_grace.
+#include <signal.h>
+
+#include <algorithm>
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/mp/mp_fixture.h"
+
+namespace kvarena::testing {
+namespace {
+
+class WorkersTest : public MultiProcessTest {
+ protected:
+  // Pages held by the pools whose head_dim is (or is not) head_dim.
+  int64_t PoolPages(int head_dim, bool matching) {
+    auto st = Observer()->Stats();
+    EXPECT_TRUE(st.ok()) << st.status();
+    int64_t pages = 0;
+    if (!st.ok()) return -1;
+    for (const PoolStats& p : st->pools) {
+      if ((p.layout.head_dim == head_dim) == matching) pages += p.pages_used;
+    }
+    return pages;
+  }
+};
+
+TEST_F(WorkersTest, FourConcurrentWorkersMatchReferenceAndFreeEverything) {
+  StartDaemon();
+  const std::vector<std::string> common = {"--decode=96", "--step_delay_ms=2"};
+  std::vector<std::vector<std::string>> flags = {
+      {"--dtype=float32", "--head_dim=64"},
+      {"--dtype=float16", "--window=8", "--head_dim=64"},
+      {"--dtype=bfloat16", "--kv_heads=1", "--q_heads=4", "--head_dim=128", "--page_size=8"},
+      {"--dtype=float16", "--kv_heads=2", "--q_heads=8", "--head_dim=64", "--prefill=40"}};
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    flags[i].insert(flags[i].end(), common.begin(), common.end());
+    workers.push_back(StartWorker(i + 1, flags[i]));
+  }
+  // They really share the arena at once: the daemon sees several caches together.
+  int64_t most_caches = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto st = Observer()->Stats();
+    if (st.ok()) most_caches = std::max(most_caches, st->num_caches);
+    if (most_caches >= 2) break;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_GE(most_caches, 2);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    ExpectExitsOk(*workers[i], absl::StrCat("worker ", i + 1));
+    if (i != 1) {  // worker 2 has sliding layers: popn may refuse there
+      EXPECT_NE(workers[i]->output().find("popn ok"), std::string::npos)
+          << workers[i]->output();
+    }
+  }
+  auto st = Observer()->Stats();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->pages.pages_used, 0);
+  EXPECT_EQ(st->num_caches, 0);
+}
+
+TEST_F(WorkersTest, KilledWorkerPagesFreedAfterSessionGrace) {
+  const absl::Duration grace = absl::Seconds(1);
+  StartDaemon("1s");
+  // The victim has its own geometry (head_dim 32), hence its own pool.
+  auto victim = StartWorker(7, {"--head_dim=32", "--decode=100000", "--step_delay_ms=5",
+                                "--print_every=4"});
+  std::vector<std::unique_ptr<Subprocess>> others;
+  others.push_back(StartWorker(8, {"--decode=250", "--step_delay_ms=10"}));
+  others.push_back(StartWorker(9, {"--decode=250", "--step_delay_ms=10", "--window=8"}));
+
+  ASSERT_TRUE(victim->WaitForOutput("decode step", absl::Seconds(30))) << victim->output();
+  std::smatch m;
+  const std::string out = victim->output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocated cache (\\S+)"))) << out;
+  const std::string victim_cache = m[1];
+  ASSERT_GT(PoolPages(32, true), 0);
+  auto before = Observer()->Stats();
+  ASSERT_TRUE(before.ok());
+
+  victim->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  auto status = victim->Wait(absl::Seconds(5));
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(DescribeWaitStatus(*status), "signal 9 (Killed)");
+
+  // Within grace + 1 s the victim's pool is empty and its cache is gone, while the
+  // arena's pages are exactly what the other workers' pools hold.
+  absl::Time freed = absl::InfiniteFuture();
+  while (absl::Now() < killed + grace + absl::Seconds(1)) {
+    if (PoolPages(32, true) == 0 &&
+        Observer()->CacheStats(victim_cache).status().code() == absl::StatusCode::kNotFound) {
+      freed = absl::Now();
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_NE(freed, absl::InfiniteFuture())
+      << "victim pool still holds " << PoolPages(32, true) << " pages after "
+      << absl::FormatDuration(absl::Now() - killed);
+  auto after = Observer()->Stats();
+  ASSERT_TRUE(after.ok());
+  int64_t others_pages = 0;
+  for (const PoolStats& p : after->pools) {
+    if (p.layout.head_dim != 32) others_pages += p.pages_used;
+  }
+  EXPECT_EQ(after->pages.pages_used, others_pages);
+  EXPECT_GT(others_pages, 0) << "the other workers should still be running";
+  EXPECT_EQ(after->num_sessions, before->num_sessions - 1);
+
+  for (size_t i = 0; i < others.size(); ++i) {
+    ExpectExitsOk(*others[i], absl::StrCat("worker ", i + 8));
+  }
+  EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }, absl::Seconds(2)), 0);
+}
+
+// The same worker binary against the in-process arena: the handle API is one API.
+TEST_F(WorkersTest, WorkerRunsAgainstInproc) {
+  auto r = RunCommand({KVARENA_WORKER_PATH, "--address=inproc:", "--window=8", "--decode=40",
+                       "--dtype=bfloat16"},
+                      absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->exited_ok()) << r->output;
+  EXPECT_NE(r->output.find("worker ok"), std::string::npos) << r->output;
+}
+
+}  // namespace
+}  // namespace kvarena::testing
