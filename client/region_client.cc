@@ -1,0 +1,115 @@
+#include "client/region_client.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "arena/fd_passing.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+namespace {
+
+// One request / reply exchange; the reply's fds are returned in *fds.
+absl::StatusOr<v1::FdReply> Exchange(int sock, const v1::FdRequest& req, std::vector<int>* fds) {
+  if (absl::Status s = SendMessage(sock, req.SerializeAsString()); !s.ok()) return s;
+  absl::StatusOr<Message> m = RecvMessage(sock);
+  if (!m.ok()) return m.status();
+  v1::FdReply reply;
+  if (!reply.ParseFromString(m->bytes)) {
+    for (int fd : m->fds) close(fd);
+    return absl::InternalError("fd socket: reply does not parse as FdReply");
+  }
+  if (reply.code() != 0) {
+    for (int fd : m->fds) close(fd);
+    return absl::Status(absl::StatusCode(reply.code()), reply.message());
+  }
+  *fds = std::move(m->fds);
+  return reply;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RegionClient>> RegionClient::Connect(const std::string& fd_socket,
+                                                                     const std::string& session_id) {
+  absl::StatusOr<int> sock = ConnectUnix(fd_socket);
+  if (!sock.ok()) return sock.status();
+  return std::unique_ptr<RegionClient>(new RegionClient(*sock, session_id));
+}
+
+RegionClient::~RegionClient() { close(sock_); }
+
+absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
+                                     const std::string& ipc_handle, Mapped* out) {
+  absl::StatusOr<std::unique_ptr<MappedRegion>> region = ImportRegion(kind, size, ipc_handle);
+  if (!region.ok()) return region.status();
+  uint32_t next = 0, total = 1;
+  while (next < total) {
+    v1::FdRequest req;
+    req.set_session_id(session_id_);
+    req.mutable_export_region()->set_region_id(region_id);
+    req.mutable_export_region()->set_first_piece(next);
+    std::vector<int> fds;
+    absl::StatusOr<v1::FdReply> reply = Exchange(sock_, req, &fds);
+    if (!reply.ok()) return reply.status();
+    if (fds.size() != size_t(reply->pieces_size())) {
+      for (int fd : fds) close(fd);
+      return absl::InternalError(absl::StrCat("fd socket: ", reply->pieces_size(), " pieces came with ",
+                                              fds.size(), " fds"));
+    }
+    std::vector<SharedPiece> pieces;
+    for (int i = 0; i < reply->pieces_size(); ++i) {
+      pieces.push_back({reply->pieces(i).offset(), reply->pieces(i).bytes(), fds[size_t(i)]});
+    }
+    if (absl::Status s = (*region)->MapPieces(std::move(pieces)); !s.ok()) return s;
+    total = reply->total_pieces();
+    next += uint32_t(reply->pieces_size());
+    if (reply->pieces_size() == 0) break;
+  }
+  out->region_id = region_id;
+  out->region = *std::move(region);
+  return absl::OkStatus();
+}
+
+absl::Status RegionClient::RefreshLocked() {
+  v1::FdRequest req;
+  req.set_session_id(session_id_);
+  req.mutable_list_regions();
+  std::vector<int> fds;
+  absl::StatusOr<v1::FdReply> reply = Exchange(sock_, req, &fds);
+  if (!reply.ok()) return reply.status();
+  for (const v1::RegionDescriptor& r : reply->regions()) {
+    const bool have = r.scratch() ? scratch_.region != nullptr : pools_.contains(r.pool_id());
+    if (have) continue;
+    Mapped m;
+    if (absl::Status s = MapLocked(r.region_id(), r.kind(), r.size(), r.ipc_handle(), &m); !s.ok()) {
+      return s;
+    }
+    if (r.scratch()) {
+      scratch_ = std::move(m);
+    } else {
+      pools_[r.pool_id()] = std::move(m);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> RegionClient::PoolBase(uint64_t pool_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pools_.contains(pool_id)) {
+    if (absl::Status s = RefreshLocked(); !s.ok()) return s;
+  }
+  auto it = pools_.find(pool_id);
+  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool ", pool_id, " is not shared with this session"));
+  return it->second.region->base();
+}
+
+absl::StatusOr<RegionClient::Scratch> RegionClient::GetScratch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (scratch_.region == nullptr) {
+    if (absl::Status s = RefreshLocked(); !s.ok()) return s;
+  }
+  if (scratch_.region == nullptr) return absl::FailedPreconditionError("the daemon gave this session no scratch region");
+  return Scratch{scratch_.region_id, scratch_.region->base(), scratch_.region->size()};
+}
+
+}  // namespace kvarena

@@ -1,0 +1,59 @@
+// RegionClient: a worker's side of the fd socket. It asks the daemon for the session's
+// regions, receives their fds and maps them (arena/ImportRegion), so pool pages and the
+// scratch region are visible in this process at the same offsets as in the daemon.
+//
+// Thread-safety: safe for concurrent use (one mutex; a request/reply is one exchange).
+#ifndef KVARENA_CLIENT_REGION_CLIENT_H_
+#define KVARENA_CLIENT_REGION_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "arena/region.h"
+
+namespace kvarena {
+
+class RegionClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<RegionClient>> Connect(const std::string& fd_socket,
+                                                               const std::string& session_id);
+  ~RegionClient();
+  RegionClient(const RegionClient&) = delete;
+  RegionClient& operator=(const RegionClient&) = delete;
+
+  // The mapped pages of pool pool_id; maps the pool on first use (asking the daemon
+  // again when the pool is newer than what this client knew).
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id);
+
+  struct Scratch {
+    uint64_t region_id = 0;
+    uint8_t* base = nullptr;
+    size_t size = 0;
+  };
+  // The session's scratch region, mapped on first use.
+  absl::StatusOr<Scratch> GetScratch();
+
+ private:
+  struct Mapped {
+    uint64_t region_id = 0;
+    std::unique_ptr<MappedRegion> region;
+  };
+  RegionClient(int sock, std::string session_id) : sock_(sock), session_id_(std::move(session_id)) {}
+  absl::Status RefreshLocked();  // lists the regions, maps the ones not mapped yet
+  absl::Status MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
+                         const std::string& ipc_handle, Mapped* out);
+
+  const int sock_;
+  const std::string session_id_;
+  std::mutex mu_;
+  std::map<uint64_t, Mapped> pools_;  // by pool id
+  Mapped scratch_;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CLIENT_REGION_CLIENT_H_

@@ -1,0 +1,142 @@
+// The fd socket end to end in one process (plus a forked child for the credential check):
+// a KvStore, the daemon's FdServer and a worker's RegionClient.
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "arena/fd_passing.h"
+#include "client/region_client.h"
+#include "core/kv_store.h"
+#include "daemon/fd_server.h"
+#include "gtest/gtest.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+namespace {
+
+class FdSocketTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("kvarena-fd-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    StoreOptions o;
+    o.arena_bytes = size_t{64} << 20;
+    o.num_threads = 0;
+    store_ = *KvStore::Create(o, NewHostBackend());
+    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::unique_ptr<RegionClient> Connect(const std::string& session) {
+    auto c = RegionClient::Connect(server_->path(), session);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *std::move(c);
+  }
+  // Sends one raw request and returns the reply's code.
+  int RawCode(const v1::FdRequest& req) {
+    const int sock = *ConnectUnix(server_->path());
+    EXPECT_TRUE(SendMessage(sock, req.SerializeAsString()).ok());
+    auto m = RecvMessage(sock);
+    close(sock);
+    if (!m.ok()) return -1;
+    for (int fd : m->fds) close(fd);
+    v1::FdReply r;
+    r.ParseFromString(m->bytes);
+    return r.code();
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<FdServer> server_;
+};
+
+TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
+  const std::string s = store_->OpenSession("w");
+  CacheSpec spec{1, 2, 8, DType::kFloat32, 4, {}, 0};
+  auto info = store_->Allocate(s, spec, "a");
+  ASSERT_TRUE(info.ok());
+  std::vector<float> k(2 * 5 * 8), v(2 * 5 * 8);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = float(i), v[i] = -float(i);
+  TensorArg kt{DType::kFloat32, {1, 2, 5, 8}, k.data(), k.size() * 4};
+  TensorArg vt{DType::kFloat32, {1, 2, 5, 8}, v.data(), v.size() * 4};
+  ASSERT_TRUE(store_->Append(s, "a", 0, 0, kt, vt).ok());
+
+  std::unique_ptr<RegionClient> client = Connect(s);
+  auto base = client->PoolBase(info->pool_id);
+  ASSERT_TRUE(base.ok()) << base.status();
+  const CacheDescription d = *store_->Describe(s, "a");
+  PagedKvView view;
+  view.layout = PageLayout{DType::kFloat32, 4, 2, 8};
+  view.pool_base = *base;
+  view.block_table = d.layers[0].page_ids.data();
+  view.num_blocks = int64_t(d.layers[0].page_ids.size());
+  view.len = 5;
+  float got;
+  std::memcpy(&got, view.TokenPtr(1, 4) + (1 * 8 + 2) * 4, 4);  // V, token 4, head 1, dim 2
+  EXPECT_EQ(got, v[(1 * 5 + 4) * 8 + 2]);
+}
+
+TEST_F(FdSocketTest, ScratchWritesReachTheStore) {
+  const std::string s = store_->OpenSession("w");
+  std::unique_ptr<RegionClient> client = Connect(s);
+  auto scratch = client->GetScratch();
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  std::memcpy(scratch->base + 1000, "kvarena", 7);
+  auto slice = store_->ResolveSlice(s, scratch->region_id, 1000, 7);
+  ASSERT_TRUE(slice.ok());
+  EXPECT_EQ(std::memcmp(slice->data, "kvarena", 7), 0);
+}
+
+TEST_F(FdSocketTest, AnotherSessionCannotObtainTheScratchFds) {
+  const std::string s1 = store_->OpenSession("w1");
+  const std::string s2 = store_->OpenSession("w2");
+  const uint64_t scratch1 = Connect(s1)->GetScratch()->region_id;
+  v1::FdRequest req;
+  req.set_session_id(s2);
+  req.mutable_export_region()->set_region_id(scratch1);
+  EXPECT_EQ(RawCode(req), int(absl::StatusCode::kPermissionDenied));
+  req.set_session_id("0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(RawCode(req), int(absl::StatusCode::kFailedPrecondition));
+  req.set_session_id("");
+  EXPECT_EQ(RawCode(req), int(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  const std::string s = store_->OpenSession("w");
+  // Exit code of a child that asks for the session's regions as user nobody:
+  // 4 = could not connect (the socket's 0660 mode), 3 = refused by SO_PEERCRED, 1 = served.
+  auto ask_as_nobody = [&]() {
+    const pid_t child = fork();
+    if (child == 0) {
+      if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+      v1::FdRequest req;
+      req.set_session_id(s);
+      req.mutable_list_regions();
+      auto sock = ConnectUnix(server_->path());
+      if (!sock.ok() || !SendMessage(*sock, req.SerializeAsString()).ok()) _exit(4);
+      auto m = RecvMessage(*sock);
+      v1::FdReply r;
+      if (m.ok()) r.ParseFromString(m->bytes);
+      _exit(m.ok() && r.code() == int(absl::StatusCode::kPermissionDenied) && m->fds.empty() ? 3 : 1);
+    }
+    int status = 0;
+    EXPECT_EQ(waitpid(child, &status, 0), child);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(ask_as_nobody(), 4);
+  // Even with the file mode opened up, the credential check refuses the other user.
+  ASSERT_EQ(chmod(server_->path().c_str(), 0666), 0);
+  EXPECT_EQ(ask_as_nobody(), 3);
+}
+
+}  // namespace
+}  // namespace kvarena
