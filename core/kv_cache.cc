@@ -5,14 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/validate.h"
-#include "kernels/cpu/kv_kernels.h"
 
 namespace kvarena {
 
 KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool,
-                 StoreCounters* counters)
+                 KvKernels* kernels, StoreCounters* counters)
     : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), pool_(pool),
-      counters_(counters), layers_(size_t(spec_.num_layers)) {
+      kernels_(kernels), counters_(counters), layers_(size_t(spec_.num_layers)) {
   counters_->layers_total += spec_.num_layers;
   counters_->layers_sliding +=
       std::count_if(spec_.layer_windows.begin(), spec_.layer_windows.end(), [](int w) { return w > 0; });
@@ -101,7 +100,8 @@ absl::StatusOr<AppendResult> KvCache::AppendLocked(absl::string_view op, int lay
   }
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  if (const int64_t missing = t.BlocksMissing(pos + n, spec_.page_size); missing > 0) {
+  const int64_t missing = t.BlocksMissing(pos + n, spec_.page_size);
+  if (missing > 0) {
     std::vector<int32_t> ids;
     if (absl::Status s = pool_->Allocate(missing, &ids); !s.ok()) {
       CountRefusal();
@@ -110,7 +110,12 @@ absl::StatusOr<AppendResult> KvCache::AppendLocked(absl::string_view op, int lay
     t.AddBlocks(ids.data(), int64_t(ids.size()));
     pages_held_ += missing;
   }
-  AppendKv(ViewLocked(layer), pos, n, k.data, v.data);
+  if (absl::Status s = kernels_->AppendKv(ViewLocked(layer), pos, n, k.data, v.data); !s.ok()) {
+    std::vector<int32_t> added;  // a device error: give back what this call took
+    t.DropLastBlocks(missing, &added);
+    FreeLocked(added, old_seq, old_mat);
+    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  }
   t.set_len(pos + n);
   EvictLocked(layer, pos);
   PublishLocked(old_seq, old_mat);

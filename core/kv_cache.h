@@ -21,10 +21,9 @@
 #include "core/layer_table.h"
 #include "core/page_pool.h"
 #include "core/types.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvarena {
-
-class ThreadPool;
 
 // Arena-wide counters that Stats reads in O(1); each cache adds its deltas as it changes.
 struct StoreCounters {
@@ -39,7 +38,7 @@ struct StoreCounters {
 class KvCache {
  public:
   // REQUIRES: spec resolved by ResolveSpec and matching pool's layout.
-  KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool,
+  KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool, KvKernels* kernels,
           StoreCounters* counters);
   ~KvCache();  // releases what it still holds
   KvCache(const KvCache&) = delete;
@@ -52,8 +51,7 @@ class KvCache {
 
   absl::StatusOr<AppendResult> Append(int layer, int64_t pos, const TensorArg& k,
                                       const TensorArg& v);
-  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes,
-                                      ThreadPool* threads);
+  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes);
   absl::StatusOr<PopnResult> Popn(int64_t n);
   absl::StatusOr<CacheInfo> Reset(bool keep_pages);
   void Release();
@@ -102,6 +100,7 @@ class KvCache {
   const CacheSpec spec_;
   const std::string owner_;
   PagePool* const pool_;
+  KvKernels* const kernels_;
   StoreCounters* const counters_;
 
   mutable absl::Mutex mu_;

@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "core/kv_cache.h"
 #include "core/validate.h"
-#include "kernels/cpu/kv_kernels.h"
 
 namespace kvarena {
 namespace {
@@ -21,8 +20,7 @@ int64_t EffectiveWindow(int layer_window, uint32_t call_window) {
 
 }  // namespace
 
-absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes,
-                                             ThreadPool* threads) {
+absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes) {
   absl::MutexLock lock(&mu_);
   const int layer = args.layer;
   if (absl::Status s = CheckLayerLocked("attend", layer); !s.ok()) return s;
@@ -76,7 +74,9 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   p.n = *n;
   p.scale = args.scale > 0 ? float(args.scale) : 1.0f / std::sqrt(float(spec_.head_dim));
   p.window = window;
-  PagedAttention(ViewLocked(layer), p, q.data, out, threads);
+  if (absl::Status s = kernels_->PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {
+    return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
+  }
   return AttendResult{q.shape, SeqLenLocked()};
 }
 
@@ -94,7 +94,12 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer) {
     o->shape = {1, spec_.num_kv_heads, n, spec_.head_dim};
     o->data.resize(bytes);
   }
-  if (n > 0) GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
+  if (n > 0) {
+    if (absl::Status s = kernels_->GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("get_kv: layer ", layer, ": ", s.message()));
+    }
+  }
   return r;
 }
 

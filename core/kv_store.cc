@@ -95,7 +95,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   if (!session.empty() && !impl_->sessions.AddCache(session, id)) {
     return absl::FailedPreconditionError("allocate: the session detached while allocating");
   }
-  auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, *pool, &impl_->counters);
+  auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, *pool,
+                                         impl_->kernels.get(), &impl_->counters);
   ++impl_->caches_per_pool[(*pool)->id()];
   impl_->caches.emplace(id, cache);
   return cache->Info();
@@ -113,7 +114,7 @@ absl::StatusOr<AttendResult> KvStore::Attend(const std::string& session, const A
                                              void* out, size_t out_bytes) {
   auto cache = impl_->Find(session, args.cache_id);
   if (!cache.ok()) return cache.status();
-  return (*cache)->Attend(args, out, out_bytes, &impl_->threads);
+  return (*cache)->Attend(args, out, out_bytes);
 }
 
 absl::StatusOr<PopnResult> KvStore::Popn(const std::string& session, const std::string& cache_id,

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "arena/region.h"
 #include "core/types.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvarena {
 
@@ -41,6 +42,8 @@ struct StoreOptions {
   int num_threads = -1;        // CPU attention threads; -1: one per core
   int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
   size_t scratch_bytes = size_t{64} << 20;  // per session, host memory for zero-copy tensors
+  // The kernels for the backend's pages; null: the CPU kernels with num_threads threads.
+  std::shared_ptr<KvKernels> kernels;
 };
 
 // A memory region an attached session may map: every pool, and its own scratch region.

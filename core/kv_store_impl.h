@@ -18,7 +18,7 @@
 #include "core/kv_store.h"
 #include "core/page_pool.h"
 #include "core/session_table.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvarena {
 
@@ -27,7 +27,8 @@ using PoolKey = std::tuple<int, int, int, int>;  // dtype, page_size, kv heads, 
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
       : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
-        budget(o.arena_bytes), threads(o.num_threads) {}
+        budget(o.arena_bytes),
+        kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))) {}
 
   // The live cache named id, if `session` may touch it.
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
@@ -43,7 +44,7 @@ struct KvStore::Impl {
   const std::unique_ptr<Backend> scratch_backend;  // host memory, whatever the pools use
   std::atomic<uint64_t> next_scratch{0};
   ArenaBudget budget;
-  ThreadPool threads;
+  const std::shared_ptr<KvKernels> kernels;
   StoreCounters counters;
   SessionTable sessions;
 

@@ -35,6 +35,11 @@ void LayerTable::Truncate(int64_t new_len, int page_size, std::vector<int32_t>* 
   len_ = new_len;
 }
 
+void LayerTable::DropLastBlocks(int64_t n, std::vector<int32_t>* freed) {
+  freed->insert(freed->end(), blocks() + num_blocks() - n, blocks() + num_blocks());
+  pages_.resize(pages_.size() - size_t(n));
+}
+
 void LayerTable::Clear(bool keep_pages, std::vector<int32_t>* freed) {
   if (!keep_pages) freed->insert(freed->end(), blocks(), blocks() + num_blocks());
   if (keep_pages) {

@@ -32,6 +32,8 @@ class LayerTable {
   void EvictBelow(int64_t pos, int page_size, std::vector<int32_t>* freed);
   // Sets len to new_len (<= len) and drops the blocks past the one holding new_len - 1.
   void Truncate(int64_t new_len, int page_size, std::vector<int32_t>* freed);
+  // Drops the last n blocks (REQUIRES: n <= num_blocks()); appends their ids.
+  void DropLastBlocks(int64_t n, std::vector<int32_t>* freed);
   // len = 0, first block = 0. keep_pages keeps every held block for positions 0.. .
   void Clear(bool keep_pages, std::vector<int32_t>* freed);
 

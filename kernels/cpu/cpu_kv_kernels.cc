@@ -1,0 +1,39 @@
+// KvKernels over the CPU kernels: host pages, host tensors, one thread pool.
+#include "kernels/cpu/kv_kernels.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_kernels.h"
+
+namespace kvarena {
+namespace {
+
+class CpuKvKernels final : public KvKernels {
+ public:
+  explicit CpuKvKernels(int num_threads) : pool_(num_threads) {}
+  std::string name() const override { return "cpu"; }
+  absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
+                        const void* v) override {
+    kvarena::AppendKv(view, pos, n, k, v);
+    return absl::OkStatus();
+  }
+  absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
+                        void* v_out) override {
+    kvarena::GatherKv(view, pos, n, k_out, v_out);
+    return absl::OkStatus();
+  }
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
+                              const void* q, void* out) override {
+    kvarena::PagedAttention(view, params, q, out, &pool_);
+    return absl::OkStatus();
+  }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvKernels> NewCpuKvKernels(int num_threads) {
+  return std::make_unique<CpuKvKernels>(num_threads);
+}
+
+}  // namespace kvarena

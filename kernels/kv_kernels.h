@@ -1,0 +1,41 @@
+// KvKernels: the kernels core runs on a pool's pages, behind one interface with a CPU
+// implementation (kernels/cpu) and a CUDA one (kernels/cuda, built with the toolkit).
+//
+// q, k, v, out and the gather outputs are host memory — what a served RPC carries; the
+// view's pool memory belongs to the backend (host pages for the CPU kernels, device pages
+// for CUDA, which stages host tensors and the block table itself). Shapes as in
+// kernels/cpu/kv_kernels.h: k, v [num_kv_heads][n][head_dim]; q, out [num_q_heads][n][head_dim].
+//
+// Callers validate first (core/ does): these only fail for device errors, which they
+// return as INTERNAL naming the call. Thread-safe: concurrent calls on disjoint pages.
+#ifndef KVARENA_KERNELS_KV_KERNELS_H_
+#define KVARENA_KERNELS_KV_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/kv_kernels.h"
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+class KvKernels {
+ public:
+  virtual ~KvKernels() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+  virtual absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
+                                const void* v) = 0;
+  virtual absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
+                                void* v_out) = 0;
+  virtual absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
+                                      const void* q, void* out) = 0;
+};
+
+// The CPU kernels with a pool of num_threads threads (-1: one per core; 0: caller only).
+std::unique_ptr<KvKernels> NewCpuKvKernels(int num_threads);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_KERNELS_KV_KERNELS_H_
