@@ -194,7 +194,11 @@ CacheInfo KvCache::InfoLocked() const {
   info.spec = spec_;
   info.seq_len = SeqLenLocked();
   info.layer_lens.reserve(layers_.size());
-  for (const LayerTable& t : layers_) info.layer_lens.push_back(t.len());
+  info.layer_first_pos.reserve(layers_.size());
+  for (const LayerTable& t : layers_) {
+    info.layer_lens.push_back(t.len());
+    info.layer_first_pos.push_back(t.first_pos(spec_.page_size));
+  }
   info.pool_id = pool_->id();
   info.page_bytes = pool_->page_bytes();
   return info;

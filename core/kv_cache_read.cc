@@ -9,37 +9,15 @@
 #include "core/validate.h"
 
 namespace kvarena {
-namespace {
-
-// The narrower of the layer's window and the call's (0 = none).
-int64_t EffectiveWindow(int layer_window, uint32_t call_window) {
-  if (layer_window == 0) return call_window;
-  if (call_window == 0) return layer_window;
-  return std::min<int64_t>(layer_window, call_window);
-}
-
-}  // namespace
 
 absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes) {
   absl::MutexLock lock(&mu_);
   const int layer = args.layer;
   if (absl::Status s = CheckLayerLocked("attend", layer); !s.ok()) return s;
   const TensorArg& q = args.q;
-  const int64_t q_heads = q.shape.size() == 4 ? q.shape[1] : 0;
-  if (q_heads < 1 || q_heads % spec_.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attend: q.shape=[", absl::StrJoin(q.shape, ", "), "] must be [1, q_heads, tokens, ",
-        spec_.head_dim, "] with q_heads a multiple of num_kv_heads=", spec_.num_kv_heads));
-  }
-  absl::StatusOr<int64_t> n = CheckTensor("attend", "q", q, spec_.dtype, q_heads, spec_.head_dim);
+  absl::StatusOr<int64_t> n = CheckQuery("attend", spec_, q, out, out_bytes, args.scale);
   if (!n.ok()) return n.status();
-  if (out_bytes != q.bytes || out == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attend: out has ", out_bytes, " bytes but q needs ", q.bytes));
-  }
-  if (!std::isfinite(args.scale) || args.scale < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("attend: scale=", args.scale, " must be finite and >= 0"));
-  }
+  const int64_t q_heads = q.shape[1];
   const bool has_k = Present(args.k), has_v = Present(args.v);
   if (has_k != has_v) {
     return absl::InvalidArgumentError(

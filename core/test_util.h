@@ -1,5 +1,4 @@
-// Test-only helpers for core/ tests: a StatusIs matcher (Debian's abseil predates absl's
-// own), owned tensors with a TensorArg view, and a float64 reference attention.
+// Test-only helpers for core/ tests: owned tensors with a TensorArg view, and a float64 reference attention.
 #ifndef KVARENA_CORE_TEST_UTIL_H_
 #define KVARENA_CORE_TEST_UTIL_H_
 
@@ -13,20 +12,11 @@
 #include "absl/status/statusor.h"
 #include "core/types.h"
 #include "gmock/gmock.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvarena {
 
-MATCHER_P(StatusIs, code, "") {
-  absl::Status s = [&]() -> absl::Status {
-    if constexpr (std::is_same_v<std::decay_t<decltype(arg)>, absl::Status>) {
-      return arg;
-    } else {
-      return arg.status();
-    }
-  }();
-  *result_listener << "status is " << s;
-  return s.code() == code;
-}
+using ::kvarena::testing::StatusIs;
 
 inline uint16_t FloatToBf16(float f) {
   uint32_t u;

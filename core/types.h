@@ -28,6 +28,9 @@ struct CacheInfo {
   CacheSpec spec;  // page_size resolved, layer_windows filled to num_layers
   int64_t seq_len = 0;
   std::vector<int64_t> layer_lens;
+  // Per layer: absolute position of the first token still held (0 unless a sliding
+  // window evicted a prefix). Equals GetKv's first_pos and Describe's layers[i].first_pos.
+  std::vector<int64_t> layer_first_pos;
   uint64_t pool_id = 0;
   uint64_t page_bytes = 0;
 };

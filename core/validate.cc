@@ -1,5 +1,7 @@
 #include "core/validate.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -70,6 +72,25 @@ absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name
   if (t.bytes != want || t.data == nullptr) {
     return Bad(absl::StrCat(op, ": ", name, " has ", t.bytes, " bytes but shape ", shape, " of ",
                             DTypeName(dtype), " needs ", want));
+  }
+  return n;
+}
+
+absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, const TensorArg& q,
+                                   const void* out, size_t out_bytes, double scale) {
+  const int64_t q_heads = q.shape.size() == 4 ? q.shape[1] : 0;
+  if (q_heads < 1 || q_heads % spec.num_kv_heads != 0) {
+    return Bad(absl::StrCat(
+        op, ": q.shape=[", absl::StrJoin(q.shape, ", "), "] must be [1, q_heads, tokens, ",
+        spec.head_dim, "] with q_heads a multiple of num_kv_heads=", spec.num_kv_heads));
+  }
+  absl::StatusOr<int64_t> n = CheckTensor(op, "q", q, spec.dtype, q_heads, spec.head_dim);
+  if (!n.ok()) return n.status();
+  if (out_bytes != q.bytes || out == nullptr) {
+    return Bad(absl::StrCat(op, ": out has ", out_bytes, " bytes but q needs ", q.bytes));
+  }
+  if (!std::isfinite(scale) || scale < 0) {
+    return Bad(absl::StrCat(op, ": scale=", scale, " must be finite and >= 0"));
   }
   return n;
 }

@@ -4,6 +4,7 @@
 #ifndef KVARENA_CORE_VALIDATE_H_
 #define KVARENA_CORE_VALIDATE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include "absl/strings/string_view.h"
 
@@ -22,6 +23,21 @@ absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_si
 absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name,
                                     const TensorArg& t, DType dtype, int64_t heads,
                                     int64_t head_dim);
+
+// Checks an attention query for a cache of `spec` (resolved): q is [1, q_heads, n,
+// head_dim] in the cache's dtype with q_heads a multiple of num_kv_heads; out is non-null
+// and exactly q.bytes long; scale is finite and >= 0. Returns n. Shared by the served
+// Attend and the client's local path so both refuse the same calls with the same words.
+absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, const TensorArg& q,
+                                   const void* out, size_t out_bytes, double scale);
+
+// The window an attention call applies on a layer: the narrower of the layer's window and
+// the call's (0 = none on either side).
+inline int64_t EffectiveWindow(int layer_window, uint32_t call_window) {
+  if (layer_window == 0) return call_window;
+  if (call_window == 0) return layer_window;
+  return layer_window < int64_t(call_window) ? layer_window : int64_t(call_window);
+}
 
 // Whether a tensor argument was given at all (data or bytes present).
 inline bool Present(const TensorArg& t) { return t.data != nullptr || t.bytes != 0 || !t.shape.empty(); }

@@ -7,7 +7,7 @@
 #include "kvarena/v1/kvarena.pb.h"
 #include "tests/mp/mp_fixture.h"
 #include "tests/mp/reference.h"
-#include "tests/mp/status_matchers.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvarena::testing {
 namespace {

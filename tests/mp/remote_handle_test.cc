@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "tests/mp/mp_fixture.h"
 #include "tests/mp/reference.h"
-#include "tests/mp/status_matchers.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvarena::testing {
 namespace {

@@ -1,7 +1,7 @@
-// StatusIs(code): a gmock matcher for absl::Status and absl::StatusOr<T> (Debian's abseil
+// Test-only, shared by every layer's tests. StatusIs(code): a gmock matcher for absl::Status and absl::StatusOr<T> (Debian's abseil
 // predates absl's own status_matchers.h).
-#ifndef KVARENA_TESTS_MP_STATUS_MATCHERS_H_
-#define KVARENA_TESTS_MP_STATUS_MATCHERS_H_
+#ifndef KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
+#define KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -39,4 +39,4 @@ MATCHER_P(IsOkAndHolds, value, absl::StrCat("is OK and holds ", ::testing::Print
 
 }  // namespace kvarena::testing
 
-#endif  // KVARENA_TESTS_MP_STATUS_MATCHERS_H_
+#endif  // KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
