@@ -26,6 +26,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "bench/child_daemon.h"
 #include "core/kv_store.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 
@@ -105,37 +106,6 @@ void MeasureInterleaved(const std::vector<Timed*>& ops) {
     }
   }
 }
-
-class ChildDaemon {
- public:
-  ChildDaemon(const std::string& binary, const std::string& dir) : socket_(dir + "/kvarena.sock") {
-    const std::string log = dir + "/kvarenad.log";
-    std::vector<std::string> argv = {binary, "--listen=unix:" + socket_, "--arena_bytes=1Gi"};
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ != 0) return;
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned daemon if the bench dies
-    if (getppid() != parent) _exit(127);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) _exit(127);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  ~ChildDaemon() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  bool ok() const { return pid_ > 0; }
-  std::string address() const { return "unix:" + socket_; }
-
- private:
-  std::string socket_;
-  pid_t pid_ = -1;
-};
 
 // Waits until Ping answers; each try on a fresh channel (a failed connect backs off).
 std::unique_ptr<v1::KvCacheService::Stub> Connect(const std::string& address) {

@@ -1,8 +1,8 @@
 // CacheState: what every handle to one cache (the original and its clones) knows about it
-// between calls — the layer lengths it last saw and whether the cache is known to be gone.
-// Shared by the handles through a shared_ptr.
+// between calls — the layer lengths it last saw, the local path's block tables, and
+// whether the cache is known to be gone. Shared by the handles through a shared_ptr.
 //
-// Thread-safety: safe for concurrent use; the lengths are guarded by mu_.
+// Thread-safety: safe for concurrent use; lengths and table are guarded by mu.
 #ifndef KVARENA_CLIENT_CACHE_STATE_H_
 #define KVARENA_CLIENT_CACHE_STATE_H_
 
@@ -13,12 +13,16 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "client/local_table.h"
 #include "core/types.h"
 
 namespace kvarena::client_internal {
 
 struct CacheState {
-  explicit CacheState(const CacheInfo& info) { Update(info); }
+  explicit CacheState(const CacheInfo& info)
+      : table(info.spec.num_layers, info.spec.page_size), reserve_ahead(info.spec.page_size) {
+    Update(info);
+  }
 
   // From an answer that carries the whole cache (Allocate, Reset, Describe).
   void Update(const CacheInfo& info) {
@@ -26,6 +30,33 @@ struct CacheState {
     layer_lens = info.layer_lens;
     layer_lens.resize(info.spec.num_layers, 0);
     seq_len = info.seq_len;
+  }
+  // Just allocated: no tokens, no pages, and the table knows it.
+  void MarkEmpty() {
+    absl::MutexLock lock(&mu);
+    table.MarkEmpty();
+  }
+  // From Describe: lengths and the local table (its pending writes kept).
+  void Load(const CacheDescription& d) {
+    Update(d.info);
+    absl::MutexLock lock(&mu);
+    table.Load(d);
+  }
+  // From Commit of `tokens` tokens.
+  void Committed(const CacheInfo& info, int64_t tokens) {
+    Update(info);
+    absl::MutexLock lock(&mu);
+    if (table.fresh()) {
+      table.ApplyCommit(info, tokens);
+    } else {
+      table.DropPending();  // commit checked they were exactly `tokens`
+    }
+  }
+  // The arena changed the cache in a way the table does not follow (served writes, reset).
+  void TableStale(bool drop_pending) {
+    absl::MutexLock lock(&mu);
+    table.MarkStale();
+    if (drop_pending) table.DropPending();
   }
   void UpdateLayer(int layer, int64_t layer_len, int64_t new_seq_len) {
     absl::MutexLock lock(&mu);
@@ -50,6 +81,9 @@ struct CacheState {
   mutable absl::Mutex mu;
   std::vector<int64_t> layer_lens ABSL_GUARDED_BY(mu);
   int64_t seq_len ABSL_GUARDED_BY(mu) = 0;
+  LocalTable table ABSL_GUARDED_BY(mu);
+  int64_t reserve_ahead ABSL_GUARDED_BY(mu);  // tokens a Reserve RPC asks for at least
+  std::atomic<uint8_t*> pool_base{nullptr};   // the pool as mapped here, once looked up
   std::atomic<bool> released{false};  // release() succeeded through some handle
   std::atomic<bool> gone{false};      // the arena answered NOT_FOUND for it
 };

@@ -50,6 +50,7 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::Allocate(
   auto info = transport_->Allocate(spec, cache_id);
   if (!info.ok()) return info.status();
   auto state = std::make_shared<CacheState>(*info);
+  state->MarkEmpty();
   return std::shared_ptr<GenericKvCacheHandle>(
       new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
 }
@@ -60,6 +61,7 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
   auto d = transport_->Describe(cache_id);
   if (!d.ok()) return d.status();
   auto state = std::make_shared<CacheState>(d->info);
+  state->Load(*d);
   return std::shared_ptr<GenericKvCacheHandle>(
       new GenericKvCacheHandle(transport_, std::move(d->info), std::move(state), -1));
 }

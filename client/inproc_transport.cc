@@ -1,6 +1,7 @@
 // InprocTransport: the "inproc:" address — a KvStore with the host backend inside this
 // process, one session opened at connect. The pools are in this address space, so
-// PoolBase returns real pointers and handles give key_cache/value_cache views.
+// PoolBase returns real pointers: handles give key_cache/value_cache views and run the
+// local path (Reserve / attention_local / Commit) exactly as over a mapped daemon pool.
 #include <utility>
 
 #include "arena/region.h"
@@ -12,8 +13,8 @@ namespace {
 
 class InprocTransport final : public Transport {
  public:
-  InprocTransport(std::unique_ptr<KvStore> store, std::string session)
-      : store_(std::move(store)), session_(std::move(session)) {}
+  InprocTransport(std::unique_ptr<KvStore> store, std::string session, int num_threads)
+      : Transport(num_threads), store_(std::move(store)), session_(std::move(session)) {}
 
   const std::string& address() const override { return address_; }
   std::string session_id() const override { return session_; }
@@ -48,7 +49,16 @@ class InprocTransport final : public Transport {
     return store_->GetKv(session_, cache_id, layer);
   }
   absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) override {
+    ++counters().describe;
     return store_->Describe(session_, cache_id);
+  }
+  absl::StatusOr<std::vector<ReserveResult>> Reserve(const std::vector<CacheTokens>& items) override {
+    ++counters().reserve;
+    return store_->Reserve(session_, items);
+  }
+  absl::StatusOr<std::vector<CacheInfo>> Commit(const std::vector<CacheTokens>& items) override {
+    ++counters().commit;
+    return store_->Commit(session_, items);
   }
   absl::StatusOr<ArenaStats> Stats() override { return store_->Stats(); }
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) override {
@@ -80,7 +90,8 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
   auto store = KvStore::Create(so, NewHostBackend());
   if (!store.ok()) return store.status();
   std::string session = options.attach ? (*store)->OpenSession(options.client_name) : "";
-  return std::shared_ptr<Transport>(new InprocTransport(*std::move(store), std::move(session)));
+  return std::shared_ptr<Transport>(
+      new InprocTransport(*std::move(store), std::move(session), options.num_threads));
 }
 
 }  // namespace kvarena::client_internal

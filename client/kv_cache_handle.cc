@@ -99,7 +99,7 @@ absl::StatusOr<CacheDescription> GenericKvCacheHandle::describe() const {
   if (auto s = CheckUsable("describe"); !s.ok()) return s;
   auto d = transport_->Describe(cache_id());
   if (!d.ok()) return Observe(d.status());
-  state_->Update(d->info);
+  state_->Load(*d);
   return d;
 }
 
@@ -204,6 +204,7 @@ absl::StatusOr<AppendResult> GenericKvCacheHandle::append(int layer, int64_t pos
   auto r = transport_->Append(cache_id(), layer, pos, k, v);
   if (!r.ok()) return Observe(r.status());
   state_->UpdateLayer(layer, r->layer_len, r->seq_len);
+  state_->TableStale(/*drop_pending=*/false);
   return r;
 }
 
@@ -248,6 +249,7 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::Attend(int layer, int64_t pos, c
   if (!r.ok()) return Observe(r.status());
   if (k != nullptr && k->shape.size() == 4) {
     state_->UpdateLayer(layer, pos + k->shape[2], r->seq_len);
+    state_->TableStale(/*drop_pending=*/false);
   }
   return out;
 }
@@ -256,7 +258,10 @@ absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
   if (auto s = CheckUsable("popn"); !s.ok()) return s;
   auto r = transport_->Popn(cache_id(), n);
   if (!r.ok()) return Observe(r.status());
-  if (r->popped > 0 && !refresh().ok()) state_->Popped(r->popped, r->seq_len);
+  if (r->popped > 0) {
+    state_->TableStale(/*drop_pending=*/true);  // refresh() reloads it
+    if (!refresh().ok()) state_->Popped(r->popped, r->seq_len);
+  }
   return r;
 }
 
@@ -265,6 +270,7 @@ absl::Status GenericKvCacheHandle::reset(bool keep_pages) {
   auto info = transport_->Reset(cache_id(), keep_pages);
   if (!info.ok()) return Observe(info.status());
   state_->Update(*info);
+  state_->TableStale(/*drop_pending=*/true);
   return absl::OkStatus();
 }
 

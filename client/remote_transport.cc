@@ -1,6 +1,9 @@
 // RemoteTransport: kvarenad over gRPC. One channel; unary calls carry a deadline and the
 // session metadata; with options.attach an Attach stream is held open by a reader thread,
-// and its end marks the transport disconnected for good.
+// and its end marks the transport disconnected for good. Over a unix: address it also
+// connects to the daemon's fd socket (AttachEvent.fd_socket): pools map into this process
+// (PoolBase: views and the local path) and q/k/v/out travel through the session's
+// scratch region (ScratchLanes) unless options.inline_tensors.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -13,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/grpc_status.h"
+#include "client/zero_copy.h"
 #include "client/transport.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -37,7 +41,7 @@ struct Stubs {
 class RemoteTransport final : public Transport {
  public:
   RemoteTransport(std::string address, const ClientOptions& options)
-      : address_(std::move(address)), options_(options) {
+      : Transport(options.num_threads), address_(std::move(address)), options_(options) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);  // GetKv of a long cache is large
     args.SetMaxSendMessageSize(-1);
@@ -76,6 +80,17 @@ class RemoteTransport final : public Transport {
     }
     if (session_.empty()) return end_status_;
     return absl::OkStatus();
+  }
+
+  // Sets up the zero-copy data plane with the fd socket the first AttachEvent named.
+  void ConnectRegions() {
+    if (!options_.attach) {
+      zero_copy_ = std::make_unique<ZeroCopy>("the client has no session (attach=false)");
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    zero_copy_ =
+        ZeroCopy::Connect(address_, fd_socket_, attached_session_, options_.inline_tensors);
   }
 
   // The backend's name, as Stats reports it, turned into a device name.
@@ -127,8 +142,9 @@ class RemoteTransport final : public Transport {
     req.set_cache_id(cache_id);
     req.set_layer(layer);
     req.set_pos(pos);
-    ToProto(k, req.mutable_k());
-    ToProto(v, req.mutable_v());
+    ScratchLanes::Lease lease = zero_copy_->Lease({k.bytes, v.bytes});
+    ZeroCopy::EncodeTensor(k, &lease, req.mutable_k());
+    ZeroCopy::EncodeTensor(v, &lease, req.mutable_v());
     v1::AppendResponse resp;
     if (auto s = Call(&Stub::Append, req, &resp); !s.ok()) return s;
     AppendResult r;
@@ -142,15 +158,22 @@ class RemoteTransport final : public Transport {
     req.set_cache_id(args.cache_id);
     req.set_layer(args.layer);
     req.set_pos(args.pos);
-    ToProto(args.q, req.mutable_q());
+    // q, k, v and out all through one lane, or all inline.
+    ScratchLanes::Lease lease =
+        zero_copy_->Lease({args.q.bytes, args.k.bytes, args.v.bytes, args.q.bytes});
+    ZeroCopy::EncodeTensor(args.q, &lease, req.mutable_q());
     // Absent k and v (attend over the cache) stay unset on the wire.
-    if (Present(args.k)) ToProto(args.k, req.mutable_k());
-    if (Present(args.v)) ToProto(args.v, req.mutable_v());
+    if (Present(args.k)) ZeroCopy::EncodeTensor(args.k, &lease, req.mutable_k());
+    if (Present(args.v)) ZeroCopy::EncodeTensor(args.v, &lease, req.mutable_v());
+    v1::SharedSlice out_slice;
+    const uint8_t* shared_out = lease ? lease.Take(args.q.bytes, &out_slice) : nullptr;
+    if (shared_out != nullptr) *req.mutable_out() = out_slice;
     req.set_scale(args.scale);
     req.set_window(args.window);
     v1::AttendResponse resp;
     if (auto s = Call(&Stub::Attend, req, &resp); !s.ok()) return s;
     *out = TensorOutFromProto(resp.out());
+    if (shared_out != nullptr) out->data.assign(reinterpret_cast<const char*>(shared_out), args.q.bytes);
     AttendResult r;
     r.out_shape = out->shape;
     r.seq_len = int64_t(resp.seq_len());
@@ -203,6 +226,7 @@ class RemoteTransport final : public Transport {
   }
 
   absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) override {
+    ++counters().describe;
     v1::DescribeRequest req;
     req.set_cache_id(cache_id);
     v1::DescribeResponse resp;
@@ -214,6 +238,28 @@ class RemoteTransport final : public Transport {
       if (p.layer() < d.layers.size()) d.layers[p.layer()] = FromProto(p);
     }
     return d;
+  }
+
+  absl::StatusOr<std::vector<ReserveResult>> Reserve(const std::vector<CacheTokens>& items) override {
+    ++counters().reserve;
+    v1::ReserveRequest req;
+    for (const CacheTokens& item : items) ToProto(item, req.add_items());
+    v1::ReserveResponse resp;
+    if (auto s = Call(&Stub::Reserve, req, &resp); !s.ok()) return s;
+    std::vector<ReserveResult> out;
+    for (const v1::CacheReservation& c : resp.caches()) out.push_back(FromProto(c));
+    return out;
+  }
+
+  absl::StatusOr<std::vector<CacheInfo>> Commit(const std::vector<CacheTokens>& items) override {
+    ++counters().commit;
+    v1::CommitRequest req;
+    for (const CacheTokens& item : items) ToProto(item, req.add_items());
+    v1::CommitResponse resp;
+    if (auto s = Call(&Stub::Commit, req, &resp); !s.ok()) return s;
+    std::vector<CacheInfo> out;
+    for (const v1::CacheInfo& c : resp.caches()) out.push_back(FromProto(c));
+    return out;
   }
 
   absl::StatusOr<ArenaStats> Stats() override {
@@ -260,10 +306,7 @@ class RemoteTransport final : public Transport {
   }
 
   absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) override {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool ", pool_id, " lives in the daemon at ", address_,
-        " and is not mapped into this process (remote clients get pool mappings with the "
-        "zero-copy path, not yet); read K/V with get_kv(), or use an inproc: client"));
+    return zero_copy_->PoolBase(pool_id, address_);
   }
 
  private:
@@ -310,8 +353,9 @@ class RemoteTransport final : public Transport {
       if (session_.empty()) {
         session_ = event.session_id();
         attached_session_ = session_;
+        fd_socket_ = event.fd_socket();
       }
-      // Later events (region updates) matter once pools are mapped into workers.
+      // Later events announce new pools; RegionClient maps a pool on its first use.
     }
     grpc::Status end = reader->Finish();
     absl::MutexLock lock(&mu_);
@@ -345,6 +389,10 @@ class RemoteTransport final : public Transport {
   std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader_ ABSL_GUARDED_BY(mu_);
   std::string device_ ABSL_GUARDED_BY(mu_);
+  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
+
+  // Set once by ConnectRegions, before the transport is shared.
+  std::unique_ptr<ZeroCopy> zero_copy_;
 };
 
 }  // namespace
@@ -356,6 +404,7 @@ absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string&
     if (auto s = t->Attach(); !s.ok()) return s;
     if (auto s = t->LearnDevice(); !s.ok()) return s;
   }
+  t->ConnectRegions();
   return std::shared_ptr<Transport>(std::move(t));
 }
 

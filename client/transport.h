@@ -8,21 +8,34 @@
 #ifndef KVARENA_CLIENT_TRANSPORT_H_
 #define KVARENA_CLIENT_TRANSPORT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/types.h"
+#include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
 
 namespace kvarena::client_internal {
 
+// How often a transport asked the arena for the local path's state (Reserve, Commit) and
+// for whole descriptions (Describe): what a decode loop pays beyond its kernels.
+struct CallCounters {
+  std::atomic<int64_t> reserve{0};
+  std::atomic<int64_t> commit{0};
+  std::atomic<int64_t> describe{0};
+};
+
 class Transport {
  public:
+  // num_threads: the local path's CPU kernel threads (-1: one per core).
+  explicit Transport(int num_threads) : num_threads_(num_threads) {}
   virtual ~Transport() = default;
 
   virtual const std::string& address() const = 0;
@@ -47,6 +60,11 @@ class Transport {
   virtual absl::Status Release(const std::string& cache_id) = 0;
   virtual absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) = 0;
   virtual absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) = 0;
+  // The local path: pages for the next tokens of every listed cache (all or nothing), and
+  // the commit of tokens written through the mapping.
+  virtual absl::StatusOr<std::vector<ReserveResult>> Reserve(
+      const std::vector<CacheTokens>& items) = 0;
+  virtual absl::StatusOr<std::vector<CacheInfo>> Commit(const std::vector<CacheTokens>& items) = 0;
   virtual absl::StatusOr<ArenaStats> Stats() = 0;
   virtual absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) = 0;
   virtual absl::StatusOr<std::vector<CacheInfo>> ListCaches() = 0;
@@ -56,6 +74,20 @@ class Transport {
   // Base of pool `pool_id` as mapped into this process: [num_pool_pages][2][page_size]
   // [num_kv_heads][head_dim]. FAILED_PRECONDITION where the pool is not mapped here.
   virtual absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) = 0;
+
+  // The kernels the local path runs in this process over the mapped pool (the CPU kernels
+  // with num_threads threads, created on first use).
+  KvKernels* LocalKernels() {
+    absl::call_once(kernels_once_, [this] { kernels_ = NewCpuKvKernels(num_threads_); });
+    return kernels_.get();
+  }
+  CallCounters& counters() { return counters_; }
+
+ private:
+  const int num_threads_;
+  absl::once_flag kernels_once_;
+  std::unique_ptr<KvKernels> kernels_;
+  CallCounters counters_;
 };
 
 // "inproc:": a KvStore with the host backend, owned by the transport.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
 #include "kvarena/v1/kvarena.pb.h"
+#include "proto/wire.h"
 
 namespace kvarena {
 namespace {
@@ -114,13 +115,7 @@ void FdServer::Serve(int conn) {
       absl::StatusOr<std::vector<RegionInfo>> regions = store_->SessionRegions(req.session_id());
       if (!regions.ok()) reply = Error(regions.status());
       for (const RegionInfo& r : regions.ok() ? *regions : std::vector<RegionInfo>{}) {
-        v1::RegionDescriptor* d = reply.add_regions();
-        d->set_region_id(r.region_id);
-        d->set_kind(r.kind);
-        d->set_size(r.size);
-        d->set_pool_id(r.pool_id);
-        d->set_ipc_handle(r.ipc_handle);
-        d->set_scratch(r.scratch);
+        ToProto(r, reply.add_regions());
       }
     } else if (req.has_export_region()) {
       absl::StatusOr<std::vector<SharedPiece>> all =

@@ -25,6 +25,10 @@ ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics on 0.0.0.0:PORT/metrics; 0 = off.");
 ABSL_FLAG(int, num_threads, -1, "CPU attention threads; -1 = one per core.");
+ABSL_FLAG(std::string, fd_socket, "",
+          "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
+          "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
+          "no unix: address); \"none\" = off.");
 
 namespace kvarena {
 
@@ -53,6 +57,7 @@ DaemonOptions OptionsFromFlags() {
   o.session_grace = absl::GetFlag(FLAGS_session_grace);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.num_threads = absl::GetFlag(FLAGS_num_threads);
+  o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
   return o;
 }
 

@@ -33,6 +33,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name) {
       absl::StrCat("--backend=", name, ": must be one of auto, host, cuda"));
 }
 
+// --fd_socket resolved: "" = beside the first unix: address (none without one), "none" =
+// off, anything else is the path.
+std::string FdSocketPath(const std::string& flag, const std::vector<ListenAddress>& addresses) {
+  if (flag == "none") return "";
+  if (!flag.empty()) return flag;
+  for (const ListenAddress& a : addresses) {
+    if (!a.unix_path.empty()) return a.unix_path + ".fds";
+  }
+  return "";
+}
+
 void ConfigureBuilder(grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder->SetMaxSendMessageSize(kMaxMessageBytes);
@@ -71,8 +82,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       KvStore::Create(store_options, std::move(*backend));
   if (!store.ok()) return store.status();
   d->store_ = std::move(*store);
-  d->service_ =
-      std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, options.session_grace);
+  const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);
+  d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_,
+                                                     options.session_grace, fd_path);
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_port, d->store_.get(), &d->rpcs_);
@@ -83,6 +95,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   for (const ListenAddress& a : d->addresses_) {
     if (a.unix_path.empty()) continue;
     if (absl::Status s = PrepareUnixSocket(a.unix_path); !s.ok()) return s;
+  }
+  if (!fd_path.empty()) {
+    absl::StatusOr<std::unique_ptr<FdServer>> fd_server = FdServer::Start(fd_path, d->store_.get());
+    if (!fd_server.ok()) {
+      return absl::Status(fd_server.status().code(),
+                          absl::StrCat("--fd_socket: ", fd_server.status().message()));
+    }
+    d->fd_server_ = *std::move(fd_server);
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -138,6 +158,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
   health->Shutdown();               // ... and then end, so they do not hold up the drain
   service_->BeginShutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+  fd_server_.reset();  // no session is attached any more
 }
 
 void Daemon::Wait() { server_->Wait(); }
@@ -150,7 +171,10 @@ std::string Daemon::StartLine() const {
       options_.arena_bytes, " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}),
       ") page_size=", options_.page_size,
       " session_grace=", absl::FormatDuration(options_.session_grace),
-      " metrics_port=", options_.metrics_port, " on ", absl::StrJoin(uris, ","));
+      " metrics_port=", options_.metrics_port, " on ", absl::StrJoin(uris, ","),
+      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none");
 }
+
+std::string Daemon::fd_socket() const { return fd_server_ != nullptr ? fd_server_->path() : ""; }
 
 }  // namespace kvarena

@@ -1,6 +1,7 @@
 // Daemon: one running kvarenad — the KvStore, the gRPC server (KvCacheService, the
-// standard health service, server reflection) on every --listen address, the session
-// reaper and the optional metrics endpoint.
+// standard health service, server reflection) on every --listen address, the fd socket
+// that shares pool and scratch memory with attached workers, the session reaper and the
+// optional metrics endpoint.
 //
 // Thread-safety: Shutdown() may be called from any thread, once; Wait() from one.
 #ifndef KVARENA_DAEMON_SERVER_H_
@@ -18,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/fd_server.h"
 #include "daemon/listen.h"
 #include "daemon/metrics.h"
 #include "daemon/rpc_counters.h"
@@ -33,6 +35,9 @@ struct DaemonOptions {
   absl::Duration session_grace = absl::Seconds(5);
   int metrics_port = 0;  // 0: no metrics endpoint
   int num_threads = -1;  // CPU attention threads; -1: one per core
+  // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
+  // first unix: listen address (its path + ".fds"), none without one; "none" = off.
+  std::string fd_socket;
 };
 
 class Daemon {
@@ -44,13 +49,15 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   // Health NOT_SERVING, Attach streams end, then in-flight calls get up to `deadline` to
-  // finish while new calls are refused (UNAVAILABLE).
+  // finish while new calls are refused (UNAVAILABLE); then the fd socket closes.
   void Shutdown(absl::Duration deadline);
   // Blocks until the server has shut down.
   void Wait();
 
   // "kvarenad: serving backend=host arena_bytes=1Gi ... on unix:/tmp/kvarena.sock"
   std::string StartLine() const;
+  // The fd socket's path; "" when none is served.
+  std::string fd_socket() const;
 
  private:
   explicit Daemon(const DaemonOptions& options) : options_(options) {}
@@ -58,6 +65,7 @@ class Daemon {
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
   std::unique_ptr<KvStore> store_;
+  std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
   RpcCounters rpcs_;
   std::unique_ptr<KvCacheServiceImpl> service_;
   std::unique_ptr<MetricsServer> metrics_;

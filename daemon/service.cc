@@ -1,9 +1,11 @@
 #include "daemon/service.h"
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/call_tensors.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -19,22 +21,40 @@ std::string SessionOf(const grpc::ServerContext* ctx) {
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
-// SharedSlice payloads name a session's scratch region, which the zero-copy data plane
-// will serve; until then they are refused rather than misread.
-bool IsShared(const v1::Tensor& t) { return t.payload_case() == v1::Tensor::kShared; }
-absl::Status SharedNotServed(absl::string_view op) {
-  return absl::UnimplementedError(absl::StrCat(
-      op, ": shared slices need an attached session's scratch region (zero-copy data plane, "
-          "not yet served)"));
+absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, CallTensors* tensors) {
+  AttendArgs args;
+  args.cache_id = req.cache_id();
+  args.layer = static_cast<int>(req.layer());
+  args.pos = static_cast<int64_t>(req.pos());
+  for (auto [field, from, to] : {std::tuple("attend: q", &req.q(), &args.q),
+                                 std::tuple("attend: k", &req.k(), &args.k),
+                                 std::tuple("attend: v", &req.v(), &args.v)}) {
+    absl::StatusOr<TensorArg> t = tensors->In(field, *from);
+    if (!t.ok()) return t.status();
+    *to = *std::move(t);
+  }
+  args.scale = req.scale();
+  args.window = req.window();
+  return args;
+}
+
+// The session's regions as an AttachEvent (the id and the fd socket included).
+absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const std::string& session,
+                                             const std::string& fd_socket) {
+  absl::StatusOr<std::vector<RegionInfo>> regions = store.SessionRegions(session);
+  if (!regions.ok()) return regions.status();
+  v1::AttachEvent event;
+  event.set_session_id(session);
+  event.set_fd_socket(fd_socket);
+  for (const RegionInfo& r : *regions) ToProto(r, event.add_regions());
+  return event;
 }
 
 std::vector<CacheTokens> FromProto(
     const google::protobuf::RepeatedPtrField<v1::CacheTokens>& items) {
   std::vector<CacheTokens> out;
   out.reserve(items.size());
-  for (const v1::CacheTokens& item : items) {
-    out.push_back({item.cache_id(), static_cast<int64_t>(item.tokens())});
-  }
+  for (const v1::CacheTokens& item : items) out.push_back(kvarena::FromProto(item));
   return out;
 }
 
@@ -66,12 +86,15 @@ grpc::Status KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* r
 
 grpc::Status KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
                                         v1::AppendResponse* resp) {
-  if (IsShared(req->k()) || IsShared(req->v())) {
-    return Done(Rpc::kAppend, SharedNotServed("append"));
-  }
+  const std::string session = SessionOf(ctx);
+  CallTensors tensors(store_, session);
+  absl::StatusOr<TensorArg> k = tensors.In("append: k", req->k());
+  if (!k.ok()) return Done(Rpc::kAppend, k.status());
+  absl::StatusOr<TensorArg> v = tensors.In("append: v", req->v());
+  if (!v.ok()) return Done(Rpc::kAppend, v.status());
   absl::StatusOr<AppendResult> r =
-      store_->Append(SessionOf(ctx), req->cache_id(), static_cast<int>(req->layer()),
-                     static_cast<int64_t>(req->pos()), FromProto(req->k()), FromProto(req->v()));
+      store_->Append(session, req->cache_id(), static_cast<int>(req->layer()),
+                     static_cast<int64_t>(req->pos()), *k, *v);
   if (r.ok()) {
     resp->set_layer_len(static_cast<uint64_t>(r->layer_len));
     resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
@@ -81,26 +104,15 @@ grpc::Status KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
 
 grpc::Status KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
                                         v1::AttendResponse* resp) {
-  if (req->has_out() || IsShared(req->q()) || IsShared(req->k()) || IsShared(req->v())) {
-    return Done(Rpc::kAttend, SharedNotServed("attend"));
-  }
-  AttendArgs args;
-  args.cache_id = req->cache_id();
-  args.layer = static_cast<int>(req->layer());
-  args.pos = static_cast<int64_t>(req->pos());
-  args.q = FromProto(req->q());
-  args.k = FromProto(req->k());
-  args.v = FromProto(req->v());
-  args.scale = req->scale();
-  args.window = req->window();
-  std::string* out = resp->mutable_out()->mutable_data();
-  out->resize(args.q.bytes);
-  absl::StatusOr<AttendResult> r = store_->Attend(SessionOf(ctx), args, out->data(), out->size());
-  if (r.ok()) {
-    resp->mutable_out()->mutable_shape()->Assign(r->out_shape.begin(), r->out_shape.end());
-    resp->mutable_out()->set_dtype(ToProto(args.q.dtype));
-    resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
-  }
+  const std::string session = SessionOf(ctx);
+  CallTensors tensors(store_, session);
+  absl::StatusOr<AttendArgs> args = DecodeAttend(*req, &tensors);
+  if (!args.ok()) return Done(Rpc::kAttend, args.status());
+  size_t out_bytes = 0;
+  absl::StatusOr<void*> out = tensors.Out(*req, args->q, resp->mutable_out(), &out_bytes);
+  if (!out.ok()) return Done(Rpc::kAttend, out.status());
+  absl::StatusOr<AttendResult> r = store_->Attend(session, *args, *out, out_bytes);
+  if (r.ok()) resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   return Done(Rpc::kAttend, r.status());
 }
 
@@ -134,12 +146,7 @@ grpc::Status KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req
   absl::StatusOr<std::vector<ReserveResult>> r =
       store_->Reserve(SessionOf(ctx), FromProto(req->items()));
   if (r.ok()) {
-    for (const ReserveResult& res : *r) {
-      v1::CacheReservation* c = resp->add_caches();
-      c->set_cache_id(res.cache_id);
-      c->set_first_pos(static_cast<uint64_t>(res.first_pos));
-      ToProto(res.layers, c->mutable_layers());
-    }
+    for (const ReserveResult& res : *r) ToProto(res, resp->add_caches());
   }
   return Done(Rpc::kReserve, r.status());
 }
@@ -193,24 +200,29 @@ grpc::Status KvCacheServiceImpl::ListCaches(Ctx*, const v1::ListCachesRequest*,
   return Done(Rpc::kListCaches, absl::OkStatus());
 }
 
-// Held for the worker's lifetime: the first event names the session; the stream then
-// waits for the client to go away (or the daemon to stop) and starts the session's grace.
+// Held for the worker's lifetime: the first event names the session and its regions; a
+// further event follows whenever a pool appears (checked every kAttachPoll). The stream
+// then waits for the client to go away (or the daemon to stop) and starts the grace.
 grpc::Status KvCacheServiceImpl::Attach(Ctx* ctx, const v1::AttachRequest* req,
                                         grpc::ServerWriter<v1::AttachEvent>* writer) {
   if (shutting_down_.HasBeenNotified()) {
     return Done(Rpc::kAttach, absl::UnavailableError("attach: kvarenad is shutting down"));
   }
   const std::string session = store_->OpenSession(req->client_name());
-  v1::AttachEvent event;
-  event.set_session_id(session);
-  if (writer->Write(event)) {
+  const absl::StatusOr<v1::AttachEvent> first = RegionsEvent(*store_, session, fd_socket_);
+  if (first.ok() && writer->Write(*first)) {
+    int sent_regions = first->regions_size();
     while (!ctx->IsCancelled() && !shutting_down_.WaitForNotificationWithTimeout(kAttachPoll)) {
+      absl::StatusOr<v1::AttachEvent> next = RegionsEvent(*store_, session, fd_socket_);
+      if (!next.ok() || next->regions_size() == sent_regions) continue;
+      sent_regions = next->regions_size();
+      if (!writer->Write(*next)) break;
     }
   }
   store_->DetachSession(session, absl::Now() + session_grace_);
   return Done(Rpc::kAttach, shutting_down_.HasBeenNotified()
                                 ? absl::UnavailableError("attach: kvarenad is shutting down")
-                                : absl::OkStatus());
+                                : first.status());
 }
 
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {

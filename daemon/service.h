@@ -1,11 +1,15 @@
 // KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each one decodes the request
-// (proto/wire.h), calls one KvStore operation with the caller's session (metadata
-// `kvarena-session`, "" when absent), maps the status (ToGrpcStatus) and encodes the
-// reply. No rules and no locks live here: the store owns both.
+// (proto/wire.h; tensor payloads, inline or shared slices, through CallTensors), calls one
+// KvStore operation with the caller's session (metadata `kvarena-session`, "" when
+// absent), maps the status (ToGrpcStatus) and encodes the reply. No rules and no locks
+// live here: the store owns both.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
 #define KVARENA_DAEMON_SERVICE_H_
+
+#include <string>
+#include <utility>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -20,9 +24,12 @@ inline constexpr char kSessionMetadataKey[] = "kvarena-session";
 class KvCacheServiceImpl final : public v1::KvCacheService::Service {
  public:
   // store and rpcs must outlive the service. A broken Attach stream detaches its session
-  // with `session_grace` before its caches are released.
-  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, absl::Duration session_grace)
-      : store_(store), rpcs_(rpcs), session_grace_(session_grace) {}
+  // with `session_grace` before its caches are released. fd_socket is the FdServer's path
+  // that every AttachEvent names ("" when the daemon serves none).
+  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, absl::Duration session_grace,
+                     std::string fd_socket = "")
+      : store_(store), rpcs_(rpcs), session_grace_(session_grace),
+        fd_socket_(std::move(fd_socket)) {}
 
   // Ends every Attach stream promptly (UNAVAILABLE) and refuses new ones; call before
   // grpc::Server::Shutdown so the drain does not wait for attached workers.
@@ -52,6 +59,7 @@ class KvCacheServiceImpl final : public v1::KvCacheService::Service {
   KvStore* const store_;
   RpcCounters* const rpcs_;
   const absl::Duration session_grace_;
+  const std::string fd_socket_;
   absl::Notification shutting_down_;
 };
 

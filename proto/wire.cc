@@ -53,6 +53,7 @@ CacheInfo FromProto(const v1::CacheInfo& p) {
   c.spec = FromProto(p.spec());
   c.seq_len = static_cast<int64_t>(p.seq_len());
   c.layer_lens.assign(p.layer_lens().begin(), p.layer_lens().end());
+  c.layer_first_pos.assign(p.layer_first_pos().begin(), p.layer_first_pos().end());
   c.pool_id = p.pool_id();
   c.page_bytes = p.page_bytes();
   return c;
@@ -63,6 +64,7 @@ void ToProto(const CacheInfo& c, v1::CacheInfo* p) {
   ToProto(c.spec, p->mutable_spec());
   p->set_seq_len(static_cast<uint64_t>(c.seq_len));
   p->mutable_layer_lens()->Assign(c.layer_lens.begin(), c.layer_lens.end());
+  p->mutable_layer_first_pos()->Assign(c.layer_first_pos.begin(), c.layer_first_pos.end());
   p->set_pool_id(c.pool_id);
   p->set_page_bytes(c.page_bytes);
 }
@@ -116,6 +118,55 @@ void ToProto(const LayerPages& l, uint32_t layer, v1::LayerPages* p) {
   p->set_first_pos(static_cast<uint64_t>(l.first_pos));
   p->set_len(static_cast<uint64_t>(l.len));
   p->mutable_page_ids()->Assign(l.page_ids.begin(), l.page_ids.end());
+}
+
+CacheTokens FromProto(const v1::CacheTokens& p) {
+  return CacheTokens{p.cache_id(), static_cast<int64_t>(p.tokens())};
+}
+
+void ToProto(const CacheTokens& t, v1::CacheTokens* p) {
+  p->set_cache_id(t.cache_id);
+  p->set_tokens(t.tokens > 0 ? static_cast<uint64_t>(t.tokens) : 0);
+}
+
+ReserveResult FromProto(const v1::CacheReservation& p) {
+  ReserveResult r;
+  r.cache_id = p.cache_id();
+  r.first_pos = static_cast<int64_t>(p.first_pos());
+  r.layers.resize(static_cast<size_t>(p.layers_size()));
+  for (const v1::LayerPages& l : p.layers()) {
+    if (l.layer() < r.layers.size()) r.layers[l.layer()] = FromProto(l);
+  }
+  return r;
+}
+
+void ToProto(const ReserveResult& r, v1::CacheReservation* p) {
+  p->set_cache_id(r.cache_id);
+  p->set_first_pos(static_cast<uint64_t>(r.first_pos));
+  p->clear_layers();
+  for (size_t i = 0; i < r.layers.size(); ++i) {
+    ToProto(r.layers[i], static_cast<uint32_t>(i), p->add_layers());
+  }
+}
+
+void ToProto(const RegionInfo& r, v1::RegionDescriptor* p) {
+  p->set_region_id(r.region_id);
+  p->set_kind(r.kind);
+  p->set_size(r.size);
+  p->set_pool_id(r.pool_id);
+  p->set_ipc_handle(r.ipc_handle);
+  p->set_scratch(r.scratch);
+}
+
+RegionInfo FromProto(const v1::RegionDescriptor& p) {
+  RegionInfo r;
+  r.region_id = p.region_id();
+  r.kind = p.kind();
+  r.size = p.size();
+  r.pool_id = p.pool_id();
+  r.ipc_handle = p.ipc_handle();
+  r.scratch = p.scratch();
+  return r;
 }
 
 PageStats FromProto(const v1::PageStats& p) {

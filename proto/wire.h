@@ -7,6 +7,7 @@
 #ifndef KVARENA_PROTO_WIRE_H_
 #define KVARENA_PROTO_WIRE_H_
 
+#include "core/kv_store.h"  // RegionInfo
 #include "core/types.h"
 #include "kvarena/v1/kvarena.pb.h"
 
@@ -29,6 +30,16 @@ TensorOut TensorOutFromProto(const v1::Tensor& p);
 
 LayerPages FromProto(const v1::LayerPages& p);
 void ToProto(const LayerPages& l, uint32_t layer, v1::LayerPages* p);
+
+CacheTokens FromProto(const v1::CacheTokens& p);
+void ToProto(const CacheTokens& t, v1::CacheTokens* p);  // negative tokens go out as 0
+
+// Reserve's per-cache answer; layers are numbered by their index.
+ReserveResult FromProto(const v1::CacheReservation& p);
+void ToProto(const ReserveResult& r, v1::CacheReservation* p);
+
+void ToProto(const RegionInfo& r, v1::RegionDescriptor* p);
+RegionInfo FromProto(const v1::RegionDescriptor& p);
 
 PageStats FromProto(const v1::PageStats& p);
 void ToProto(const PageStats& s, v1::PageStats* p);

@@ -144,7 +144,9 @@ TEST_F(InvalidArgumentTest, GetKvRejectsBadLayer) {
   ExpectUnchanged();
 }
 
-TEST_F(InvalidArgumentTest, SharedSlicesAreNotServedYet) {
+// Shared slices live in a session's scratch region (tests/zerocopy covers them served);
+// a call without a session has none to name.
+TEST_F(InvalidArgumentTest, SharedSlicesWithoutASessionAreRefused) {
   v1::AttendRequest req;
   req.set_cache_id(id_);
   req.set_pos(4);
@@ -152,10 +154,11 @@ TEST_F(InvalidArgumentTest, SharedSlicesAreNotServedYet) {
   req.mutable_out()->set_region_id(1);
   v1::AttendResponse resp;
   EXPECT_THAT(stub_->Attend(Ctx().get(), req, &resp),
-              StatusIs(StatusCode::UNIMPLEMENTED, "shared slices"));
+              StatusIs(StatusCode::FAILED_PRECONDITION, "attend: out: shared slice"));
   v1::Tensor shared = F32Tensor(2, 1, 8, 1);
   shared.mutable_shared()->set_region_id(1);
-  EXPECT_THAT(Append(id_, 0, 5, shared, shared), StatusIs(StatusCode::UNIMPLEMENTED));
+  EXPECT_THAT(Append(id_, 0, 5, shared, shared),
+              StatusIs(StatusCode::FAILED_PRECONDITION, "append: k: shared slice"));
   ExpectUnchanged();
 }
 

@@ -22,6 +22,7 @@ TEST(WireTest, CacheInfoRoundTrips) {
   c.spec = {3, 8, 128, DType::kBFloat16, 16, {0, 4096, 0}, 8192};
   c.seq_len = 17;
   c.layer_lens = {17, 16, 17};
+  c.layer_first_pos = {0, 16, 0};
   c.pool_id = 2;
   c.page_bytes = 65536;
   v1::CacheInfo p;
@@ -38,8 +39,47 @@ TEST(WireTest, CacheInfoRoundTrips) {
   EXPECT_EQ(back.spec.max_tokens, 8192);
   EXPECT_EQ(back.seq_len, 17);
   EXPECT_THAT(back.layer_lens, ElementsAre(17, 16, 17));
+  EXPECT_THAT(back.layer_first_pos, ElementsAre(0, 16, 0));
   EXPECT_EQ(back.pool_id, 2u);
   EXPECT_EQ(back.page_bytes, 65536u);
+}
+
+TEST(WireTest, LocalPathMessagesRoundTrip) {
+  const CacheTokens t = FromProto([] {
+    v1::CacheTokens p;
+    ToProto(CacheTokens{"c", 16}, &p);
+    return p;
+  }());
+  EXPECT_EQ(t.cache_id, "c");
+  EXPECT_EQ(t.tokens, 16);
+  ReserveResult r;
+  r.cache_id = "c";
+  r.first_pos = 33;
+  r.layers = {{32, 33, {7, 8}}, {16, 33, {3, 9}}};
+  v1::CacheReservation p;
+  ToProto(r, &p);
+  const ReserveResult back = FromProto(p);
+  EXPECT_EQ(back.cache_id, "c");
+  EXPECT_EQ(back.first_pos, 33);
+  ASSERT_EQ(back.layers.size(), 2u);
+  EXPECT_EQ(back.layers[1].first_pos, 16);
+  EXPECT_EQ(back.layers[1].len, 33);
+  EXPECT_THAT(back.layers[1].page_ids, ElementsAre(3, 9));
+}
+
+TEST(WireTest, RegionInfoRoundTrips) {
+  RegionInfo r;
+  r.region_id = (uint64_t{1} << 32) + 3;
+  r.kind = "host_memfd";
+  r.size = 64 << 20;
+  r.scratch = true;
+  v1::RegionDescriptor p;
+  ToProto(r, &p);
+  const RegionInfo back = FromProto(p);
+  EXPECT_EQ(back.region_id, r.region_id);
+  EXPECT_EQ(back.kind, r.kind);
+  EXPECT_EQ(back.size, r.size);
+  EXPECT_TRUE(back.scratch);
 }
 
 TEST(WireTest, DecodedTensorBorrowsTheMessageBytes) {

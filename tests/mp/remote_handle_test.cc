@@ -1,6 +1,7 @@
 // The handle API through a real kvarenad: the same values as inproc (geometry, device,
-// block tables, stats, clones), and a clear FAILED_PRECONDITION for the pool views a
-// remote client cannot map yet.
+// block tables, stats, clones), pool views through the mapped pool that read exactly what
+// get_kv returns, and zero-copy tensors equal to inline ones.
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -75,16 +76,63 @@ TEST_F(RemoteHandleTest, ReportsGeometryDeviceAndPages) {
   EXPECT_THAT(h->pages_used(), IsOkAndHolds(st->pages_used));
 }
 
-TEST_F(RemoteHandleTest, PoolViewsAreFailedPreconditionNotFake) {
+TEST_F(RemoteHandleTest, PoolViewsReadExactlyWhatGetKvReturns) {
   auto h = Allocate();
-  Append(*h, 5);
-  for (auto view : {h->key_cache(0), h->value_cache(0), h->kv_cache(1)}) {
-    EXPECT_THAT(view, StatusIs(absl::StatusCode::kFailedPrecondition));
-    EXPECT_THAT(std::string(view.status().message()), HasSubstr("get_kv"));
+  Append(*h, 13);  // layer 1 (window 6) has evicted its first pages
+  for (int layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE(layer);
+    auto kv = h->get_kv(layer);
+    auto keys = h->key_cache(layer);
+    auto values = h->value_cache(layer);
+    ASSERT_THAT(kv, IsOk());
+    ASSERT_THAT(keys, IsOk());
+    ASSERT_THAT(values, IsOk());
+    EXPECT_EQ(keys->first_pos, kv->first_pos);
+    EXPECT_EQ(keys->len, 13);
+    auto table = h->block_table(layer);
+    ASSERT_THAT(table, IsOk());
+    EXPECT_EQ(keys->page_ids, *table);
+    // Token-major pages vs head-major get_kv: [heads][tokens][head_dim].
+    const int64_t n = keys->len - keys->first_pos;
+    const size_t row = size_t(h->head_dim()) * 2;
+    for (int64_t t = 0; t < n; ++t) {
+      for (int head = 0; head < h->num_kv_heads(); ++head) {
+        const size_t at = (size_t(head) * n + t) * row;
+        EXPECT_EQ(std::memcmp(keys->TokenPtr(kv->first_pos + t) + head * row,
+                              kv->k.data.data() + at, row), 0) << t;
+        EXPECT_EQ(std::memcmp(values->TokenPtr(kv->first_pos + t) + head * row,
+                              kv->v.data.data() + at, row), 0) << t;
+      }
+    }
   }
-  auto kv = h->get_kv(0);
-  ASSERT_THAT(kv, IsOk());
-  EXPECT_EQ(kv->k.shape, (std::vector<int64_t>{1, 2, 5, 32}));
+}
+
+TEST_F(RemoteHandleTest, ZeroCopyAttentionEqualsInlineBitForBit) {
+  ClientOptions inline_options;
+  inline_options.inline_tensors = true;
+  auto inline_client = Client::Connect(address(), inline_options);
+  ASSERT_THAT(inline_client, IsOk());
+  CacheSpec spec;
+  spec.num_layers = 1;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 32;
+  spec.dtype = DType::kBFloat16;
+  auto zc = client_->Allocate(spec);
+  auto in = (*inline_client)->Allocate(spec);
+  ASSERT_THAT(zc, IsOk());
+  ASSERT_THAT(in, IsOk());
+  for (int n : {7, 1, 1, 3}) {
+    HostTensor q = RandomTensor(rng_, spec.dtype, 8, n, 32);
+    HostTensor k = RandomTensor(rng_, spec.dtype, 2, n, 32);
+    HostTensor v = RandomTensor(rng_, spec.dtype, 2, n, 32);
+    auto a = (*zc)->attention(0, q.arg(), k.arg(), v.arg());
+    auto b = (*in)->attention(0, q.arg(), k.arg(), v.arg());
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    EXPECT_EQ(a->shape, b->shape);
+    EXPECT_EQ(a->data, b->data);
+  }
+  EXPECT_EQ((*zc)->get_kv(0)->k.data, (*in)->get_kv(0)->k.data);
 }
 
 TEST_F(RemoteHandleTest, ClonesShareTheCacheAndReleaseEndsThemAll) {

@@ -5,8 +5,16 @@
 // get_kv with what it sent, releases the cache and exits 0; any mismatch or error is
 // printed and exits 1.
 //
+// With --local every step goes through the local path instead (reserve, attention_local
+// on every layer over the mapped pool, commit) and, in lockstep, through the served path
+// on a twin cache with the same q/k/v: the two outputs must be bit-identical (same kernels,
+// same thread count as the daemon's --num_threads) and match the reference; get_kv of the
+// local cache must equal what was written; the decode phase may make at most
+// ceil(decode / page_size) Reserve RPCs (counted by the client) and no Describe.
+//
 // stdout: "allocated ...", "prefill done ...", "decode step I/N ..." every --print_every
-// steps (tests wait for it before killing the worker), "worker ok".
+// steps (tests wait for it before killing the worker), "local path: ..." with --local,
+// "worker ok".
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -34,6 +42,9 @@ ABSL_FLAG(int, decode, 64, "decode steps");
 ABSL_FLAG(int, window, 0, "sliding window of the odd layers (0: every layer global)");
 ABSL_FLAG(int, step_delay_ms, 0, "sleep after each decode step");
 ABSL_FLAG(int, print_every, 8, "print a progress line every N decode steps");
+ABSL_FLAG(bool, local, false, "decode through the local path, checked against a served twin");
+ABSL_FLAG(int, reserve_ahead, 0, "--local: tokens a Reserve asks for at least (0: a page)");
+ABSL_FLAG(int, num_threads, 1, "CPU threads of the local path's kernels (match kvarenad's)");
 
 namespace kvarena {
 namespace {
@@ -56,8 +67,10 @@ absl::StatusOr<DType> ParseDType(const std::string& s) {
 
 class Worker {
  public:
-  Worker(std::shared_ptr<GenericKvCacheHandle> cache, int q_heads, uint64_t seed)
-      : cache_(std::move(cache)), q_heads_(q_heads), rng_(seed) {
+  // With a twin, steps run the local path on cache and the served path on twin.
+  Worker(std::shared_ptr<GenericKvCacheHandle> cache, int q_heads, uint64_t seed,
+         std::shared_ptr<GenericKvCacheHandle> twin = nullptr)
+      : cache_(std::move(cache)), twin_(std::move(twin)), q_heads_(q_heads), rng_(seed) {
     for (int l = 0; l < cache_->num_layers(); ++l) {
       history_.emplace_back(cache_->num_kv_heads(), cache_->head_dim());
     }
@@ -65,20 +78,31 @@ class Worker {
 
   // n new tokens on every layer; checks each output against the reference.
   absl::Status Step(int64_t n, const std::string& what) {
+    if (twin_ != nullptr) WORKER_RETURN_IF_ERROR(cache_->reserve(n));
     for (int layer = 0; layer < cache_->num_layers(); ++layer) {
       const int64_t pos = history_[layer].len();
       HostTensor q = Random(q_heads_, n), k = Random(cache_->num_kv_heads(), n),
                  v = Random(cache_->num_kv_heads(), n);
-      auto out = cache_->attention(layer, q.arg(), k.arg(), v.arg());
+      auto out = twin_ != nullptr ? cache_->attention_local(layer, q.arg(), k.arg(), v.arg())
+                                  : cache_->attention(layer, q.arg(), k.arg(), v.arg());
       if (!out.ok()) {
         return absl::Status(out.status().code(), absl::StrCat(what, " layer ", layer, " pos ",
                                                               pos, ": ", out.status().message()));
+      }
+      if (twin_ != nullptr) {
+        auto served = twin_->attention(layer, q.arg(), k.arg(), v.arg());
+        if (!served.ok()) return served.status();
+        if (served->data != out->data) {
+          return absl::InternalError(absl::StrCat(what, " layer ", layer, " pos ", pos,
+                                                  ": local and served outputs differ"));
+        }
       }
       history_[layer].Append(k, v);
       const auto ref = history_[layer].Attention(q, pos, 0, cache_->layer_windows()[layer]);
       WORKER_RETURN_IF_ERROR(testing::CompareOutput(
           absl::StrCat(what, " layer ", layer, " pos ", pos), *out, ref));
     }
+    if (twin_ != nullptr) WORKER_RETURN_IF_ERROR(cache_->commit(n));
     return CheckLength(what);
   }
 
@@ -107,8 +131,18 @@ class Worker {
 
   // Pops 3 tokens, checks the cache shrank, re-appends 3 different ones.
   absl::Status PopnAndReappend() {
+    int64_t twin_popped = -1;
+    if (twin_ != nullptr) {
+      auto t = twin_->popn(3);
+      if (!t.ok()) return t.status();
+      twin_popped = t->popped;
+    }
     auto r = cache_->popn(3);
     if (!r.ok()) return r.status();
+    if (twin_ != nullptr && twin_popped != r->popped) {
+      return absl::InternalError(absl::StrCat("popn(3): local path popped ", r->popped,
+                                              ", served twin ", twin_popped));
+    }
     if (r->popped != 3) {
       bool sliding = false;
       for (int w : cache_->layer_windows()) sliding |= w > 0;
@@ -133,16 +167,43 @@ class Worker {
   }
 
   std::shared_ptr<GenericKvCacheHandle> cache_;
+  std::shared_ptr<GenericKvCacheHandle> twin_;  // the served path's copy (--local)
   int q_heads_;
   std::mt19937_64 rng_;
   std::vector<KvHistory> history_;
 };
+
+// The decode phase's local-path calls: Reserve at most once per page of tokens (plus one
+// for a popn that lands just past a page boundary), one Commit per step, no Describe but
+// popn's re-read.
+absl::Status CheckLocalCalls(Client& client, const CallCounts& before, int decode,
+                             const GenericKvCacheHandle& cache) {
+  const CallCounts now = client.call_counts();
+  const int64_t reserves = now.reserve - before.reserve;
+  const int64_t page = cache.page_size();
+  const int64_t ahead = std::max<int64_t>(cache.reserve_ahead(), page);
+  const int64_t popn_extra = 1;
+  const int64_t limit = (decode + 3 + ahead - 1) / ahead + popn_extra;
+  std::printf("local path: decode_steps %d reserve_calls %lld commit_calls %lld describe_calls %lld "
+              "(ceil(decode/page_size) = %lld)\n",
+              decode, static_cast<long long>(reserves),
+              static_cast<long long>(now.commit - before.commit),
+              static_cast<long long>(now.describe - before.describe),
+              static_cast<long long>((decode + page - 1) / page));
+  std::fflush(stdout);
+  if (reserves > limit) {
+    return absl::InternalError(absl::StrCat("local path made ", reserves,
+                                            " Reserve calls for ", decode, " decode steps"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Run() {
   auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
   ClientOptions options;
   options.client_name = absl::StrCat("kvarena_worker-", absl::GetFlag(FLAGS_seed));
+  options.num_threads = absl::GetFlag(FLAGS_num_threads);
   auto client = Client::Connect(absl::GetFlag(FLAGS_address), options);
   if (!client.ok()) return client.status();
 
@@ -162,7 +223,15 @@ absl::Status Run() {
               (*cache)->device().c_str(), (*cache)->page_size());
   std::fflush(stdout);
 
-  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), absl::GetFlag(FLAGS_seed));
+  const bool local = absl::GetFlag(FLAGS_local);
+  std::shared_ptr<GenericKvCacheHandle> twin;
+  if (local) {
+    auto t = (*client)->Allocate(spec);
+    if (!t.ok()) return t.status();
+    twin = *t;
+    if (int ahead = absl::GetFlag(FLAGS_reserve_ahead); ahead > 0) (*cache)->set_reserve_ahead(ahead);
+  }
+  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), absl::GetFlag(FLAGS_seed), twin);
   WORKER_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
   auto pages = (*cache)->pages_used();
   if (!pages.ok()) return pages.status();
@@ -172,6 +241,7 @@ absl::Status Run() {
 
   const int decode = absl::GetFlag(FLAGS_decode);
   const int every = std::max(1, absl::GetFlag(FLAGS_print_every));
+  const CallCounts before_decode = (*client)->call_counts();
   for (int step = 0; step < decode; ++step) {
     WORKER_RETURN_IF_ERROR(worker.Step(1, absl::StrCat("decode step ", step)));
     if (step == decode / 2) WORKER_RETURN_IF_ERROR(worker.PopnAndReappend());
@@ -184,6 +254,7 @@ absl::Status Run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
   }
+  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(**client, before_decode, decode, **cache));
   WORKER_RETURN_IF_ERROR(worker.CheckGetKv("final"));
   auto stats = (*cache)->stats();
   if (!stats.ok()) return stats.status();

@@ -119,6 +119,56 @@ TEST_F(WorkersTest, KilledWorkerPagesFreedAfterSessionGrace) {
   EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }, absl::Seconds(2)), 0);
 }
 
+// Local path through the real daemon: 300 decode tokens over 4 layers (odd layers sliding)
+// equal the served path's bit for bit (the worker checks), get_kv equals what was written,
+// and the decode makes at most ceil(300 / page_size) Reserve RPCs.
+TEST_F(WorkersTest, LocalPathDecodeMatchesServedPathWithFewReserves) {
+  StartDaemon();
+  auto w = StartWorker(21, {"--local", "--layers=4", "--decode=300", "--window=24",
+                            "--dtype=float16", "--print_every=100"});
+  ExpectExitsOk(*w, "local worker");
+  const std::string out = w->output();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("reserve_calls (\\d+) commit_calls (\\d+)")))
+      << out;
+  EXPECT_LE(std::stoi(m[1]), (300 + 15) / 16) << out;
+  EXPECT_EQ(std::stoi(m[2]), 300 + 3) << out;  // one per step, and the 3 re-appended after popn
+  EXPECT_NE(out.find("popn ok"), std::string::npos) << out;
+  EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }, absl::Seconds(2)), 0);
+}
+
+// A local-path worker holds a mapping of the pool and pages reserved ahead of its tokens
+// when it is killed: they all come back within --session_grace + 1 s.
+TEST_F(WorkersTest, KilledLocalPathWorkerLeaksNoPages) {
+  const absl::Duration grace = absl::Seconds(1);
+  StartDaemon("1s");
+  const int64_t before = WaitForArenaPages([](int64_t) { return true; }, absl::Seconds(1));
+  auto victim = StartWorker(22, {"--local", "--layers=4", "--decode=100000", "--step_delay_ms=5",
+                                 "--print_every=4", "--reserve_ahead=64"});
+  ASSERT_TRUE(victim->WaitForOutput("decode step", absl::Seconds(30))) << victim->output();
+  std::smatch m;
+  const std::string out = victim->output();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("allocated cache (\\S+)"))) << out;
+  const std::string cache = m[1];
+  // Reserved ahead: more pages than its committed tokens fill (4 global layers, page 16).
+  bool ahead = false;
+  for (int i = 0; i < 200 && !ahead; ++i) {
+    auto st = Observer()->CacheStats(cache);
+    ASSERT_TRUE(st.ok()) << st.status();
+    ahead = st->pages_used > 4 * ((st->seq_len + 15) / 16);
+    if (!ahead) absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_TRUE(ahead);
+
+  victim->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(victim->Wait(absl::Seconds(5)).ok());
+  const int64_t after = WaitForArenaPages([&](int64_t p) { return p == before; }, grace + absl::Seconds(1));
+  EXPECT_EQ(after, before) << "after " << absl::FormatDuration(absl::Now() - killed);
+  EXPECT_LE(absl::Now() - killed, grace + absl::Seconds(1));
+  EXPECT_EQ(Observer()->CacheStats(cache).status().code(), absl::StatusCode::kNotFound);
+}
+
 // The same worker binary against the in-process arena: the handle API is one API.
 TEST_F(WorkersTest, WorkerRunsAgainstInproc) {
   auto r = RunCommand({KVARENA_WORKER_PATH, "--address=inproc:", "--window=8", "--decode=40",
@@ -127,6 +177,15 @@ TEST_F(WorkersTest, WorkerRunsAgainstInproc) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->exited_ok()) << r->output;
   EXPECT_NE(r->output.find("worker ok"), std::string::npos) << r->output;
+}
+
+TEST_F(WorkersTest, LocalPathWorkerRunsAgainstInproc) {
+  auto r = RunCommand({KVARENA_WORKER_PATH, "--address=inproc:", "--local", "--window=24",
+                       "--decode=60", "--dtype=bfloat16"},
+                      absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->exited_ok()) << r->output;
+  EXPECT_NE(r->output.find("local path:"), std::string::npos) << r->output;
 }
 
 }  // namespace

@@ -9,6 +9,11 @@
 // fail with UNAVAILABLE and its handles report is_valid() == false; connect a new Client.
 // If the client process dies, the daemon releases its caches after --session_grace.
 //
+// Over a unix: address an attached client also maps the daemon's memory through its fd
+// socket (AttachEvent.fd_socket): pool views (key_cache, ...) and the local path work as
+// inproc, and attention / append send q/k/v and receive out through the session's scratch
+// region instead of inline bytes. Over TCP tensors travel inline and pools are not mapped.
+//
 // Thread-safety: a Client is safe for concurrent use from many threads; so are the
 // handles it returns. Handles keep the connection alive: it closes once the Client and
 // every handle from it are gone.
@@ -22,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -50,11 +56,29 @@ struct ClientOptions {
   // session and outlive it until released; tools (the CLI) that only read stats set false.
   bool attach = true;
 
-  // inproc: only — the in-process store's budget, default page size and CPU threads.
+  // Send tensors as inline bytes even where the scratch region is mapped (tests and
+  // benchmarks compare the two); pools are still mapped.
+  bool inline_tensors = false;
+  // CPU threads of the local path's kernels (attention_local), and of the in-process
+  // store for inproc:. -1: one per core.
+  int num_threads = -1;
+
+  // inproc: only — the in-process store's budget and default page size.
   size_t arena_bytes = size_t{256} << 20;
   int page_size = 16;
-  int num_threads = -1;  // -1: one per core
 };
+
+// Calls this client made that a decode loop on the local path should make rarely: Reserve
+// (one per page boundary per batch), Commit (one per step per batch) and Describe (none
+// per step). RPCs for a remote client; store calls for inproc.
+struct CallCounts {
+  int64_t reserve = 0;
+  int64_t commit = 0;
+  int64_t describe = 0;
+};
+
+// A cache and a token count, for the batched local-path calls.
+using CacheTokenList = std::vector<std::pair<std::shared_ptr<GenericKvCacheHandle>, int64_t>>;
 
 // grpc.health.v1 HealthCheckResponse.ServingStatus.
 enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
@@ -95,6 +119,17 @@ class Client {
   absl::StatusOr<ServingStatus> Health(const std::string& service = "");
   // The empty RPC (the benchmarks' baseline).
   absl::Status Ping();
+
+  // --- local path, batched (see GenericKvCacheHandle::reserve / commit) ---
+  // Makes room for the next n tokens of every listed cache: one Reserve RPC for all the
+  // caches whose held pages do not already cover them (each asks for at least its
+  // reserve_ahead, to the next page boundary), none when all have room. All or nothing.
+  // INVALID_ARGUMENT for a handle of another client or a cache listed twice.
+  absl::Status Reserve(const CacheTokenList& items);
+  // Commits n tokens written through the mapping on every layer of each cache, in one
+  // Commit RPC; the handles drop the pages a sliding window evicted.
+  absl::Status Commit(const CacheTokenList& items);
+  CallCounts call_counts() const;
 
  private:
   explicit Client(std::shared_ptr<client_internal::Transport> transport);

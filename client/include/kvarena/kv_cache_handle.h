@@ -2,7 +2,17 @@
 // (DESIGN.md §6). Geometry accessors answer from the handle; num_tokens() and is_valid()
 // answer from what the handle knows (no RPC); block_table, views, stats and the
 // operations ask the arena. Every accessor returns real values: a view the handle cannot
-// give (a remote client has no mapping of the pool yet) is an error, never a fake.
+// give (a client over TCP has no mapping of the pool) is an error, never a fake.
+//
+// Two data paths (DESIGN.md "Two data paths, one arena"):
+//   served: append / attention — the arena writes K/V and attends (an RPC per call);
+//   local:  reserve -> append_local / attention_local per layer -> commit — the arena only
+//           allocates; this process writes K/V into the reserved pages through its mapping
+//           of the pool and runs attention itself. The handle keeps its own block table
+//           from Reserve and Commit replies, so a decode step costs one Commit RPC, plus
+//           one Reserve RPC per page boundary (per batch, with Client::Reserve/Commit).
+// Both paths change the same cache: stats, popn, get_kv and the views see local writes
+// once committed. popn and reset discard uncommitted local writes.
 //
 // Handles are references, not owners: dropping one leaves the cache allocated;
 // release() frees it (and invalidates every clone); a session's caches are also freed when
@@ -14,13 +24,17 @@
 //
 // Thread-safety: safe for concurrent use; calls on one cache are serialised by the arena.
 // append(layer, k, v) takes its position from the layer length this handle last saw, so
-// two threads appending to one layer at once race (the arena rejects the loser).
+// two threads appending to one layer at once race (the arena rejects the loser). Local
+// writes to one layer must not overlap in time (different layers may run in parallel).
+// The local table is shared by a handle and its clones; another handle to the same cache
+// (OpenCache) has its own and must refresh() after this one changed the cache.
 #ifndef KVARENA_CLIENT_INCLUDE_KVARENA_KV_CACHE_HANDLE_H_
 #define KVARENA_CLIENT_INCLUDE_KVARENA_KV_CACHE_HANDLE_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -99,8 +113,8 @@ class GenericKvCacheHandle {
   // --- pages ---
   absl::StatusOr<std::vector<int32_t>> block_table(int layer) const;
   absl::StatusOr<CacheDescription> describe() const;
-  // Views into the mapped pool (inproc: today; remote clients: FAILED_PRECONDITION until
-  // pools are mapped into workers).
+  // Views into the mapped pool (inproc:, and remote clients over a unix: address; over TCP
+  // FAILED_PRECONDITION, naming get_kv as the way to read).
   absl::StatusOr<KvCacheRef> key_cache(int layer) const;
   absl::StatusOr<KvCacheRef> value_cache(int layer) const;
   absl::StatusOr<KvCacheRef> kv_cache(int layer) const;
@@ -138,6 +152,30 @@ class GenericKvCacheHandle {
   // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos.
   absl::StatusOr<GetKvResult> get_kv(int layer) const;
 
+  // --- local path (needs the pool mapped: inproc:, or a unix: client) ---
+  // Makes sure every layer has pages for positions [num_tokens(), num_tokens() + tokens).
+  // No RPC while the pages this handle holds cover them; else one Reserve RPC for at least
+  // reserve_ahead() tokens, up to the next page boundary (and max_tokens). RESOURCE_EXHAUSTED
+  // when even `tokens` do not fit.
+  absl::Status reserve(int64_t tokens);
+  // Tokens a Reserve RPC asks for at least (default page_size(): one RPC per page).
+  int64_t reserve_ahead() const;
+  void set_reserve_ahead(int64_t tokens);
+  // Positions below this have a page on every layer, as this handle last saw.
+  int64_t reserved_until() const;
+  // Writes k, v ([1, kv_heads, n, head_dim]) at the layer's next local position (its
+  // committed length plus what was written locally since) into reserved pages.
+  // FAILED_PRECONDITION when the pages are not reserved (call reserve first).
+  absl::Status append_local(int layer, const TensorArg& k, const TensorArg& v);
+  // append_local, then attends q (same n tokens) over past + new, causally, with the CPU
+  // kernels over the mapped pool. Validates like attention(); same output.
+  absl::StatusOr<TensorOut> attention_local(int layer, const TensorArg& q, const TensorArg& k,
+                                            const TensorArg& v, const AttentionOptions& opts = {});
+  // Advances the cache by `tokens` on every layer (one Commit RPC): they must have been
+  // written — by append_local/attention_local on every layer (checked), or by the caller's
+  // own kernel into the reserved pages. Pages a sliding window evicts leave the table.
+  absl::Status commit(int64_t tokens);
+
  private:
   friend class Client;
   GenericKvCacheHandle(std::shared_ptr<client_internal::Transport> transport, CacheInfo info,
@@ -154,6 +192,16 @@ class GenericKvCacheHandle {
   absl::StatusOr<TensorOut> Attend(int layer, int64_t pos, const TensorArg& q,
                                    const TensorArg* k, const TensorArg* v,
                                    const AttentionOptions& opts);
+  // Local path (local_path.cc).
+  absl::Status CheckLocal(const char* op) const;
+  // Loads the local table with Describe when it is stale.
+  absl::Status EnsureTable(const char* op) const;
+  absl::StatusOr<uint8_t*> LocalPoolBase(const char* op) const;
+  // Writes k/v (and attends q into *out when q is given) at the layer's next position.
+  absl::Status WriteLocal(const char* op, int layer, const TensorArg* q, const TensorArg& k,
+                          const TensorArg& v, const AttentionOptions& opts, TensorOut* out);
+  static absl::Status ReserveAll(const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
+  static absl::Status CommitAll(const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
 
   std::shared_ptr<client_internal::Transport> transport_;
   CacheInfo info_;  // as allocated; lengths live in state_

@@ -1,0 +1,296 @@
+// One decode loop, three ways, in one run (DESIGN.md "Two data paths, one arena": the
+// local path should come within a few percent of an in-process paged cache):
+//   (a) in-process paged cache: a KvStore used directly, Attend with k/v per layer per cache;
+//   (b) local path against a kvarenad child: Client::Reserve (ahead: one RPC per page
+//       boundary for the batch), attention_local per layer per cache over the mapped pool,
+//       Client::Commit per step;
+//   (c) served path against the same kvarenad: an Attend RPC per layer per cache, q/k/v/out
+//       through the session's scratch region (shared slices).
+// Shape: 32 layers, 8 kv heads, 32 q heads, head_dim 128, float16, page 16, a batch of 8
+// caches, context 2048 growing by --steps (128) tokens. Each way has its own caches,
+// prefilled the same cheap way (one bulk K/V write per layer); the decode runs in rounds
+// that alternate the three ways (each round starting with the next) so load that comes
+// and goes weighs on each alike.
+// Prints tokens/s (batch tokens per second of decode) and the ratios b/a and c/a.
+//
+// Usage: decode_loop_bench [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]
+//   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/child_daemon.h"
+#include "core/kv_store.h"
+#include "kvarena/client.h"
+
+namespace kvarena {
+namespace {
+
+constexpr int kLayers = 32, kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kBatch = 8;
+constexpr int kContext = 2048, kPageSize = 16, kTensorSets = 16;
+using Clock = std::chrono::steady_clock;
+
+// float -> IEEE half by truncation; bench data lies in [-1, 1].
+uint16_t ToHalf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = (u >> 16) & 0x8000;
+  const int exp = int((u >> 23) & 0xff) - 127 + 15;
+  if (exp <= 0) return sign;
+  return sign | uint16_t(exp << 10) | uint16_t((u >> 13) & 0x3ff);
+}
+
+// A [1, heads, tokens, kHeadDim] float16 tensor that owns its bytes.
+struct Half {
+  Half(int heads, int tokens, std::mt19937* rng) : shape{1, heads, tokens, kHeadDim} {
+    std::uniform_real_distribution<float> dist(-1, 1);
+    bytes.resize(size_t(heads) * tokens * kHeadDim * 2);
+    for (size_t i = 0; i < bytes.size(); i += 2) {
+      const uint16_t h = ToHalf(dist(*rng));
+      std::memcpy(&bytes[i], &h, 2);
+    }
+  }
+  TensorArg arg() const { return {DType::kFloat16, shape, bytes.data(), bytes.size()}; }
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+struct StepTensors {  // one decode token of one layer
+  Half q, k, v;
+  explicit StepTensors(std::mt19937* rng)
+      : q(kQHeads, 1, rng), k(kKvHeads, 1, rng), v(kKvHeads, 1, rng) {}
+};
+
+CacheSpec Spec() { return CacheSpec{kLayers, kKvHeads, kHeadDim, DType::kFloat16, kPageSize, {}, 0}; }
+
+bool Fail(const char* what, const absl::Status& s) {
+  std::fprintf(stderr, "decode_loop_bench: %s: %s\n", what, s.ToString().c_str());
+  return false;
+}
+
+// One way of running the loop: prefill once, then decode steps on demand.
+class Way {
+ public:
+  virtual ~Way() = default;
+  virtual bool Prefill(const Half& k, const Half& v) = 0;
+  // One decode step (one token on every layer of every cache) with tensors[layer % n].
+  virtual bool Step(const std::vector<StepTensors>& tensors) = 0;
+  double seconds = 0;
+  int steps = 0;
+};
+
+// (a) A KvStore in this process.
+class InProcess final : public Way {
+ public:
+  bool Init() {
+    StoreOptions o;
+    o.arena_bytes = size_t{3} << 30;
+    o.default_page_size = kPageSize;
+    auto store = KvStore::Create(o, NewHostBackend());
+    if (!store.ok()) return Fail("in-process store", store.status());
+    store_ = *std::move(store);
+    for (int c = 0; c < kBatch; ++c) {
+      auto info = store_->Allocate("", Spec(), "");
+      if (!info.ok()) return Fail("allocate", info.status());
+      ids_.push_back(info->cache_id);
+    }
+    out_.resize(size_t(kQHeads) * kHeadDim * 2);
+    return true;
+  }
+  bool Prefill(const Half& k, const Half& v) override {
+    for (const std::string& id : ids_) {
+      for (int l = 0; l < kLayers; ++l) {
+        if (auto r = store_->Append("", id, l, 0, k.arg(), v.arg()); !r.ok()) {
+          return Fail("prefill", r.status());
+        }
+      }
+    }
+    pos_ = kContext;
+    return true;
+  }
+  bool Step(const std::vector<StepTensors>& t) override {
+    AttendArgs args;
+    args.pos = pos_;
+    for (int l = 0; l < kLayers; ++l) {
+      const StepTensors& s = t[size_t(l) % t.size()];
+      args.layer = l;
+      args.q = s.q.arg();
+      args.k = s.k.arg();
+      args.v = s.v.arg();
+      for (const std::string& id : ids_) {
+        args.cache_id = id;
+        if (auto r = store_->Attend("", args, out_.data(), out_.size()); !r.ok()) {
+          return Fail("attend", r.status());
+        }
+      }
+    }
+    ++pos_;
+    return true;
+  }
+
+ private:
+  std::unique_ptr<KvStore> store_;
+  std::vector<std::string> ids_;
+  std::string out_;
+  int64_t pos_ = 0;
+};
+
+// (b) and (c): caches in the daemon, through one attached client over the Unix socket.
+class ThroughDaemon final : public Way {
+ public:
+  ThroughDaemon(std::shared_ptr<Client> client, bool local) : client_(std::move(client)), local_(local) {}
+  bool Init() {
+    for (int c = 0; c < kBatch; ++c) {
+      auto h = client_->Allocate(Spec());
+      if (!h.ok()) return Fail("allocate", h.status());
+      batch_.emplace_back(*h, 1);
+    }
+    return true;
+  }
+  bool Prefill(const Half& k, const Half& v) override {
+    CacheTokenList all = batch_;
+    for (auto& item : all) item.second = kContext;
+    if (auto s = client_->Reserve(all); !s.ok()) return Fail("prefill reserve", s);
+    for (auto& [h, n] : batch_) {
+      for (int l = 0; l < kLayers; ++l) {
+        if (auto s = h->append_local(l, k.arg(), v.arg()); !s.ok()) return Fail("prefill", s);
+      }
+    }
+    if (auto s = client_->Commit(all); !s.ok()) return Fail("prefill commit", s);
+    return true;
+  }
+  bool Step(const std::vector<StepTensors>& t) override {
+    if (local_) {
+      if (auto s = client_->Reserve(batch_); !s.ok()) return Fail("reserve", s);
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      const StepTensors& s = t[size_t(l) % t.size()];
+      for (auto& [h, n] : batch_) {
+        auto out = local_ ? h->attention_local(l, s.q.arg(), s.k.arg(), s.v.arg())
+                          : h->attention(l, s.q.arg(), s.k.arg(), s.v.arg());
+        if (!out.ok()) return Fail(local_ ? "attention_local" : "attention", out.status());
+      }
+    }
+    if (local_) {
+      if (auto s = client_->Commit(batch_); !s.ok()) return Fail("commit", s);
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Client> client_;
+  const bool local_;
+  CacheTokenList batch_;  // every cache, 1 token per step
+};
+
+std::shared_ptr<Client> ConnectWithRetry(const std::string& address) {
+  for (int attempt = 0; attempt < 250; ++attempt) {
+    ClientOptions options;
+    options.client_name = "decode_loop_bench";
+    options.connect_timeout = absl::Seconds(1);
+    if (auto c = Client::Connect(address, options); c.ok()) return *c;
+    usleep(20'000);
+  }
+  return nullptr;
+}
+
+int Run(const std::string& kvarenad, int steps, int rounds) {
+  char dir_template[] = "/tmp/kvarena_decode_bench.XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  ChildDaemon daemon(kvarenad, dir, {"--arena_bytes=6Gi", "--page_size=16"});
+  std::shared_ptr<Client> client = daemon.ok() ? ConnectWithRetry(daemon.address()) : nullptr;
+  if (client == nullptr) {
+    std::fprintf(stderr, "decode_loop_bench: could not start or reach %s (log in %s)\n",
+                 kvarenad.c_str(), dir.c_str());
+    return 1;
+  }
+  InProcess a;
+  ThroughDaemon b(client, /*local=*/true), c(client, /*local=*/false);
+  if (!a.Init() || !b.Init() || !c.Init()) return 1;
+
+  std::mt19937 rng(1);
+  const Half prefill_k(kKvHeads, kContext, &rng), prefill_v(kKvHeads, kContext, &rng);
+  std::vector<StepTensors> tensors;
+  for (int i = 0; i < kTensorSets; ++i) tensors.emplace_back(&rng);
+  for (Way* w : std::initializer_list<Way*>{&a, &b, &c}) {
+    if (!w->Prefill(prefill_k, prefill_v)) return 1;
+  }
+  const CallCounts calls_before = client->call_counts();
+  const int per_round = (steps + rounds - 1) / rounds;
+  Way* const ways[] = {&a, &b, &c};
+  for (int done = 0, round = 0; done < steps; ++round) {
+    const int n = std::min(per_round, steps - done);
+    for (int i = 0; i < 3; ++i) {  // each round starts with the next way
+      Way* w = ways[(round + i) % 3];
+      const auto start = Clock::now();
+      for (int s = 0; s < n; ++s) {
+        if (!w->Step(tensors)) return 1;
+      }
+      w->seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      w->steps += n;
+    }
+    done += n;
+  }
+  const CallCounts calls = client->call_counts();
+
+  std::printf("decode_loop_bench: %d layers, %d kv heads, %d q heads, head_dim %d, float16, page %d, "
+              "batch %d, context %d -> %d, %u cores\n",
+              kLayers, kKvHeads, kQHeads, kHeadDim, kPageSize, kBatch, kContext, kContext + steps,
+              std::thread::hardware_concurrency());
+  const double base = kBatch * a.steps / a.seconds;
+  std::printf("%-58s %10s %9s %8s\n", "way", "tokens/s", "ms/step", "vs (a)");
+  const struct {
+    const char* name;
+    const Way* w;
+    const char* ratio;
+  } rows[] = {{"(a) in-process KvStore, Attend per layer per cache", &a, ""},
+              {"(b) local path: Reserve ahead + attention_local + Commit", &b, "b/a"},
+              {"(c) served path: Attend RPC per layer per cache (shared)", &c, "c/a"}};
+  for (const auto& r : rows) {
+    const double tps = kBatch * r.w->steps / r.w->seconds;
+    std::printf("%-58s %10.1f %9.2f %4s %.3f\n", r.name, tps, 1000 * r.w->seconds / r.w->steps,
+                r.ratio, tps / base);
+  }
+  std::printf("(b) per step: %.3f Reserve RPCs, %.3f Commit RPCs, %lld Describe in all; "
+              "(c) per step: %d Attend RPCs\n",
+              double(calls.reserve - calls_before.reserve) / b.steps,
+              double(calls.commit - calls_before.commit) / b.steps,
+              static_cast<long long>(calls.describe - calls_before.describe), kLayers * kBatch);
+  client.reset();
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvarena
+
+int main(int argc, char** argv) {
+  std::string kvarenad =
+      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+  int steps = 128, rounds = 4;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--kvarenad=", 0) == 0) {
+      kvarenad = arg.substr(11);
+    } else if (arg.rfind("--steps=", 0) == 0) {
+      steps = std::max(1, std::atoi(arg.c_str() + 8));
+    } else if (arg.rfind("--rounds=", 0) == 0) {
+      rounds = std::max(1, std::atoi(arg.c_str() + 9));
+    } else if (arg == "--quick") {
+      steps = 16;
+      rounds = 2;
+    } else {
+      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  return kvarena::Run(kvarenad, steps, rounds);
+}

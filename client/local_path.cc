@@ -1,0 +1,296 @@
+// The local path of GenericKvCacheHandle (reserve, append_local, attention_local, commit)
+// and its batched forms on Client. The arena only allocates (Reserve) and advances lengths
+// (Commit); K/V are written into the reserved pages through this process's mapping of the
+// pool and attention runs here, with the same CPU kernels and the same validation
+// (core/validate.h) as the served path.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/cache_state.h"
+#include "client/transport.h"
+#include "core/validate.h"
+#include "kvarena/client.h"
+#include "kvarena/kv_cache_handle.h"
+
+namespace kvarena {
+
+using client_internal::CacheState;
+using client_internal::LocalLayer;
+using client_internal::Transport;
+
+namespace {
+
+int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+using HandleTokens = std::vector<std::pair<GenericKvCacheHandle*, int64_t>>;
+
+HandleTokens Raw(const CacheTokenList& items) {
+  HandleTokens raw;
+  for (const auto& [h, n] : items) raw.emplace_back(h.get(), n);
+  return raw;
+}
+
+}  // namespace
+
+absl::Status GenericKvCacheHandle::CheckLocal(const char* op) const {
+  if (auto s = CheckUsable(op); !s.ok()) return s;
+  if (limit_ >= 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": this handle of cache ", cache_id(),
+        " is a with_sequence_length view; write through the handle it came from"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenericKvCacheHandle::EnsureTable(const char* op) const {
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (state_->table.fresh()) return absl::OkStatus();
+  }
+  auto d = describe();  // loads the table
+  if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat(op, ": ", d.status().message()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> GenericKvCacheHandle::LocalPoolBase(const char* op) const {
+  if (uint8_t* base = state_->pool_base.load(std::memory_order_acquire)) return base;
+  auto base = transport_->PoolBase(info_.pool_id);
+  if (!base.ok()) {
+    return absl::Status(base.status().code(), absl::StrCat(op, ": ", base.status().message()));
+  }
+  state_->pool_base.store(*base, std::memory_order_release);
+  return *base;
+}
+
+int64_t GenericKvCacheHandle::reserve_ahead() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->reserve_ahead;
+}
+
+void GenericKvCacheHandle::set_reserve_ahead(int64_t tokens) {
+  absl::MutexLock lock(&state_->mu);
+  state_->reserve_ahead = std::max<int64_t>(0, tokens);
+}
+
+int64_t GenericKvCacheHandle::reserved_until() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->table.fresh() ? state_->table.Capacity() : 0;
+}
+
+absl::Status GenericKvCacheHandle::reserve(int64_t tokens) {
+  return ReserveAll({{this, tokens}});
+}
+
+absl::Status GenericKvCacheHandle::commit(int64_t tokens) { return CommitAll({{this, tokens}}); }
+
+absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
+  if (items.empty()) return absl::OkStatus();
+  Transport* transport = items.front().first->transport_.get();
+  std::vector<CacheTokens> ask, exact;
+  std::vector<GenericKvCacheHandle*> asked;
+  for (const auto& [h, tokens] : items) {
+    if (h == nullptr || h->transport_.get() != transport) {
+      return absl::InvalidArgumentError("reserve: every handle must come from the same Client");
+    }
+    if (auto s = h->CheckLocal("reserve"); !s.ok()) return s;
+    if (tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reserve: cache ", h->cache_id(), " tokens=", tokens, " < 0"));
+    }
+    if (auto s = h->EnsureTable("reserve"); !s.ok()) return s;
+    absl::MutexLock lock(&h->state_->mu);
+    const int64_t seq = h->state_->table.SeqLen();
+    const bool within_max = h->max_tokens() == 0 || seq + tokens <= h->max_tokens();
+    if (within_max && seq + tokens <= h->state_->table.Capacity()) continue;  // no RPC
+    // Ahead to a page boundary, within max_tokens; never less than asked.
+    int64_t end = RoundUp(seq + std::max(tokens, h->state_->reserve_ahead), h->page_size());
+    if (h->max_tokens() > 0) end = std::min(end, h->max_tokens());
+    end = std::max(end, seq + tokens);
+    ask.push_back({h->cache_id(), end - seq});
+    exact.push_back({h->cache_id(), tokens});
+    asked.push_back(h);
+  }
+  if (ask.empty()) return absl::OkStatus();
+  auto reserved = transport->Reserve(ask);
+  if (absl::IsResourceExhausted(reserved.status())) {
+    bool ahead = false;
+    for (size_t i = 0; i < ask.size(); ++i) ahead |= ask[i].tokens != exact[i].tokens;
+    if (ahead) reserved = transport->Reserve(exact);  // room for what was asked, at least
+  }
+  if (!reserved.ok()) {
+    return asked.size() == 1 ? asked.front()->Observe(reserved.status()) : reserved.status();
+  }
+  for (size_t i = 0; i < asked.size(); ++i) {
+    GenericKvCacheHandle* h = asked[i];
+    auto it = std::find_if(reserved->begin(), reserved->end(),
+                           [h](const ReserveResult& r) { return r.cache_id == h->cache_id(); });
+    bool merged = false;
+    {
+      absl::MutexLock lock(&h->state_->mu);
+      merged = it != reserved->end() && h->state_->table.MergeReserve(*it).ok();
+      if (!merged) h->state_->table.MarkStale();
+    }
+    // The cache changed behind the table (another handle, served writes): read it whole.
+    if (!merged) {
+      if (auto s = h->EnsureTable("reserve"); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
+  if (items.empty()) return absl::OkStatus();
+  Transport* transport = items.front().first->transport_.get();
+  std::vector<CacheTokens> commit;
+  for (const auto& [h, tokens] : items) {
+    if (h == nullptr || h->transport_.get() != transport) {
+      return absl::InvalidArgumentError("commit: every handle must come from the same Client");
+    }
+    if (auto s = h->CheckLocal("commit"); !s.ok()) return s;
+    if (tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("commit: cache ", h->cache_id(), " tokens=", tokens, " < 0"));
+    }
+    // Layers written here must all have written exactly `tokens`: committing a layer that
+    // was not written would publish whatever its pages held.
+    absl::MutexLock lock(&h->state_->mu);
+    const client_internal::LocalTable& t = h->state_->table;
+    bool any = false;
+    for (int l = 0; l < t.num_layers(); ++l) any |= t.layer(l).pending != 0;
+    for (int l = 0; any && l < t.num_layers(); ++l) {
+      if (t.layer(l).pending != tokens) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "commit: cache ", h->cache_id(), " tokens=", tokens, " but layer ", l, " wrote ",
+            t.layer(l).pending, " tokens locally since the last commit"));
+      }
+    }
+    commit.push_back({h->cache_id(), tokens});
+  }
+  auto infos = transport->Commit(commit);
+  if (!infos.ok()) {
+    return items.size() == 1 ? items.front().first->Observe(infos.status()) : infos.status();
+  }
+  for (size_t i = 0; i < items.size() && i < infos->size(); ++i) {
+    items[i].first->state_->Committed((*infos)[i], items[i].second);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GenericKvCacheHandle::append_local(int layer, const TensorArg& k, const TensorArg& v) {
+  return WriteLocal("append_local", layer, nullptr, k, v, {}, nullptr);
+}
+
+absl::StatusOr<TensorOut> GenericKvCacheHandle::attention_local(int layer, const TensorArg& q,
+                                                                const TensorArg& k,
+                                                                const TensorArg& v,
+                                                                const AttentionOptions& opts) {
+  TensorOut out;
+  if (auto s = WriteLocal("attention_local", layer, &q, k, v, opts, &out); !s.ok()) return s;
+  return out;
+}
+
+absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const TensorArg* q,
+                                              const TensorArg& k, const TensorArg& v,
+                                              const AttentionOptions& opts, TensorOut* out) {
+  if (auto s = CheckLocal(op); !s.ok()) return s;
+  if (auto s = CheckLayer(op, layer); !s.ok()) return s;
+  const CacheSpec& spec = info_.spec;
+  int64_t nq = 0;
+  if (q != nullptr) {
+    out->data.resize(q->bytes);
+    auto n = CheckQuery(op, spec, *q, out->data.data(), out->data.size(), opts.scale);
+    if (!n.ok()) return n.status();
+    nq = *n;
+  }
+  auto nk = CheckTensor(op, "k", k, spec.dtype, spec.num_kv_heads, spec.head_dim);
+  if (!nk.ok()) return nk.status();
+  auto nv = CheckTensor(op, "v", v, spec.dtype, spec.num_kv_heads, spec.head_dim);
+  if (!nv.ok()) return nv.status();
+  if (*nk != *nv || (q != nullptr && nq != *nk)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens, v ", *nv,
+                                                   q != nullptr ? absl::StrCat(", q ", nq) : ""));
+  }
+  const int64_t n = *nk;
+  if (auto s = EnsureTable(op); !s.ok()) return s;
+  auto base = LocalPoolBase(op);
+  if (!base.ok()) return base.status();
+
+  std::vector<int32_t> blocks;  // a snapshot: a concurrent reserve may grow the table
+  int64_t first_pos = 0, pos = 0;
+  {
+    absl::MutexLock lock(&state_->mu);
+    const LocalLayer& l = state_->table.layer(layer);
+    pos = l.len + l.pending;
+    if (pos + n > l.end(page_size())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, ": cache ", cache_id(), " layer ", layer, " needs pages up to position ", pos + n,
+          " but holds pages up to ", l.end(page_size()), "; call reserve(", pos + n - l.len,
+          ") first"));
+    }
+    // Pages come whole, so they may reach past max_tokens; the tokens may not (as append).
+    if (max_tokens() > 0 && pos + n > max_tokens()) {
+      return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ",
+                                                       pos + n, " tokens but max_tokens=",
+                                                       max_tokens()));
+    }
+    blocks = l.page_ids;
+    first_pos = l.first_pos;
+  }
+  PagedKvView view;
+  view.layout = layout();
+  view.pool_base = *base;
+  view.block_table = blocks.data();
+  view.first_block = first_pos / page_size();
+  view.num_blocks = int64_t(blocks.size());
+  view.len = pos + n;
+  KvKernels* kernels = transport_->LocalKernels();
+  if (auto s = kernels->AppendKv(view, pos, n, k.data, v.data); !s.ok()) {
+    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  }
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->table.layer(layer).pending += n;
+  }
+  if (q == nullptr) return absl::OkStatus();
+  AttentionParams p;
+  p.num_q_heads = int(q->shape[1]);
+  p.q_pos = pos;
+  p.n = n;
+  p.scale = opts.scale > 0 ? float(opts.scale) : 1.0f / std::sqrt(float(head_dim()));
+  p.window = EffectiveWindow(spec.layer_windows[size_t(layer)], opts.window);
+  if (auto s = kernels->PagedAttention(view, p, q->data, out->data.data()); !s.ok()) {
+    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  }
+  out->dtype = q->dtype;
+  out->shape = q->shape;
+  return absl::OkStatus();
+}
+
+absl::Status Client::Reserve(const CacheTokenList& items) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  for (const auto& [h, n] : items) {
+    if (h == nullptr || h->transport_ != transport_) {
+      return absl::InvalidArgumentError("reserve: a handle of another Client (or null)");
+    }
+  }
+  return GenericKvCacheHandle::ReserveAll(Raw(items));
+}
+
+absl::Status Client::Commit(const CacheTokenList& items) {
+  if (!connected()) return transport_->DisconnectedStatus();
+  for (const auto& [h, n] : items) {
+    if (h == nullptr || h->transport_ != transport_) {
+      return absl::InvalidArgumentError("commit: a handle of another Client (or null)");
+    }
+  }
+  return GenericKvCacheHandle::CommitAll(Raw(items));
+}
+
+CallCounts Client::call_counts() const {
+  const client_internal::CallCounters& c = transport_->counters();
+  return CallCounts{c.reserve.load(), c.commit.load(), c.describe.load()};
+}
+
+}  // namespace kvarena
