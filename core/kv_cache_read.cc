@@ -135,6 +135,10 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
     return absl::InvalidArgumentError(absl::StrCat("commit: cache '", id_, "' tokens=", tokens, " < 0"));
   }
   const int64_t seq = SeqLenLocked();
+  if (spec_.max_tokens > 0 && seq + tokens > spec_.max_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat("commit: cache '", id_, "' would hold ", seq + tokens,
+                                                     " tokens but max_tokens=", spec_.max_tokens));
+  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];
     if (t.len() != seq) {

@@ -307,6 +307,14 @@ TEST_F(StoreTest, CommitAdvancesLengthsOverWrittenPages) {
   EXPECT_EQ(store_->Describe("", a)->layers[1].first_pos, 4);
 }
 
+TEST_F(StoreTest, CommitStopsAtMaxTokensEvenInsideReservedPages) {
+  const std::string a = Alloc(Spec(1, 2, 8, DType::kFloat32, {}, /*max_tokens=*/6));
+  ASSERT_TRUE(store_->Reserve("", {{a, 6}}).ok());  // two pages of 4: room for 8
+  EXPECT_THAT(store_->Commit("", {{a, 7}}), StatusIs(Code::kResourceExhausted));
+  EXPECT_EQ(store_->Describe("", a)->info.seq_len, 0);
+  EXPECT_TRUE(store_->Commit("", {{a, 6}}).ok());
+}
+
 TEST_F(StoreTest, ArenaStatsTotalEveryPool) {
   const std::string a = Alloc(Spec(1, 2, 8));
   const std::string b = Alloc(Spec(1, 2, 8, DType::kBFloat16));
