@@ -30,10 +30,10 @@ class AppendGatherTest : public ::testing::Test {
     return RandomStored(layout.dtype, size_t(layout.num_kv_heads) * n * layout.head_dim, rng_);
   }
   // What GatherKv reads for positions [pos, pos + n), into buffers pre-filled with junk.
-  std::pair<std::vector<uint8_t>, std::vector<uint8_t>> Gather(const PagedKvView& view,
-                                                               int64_t pos, int64_t n) {
-    const size_t bytes = size_t(view.layout.num_kv_heads) * n * view.layout.head_dim *
-                         view.layout.ElemBytes();
+  std::pair<std::vector<uint8_t>, std::vector<uint8_t>> Gather(const PagedKvView& view, int64_t pos,
+                                                               int64_t n) {
+    const size_t bytes =
+        size_t(view.layout.num_kv_heads) * n * view.layout.head_dim * view.layout.ElemBytes();
     std::vector<uint8_t> k(bytes, 0xAB), v(bytes, 0xCD);
     GatherKv(view, pos, n, k.data(), v.data());
     return {k, v};
@@ -75,7 +75,8 @@ TEST_F(AppendGatherTest, RoundTripsBitExactInRandomChunks) {
 
       // Only the slots of [start, len) in the table's pages changed.
       size_t changed = 0;
-      for (size_t i = 0; i < pool_before.size(); ++i) changed += pool_before[i] != layer.pool_bytes()[i];
+      for (size_t i = 0; i < pool_before.size(); ++i)
+        changed += pool_before[i] != layer.pool_bytes()[i];
       EXPECT_LE(changed, 2 * size_t(n) * layout.TokenBytes());
     }
   }

@@ -10,7 +10,8 @@
 // Decode (n = 1) puts every kv head in one unit and splits long contexts into key ranges
 // (flash-decoding); each split leaves (m, l, acc) per row and the caller merges them.
 // Prefill uses one head per unit and blocks of queries, splitting keys only when there
-// are too few units for the threads.
+// are too few units for the threads. The tile step is also handed the next tile's
+// token pointers, to prefetch them while it computes.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -37,8 +38,8 @@ constexpr int kUnitsPerThread = 4;        // slack for load balance
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Plan {
-  int group = 1;         // q heads per kv head
-  int64_t block = 1;     // queries per query block
+  int group = 1;      // q heads per kv head
+  int64_t block = 1;  // queries per query block
   int64_t q_blocks = 1;
   int heads_per_unit = 1;
   int head_chunks = 1;
@@ -53,7 +54,7 @@ struct Call {
   Plan plan;
   AttendTileFn tile_fn = nullptr;
   const float* qs = nullptr;  // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
-  void* out = nullptr;  // [num_q_heads][n][head_dim] in the cache dtype
+  void* out = nullptr;        // [num_q_heads][n][head_dim] in the cache dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
   float* partial = nullptr;
 };
@@ -80,11 +81,13 @@ Plan MakePlan(const PagedKvView& view, const AttentionParams& p, int threads) {
   const int64_t span = last_pos - FirstVisible(view, p, first_pos_of_last_block) + 1;
   const int64_t base = plan.q_blocks * plan.head_chunks;
   if (base < target) {
-    plan.splits = std::clamp<int64_t>(CeilDiv(target, base), 1,
-                                      std::max<int64_t>(1, span / kMinSplitTokens));
+    plan.splits =
+        std::clamp<int64_t>(CeilDiv(target, base), 1, std::max<int64_t>(1, span / kMinSplitTokens));
   }
-  if (plan.num_units() < target && plan.head_chunks < num_kv_heads) {
-    const int64_t want = CeilDiv(target, plan.q_blocks * plan.splits);
+  // Split the heads of a unit only when there are still fewer units than threads: a unit
+  // with every head reads whole token rows, in address order.
+  if (plan.num_units() < threads && plan.head_chunks < num_kv_heads) {
+    const int64_t want = CeilDiv(threads, plan.q_blocks * plan.splits);
     plan.heads_per_unit = int(CeilDiv(num_kv_heads, std::min<int64_t>(want, num_kv_heads)));
     plan.head_chunks = int(CeilDiv(num_kv_heads, plan.heads_per_unit));
   }
@@ -187,8 +190,9 @@ void RunUnit(const Call& call, int64_t unit) {
       const int g = r % plan.group;
       float* a = acc.data() + s * dim;
       if (plan.splits > 1) {
-        float* part = call.partial +
-                      ((((size_t(h) * p.n + i) * plan.group + g) * plan.splits + split) * (dim + 2));
+        float* part =
+            call.partial +
+            ((((size_t(h) * p.n + i) * plan.group + g) * plan.splits + split) * (dim + 2));
         part[0] = m[s];
         part[1] = l[s];
         std::copy(a, a + dim, part + 2);
@@ -197,9 +201,9 @@ void RunUnit(const Call& call, int64_t unit) {
       const float inv = l[s] > 0 ? 1.0f / l[s] : 0.0f;
       for (int d = 0; d < dim; ++d) a[d] *= inv;
       const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-      cpu_internal::StoreFromFloat(view.layout.dtype, a, dim,
-                                   static_cast<uint8_t*>(call.out) +
-                                       out_row * dim * view.layout.ElemBytes());
+      cpu_internal::StoreFromFloat(
+          view.layout.dtype, a, dim,
+          static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
     }
   }
 }
@@ -231,9 +235,9 @@ void MergeSplits(const Call& call) {
     for (int d = 0; d < dim; ++d) o[d] *= inv;
     const int64_t g = row % plan.group, i = row / plan.group % p.n, h = row / plan.group / p.n;
     const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-    cpu_internal::StoreFromFloat(view.layout.dtype, o.data(), dim,
-                                 static_cast<uint8_t*>(call.out) +
-                                     out_row * dim * view.layout.ElemBytes());
+    cpu_internal::StoreFromFloat(
+        view.layout.dtype, o.data(), dim,
+        static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
   }
 }
 

@@ -71,8 +71,7 @@ inline std::vector<uint8_t> RandomStored(DType dtype, size_t n, std::mt19937_64&
 class TestPagedLayer {
  public:
   // Positions [first_block * page_size, len) are readable; the pool has spare pages.
-  TestPagedLayer(const PageLayout& layout, int64_t first_block, int64_t len,
-                 std::mt19937_64& rng) {
+  TestPagedLayer(const PageLayout& layout, int64_t first_block, int64_t len, std::mt19937_64& rng) {
     const int64_t blocks = (len + layout.page_size - 1) / layout.page_size - first_block;
     const int64_t pool_pages = blocks + 3 + int64_t(rng() % 8);
     pool_.assign(size_t(pool_pages) * layout.PageBytes(), 0xFF);
@@ -106,13 +105,17 @@ class TestPagedLayer {
     const size_t row = size_t(l.head_dim) * l.ElemBytes();
     for (int64_t t = view_.first_pos(); t < view_.len; ++t) {
       for (int kv = 0; kv < 2; ++kv) {
-        const std::vector<uint8_t> vals = RandomStored(l.dtype, size_t(l.num_kv_heads) * l.head_dim, rng);
-        for (int h = 0; h < l.num_kv_heads; ++h) std::memcpy(At(kv, t, h, 0), vals.data() + h * row, row);
+        const std::vector<uint8_t> vals =
+            RandomStored(l.dtype, size_t(l.num_kv_heads) * l.head_dim, rng);
+        for (int h = 0; h < l.num_kv_heads; ++h)
+          std::memcpy(At(kv, t, h, 0), vals.data() + h * row, row);
       }
     }
   }
 
-  double Value(int kv, int64_t t, int h, int d) { return DecodeStored(view_.layout.dtype, At(kv, t, h, d)); }
+  double Value(int kv, int64_t t, int h, int d) {
+    return DecodeStored(view_.layout.dtype, At(kv, t, h, d));
+  }
 
  private:
   std::vector<uint8_t> pool_;

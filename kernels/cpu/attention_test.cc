@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -41,7 +40,10 @@ constexpr Variant kVariants[] = {{false, false}, {false, true}, {true, false}, {
 
 class PagedAttentionTest : public ::testing::Test {
  protected:
-  PagedAttentionTest() : seed_(std::random_device()()), rng_(seed_), pool_(2) {}
+  PagedAttentionTest() : seed_(std::random_device()()), rng_(seed_), pool_(2) {
+    TEST_ForcePortableKernels(false);
+    default_vectorized_ = CpuKernelsVectorized();
+  }
   ~PagedAttentionTest() override { TEST_ForcePortableKernels(false); }
 
   int64_t Rand(int64_t lo, int64_t hi) {  // uniform in [lo, hi]
@@ -53,7 +55,7 @@ class PagedAttentionTest : public ::testing::Test {
   std::vector<double> RunKernel(const PagedKvView& view, const AttentionParams& params,
                                 const std::vector<uint8_t>& q, Variant variant) {
     TEST_ForcePortableKernels(variant.portable);
-    EXPECT_EQ(CpuKernelsVectorized(), !variant.portable && cpu_internal::CpuHasAvx2FmaF16c());
+    EXPECT_EQ(CpuKernelsVectorized(), !variant.portable && default_vectorized_);
     const size_t bytes = q.size();
     std::vector<uint8_t> out(bytes + 64, 0xFF);
     PagedAttention(view, params, q.data(), out.data(), variant.pooled ? &pool_ : nullptr);
@@ -64,9 +66,10 @@ class PagedAttentionTest : public ::testing::Test {
     return DecodeAll(view.layout.dtype, out);
   }
 
-  // Checks every variant against the float64 reference of the stored values. The error
-  // allowed is float32 accumulation plus half an output ULP of the dtype.
-  void CheckProblem(const Problem& pb, const Variant* variants, size_t num_variants) {
+  // Checks every variant (vectorised / portable, with / without the pool) against the
+  // float64 reference of the stored values. The error allowed is float32 accumulation
+  // plus half an output ULP of the dtype.
+  void CheckProblem(const Problem& pb) {
     const int64_t len = pb.q_pos + pb.n + pb.extra;
     TestPagedLayer layer(pb.layout, pb.first_block, len, rng_);
     layer.FillRandom(rng_);
@@ -85,8 +88,7 @@ class PagedAttentionTest : public ::testing::Test {
     const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
                            : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
                                                                  : 0.0;
-    for (size_t vi = 0; vi < num_variants; ++vi) {
-      const Variant variant = variants[vi];
+    for (const Variant variant : kVariants) {
       SCOPED_TRACE(::testing::Message() << (variant.portable ? "portable" : "vectorised")
                                         << (variant.pooled ? " pooled" : " no-pool"));
       const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
@@ -138,7 +140,7 @@ class PagedAttentionTest : public ::testing::Test {
               }
               pb.scale_factor = Rand(0, 1) == 1 ? 4.0f : 1.0f;
               SCOPED_TRACE(Describe(pb));
-              CheckProblem(pb, kVariants, std::size(kVariants));
+              CheckProblem(pb);
               if (HasFailure()) return;  // one broken config is enough to read
             }
           }
@@ -150,6 +152,7 @@ class PagedAttentionTest : public ::testing::Test {
   uint64_t seed_;
   std::mt19937_64 rng_;
   ThreadPool pool_;
+  bool default_vectorized_ = false;
 };
 
 TEST_F(PagedAttentionTest, Float32MatchesReferenceAcrossSweep) { Sweep(DType::kFloat32); }
@@ -168,7 +171,7 @@ TEST_F(PagedAttentionTest, LongContextDecodeMergesSplits) {
       pb.q_pos = Rand(1500, 4000);
       pb.first_block = Rand(0, 1) == 1 ? Rand(1, 50) : 0;
       SCOPED_TRACE(Describe(pb));
-      CheckProblem(pb, kVariants, std::size(kVariants));
+      CheckProblem(pb);
     }
   }
 }
@@ -185,7 +188,7 @@ TEST_F(PagedAttentionTest, LongPrefillMatchesReference) {
     pb.first_block = 3;
     pb.n = Rand(60, 150);
     SCOPED_TRACE(Describe(pb));
-    CheckProblem(pb, kVariants, std::size(kVariants));
+    CheckProblem(pb);
   }
 }
 
@@ -204,10 +207,21 @@ TEST_F(PagedAttentionTest, UnusualHeadDimsMatchReference) {
         pb.n = n;
         pb.window = Rand(0, 1) == 1 ? 9 : 0;
         SCOPED_TRACE(Describe(pb));
-        CheckProblem(pb, kVariants, std::size(kVariants));
+        CheckProblem(pb);
       }
     }
   }
+}
+
+// The sweep runs "vectorised" variants; make sure they really take the AVX2 tile here.
+TEST_F(PagedAttentionTest, SelectsAvx2TileWhereTheCpuHasIt) {
+  if (!cpu_internal::CpuHasAvx2FmaF16c()) GTEST_SKIP() << "no AVX2 + FMA + F16C";
+  if (!default_vectorized_) GTEST_SKIP() << "KVARENA_CPU_KERNELS=portable";
+  EXPECT_EQ(cpu_internal::SelectAttendTile(128), &cpu_internal::Avx2AttendTile);
+  EXPECT_EQ(cpu_internal::SelectAttendTile(36), &cpu_internal::PortableAttendTile);
+  TEST_ForcePortableKernels(true);
+  EXPECT_FALSE(CpuKernelsVectorized());
+  EXPECT_EQ(cpu_internal::SelectAttendTile(128), &cpu_internal::PortableAttendTile);
 }
 
 // Callers on several threads share one pool; each gets the result a lone caller gets.

@@ -27,23 +27,23 @@ inline constexpr int kTileTokens = 32;
 struct AttendTileArgs {
   DType dtype = DType::kFloat32;  // K/V storage type
   int head_dim = 0;
-  int rows = 0;                   // query rows (GQA heads x queries) of this kv head
-  const float* q = nullptr;       // [rows][head_dim], pre-scaled by scale * log2(e)
-  const int64_t* row_lo = nullptr;  // [rows] first visible key position per row
-  const int64_t* row_hi = nullptr;  // [rows] last visible key position (inclusive)
-  int64_t pos0 = 0;               // absolute position of tile token 0
-  int tokens = 0;                 // 1..kTileTokens consecutive positions pos0..
+  int rows = 0;                       // query rows (GQA heads x queries) of this kv head
+  const float* q = nullptr;           // [rows][head_dim], pre-scaled by scale * log2(e)
+  const int64_t* row_lo = nullptr;    // [rows] first visible key position per row
+  const int64_t* row_hi = nullptr;    // [rows] last visible key position (inclusive)
+  int64_t pos0 = 0;                   // absolute position of tile token 0
+  int tokens = 0;                     // 1..kTileTokens consecutive positions pos0..
   const uint8_t* const* k = nullptr;  // [tokens] K of token j, kv head 0
   const uint8_t* const* v = nullptr;  // [tokens] V of token j, kv head 0
-  size_t head_offset = 0;         // bytes from head 0 to this kv head within a token
+  size_t head_offset = 0;             // bytes from head 0 to this kv head within a token
   // The next tile's tokens (same head_offset), which the step may prefetch; 0 if none.
   int next_tokens = 0;
   const uint8_t* const* next_k = nullptr;  // [next_tokens]
   const uint8_t* const* next_v = nullptr;  // [next_tokens]
-  float* m = nullptr;             // [rows] running max, -inf before the first key
-  float* l = nullptr;             // [rows] running sum of weights
-  float* acc = nullptr;           // [rows][head_dim] running weighted sum of V
-  float* scratch = nullptr;       // [rows][kTileTokens + 1] floats of workspace
+  float* m = nullptr;                      // [rows] running max, -inf before the first key
+  float* l = nullptr;                      // [rows] running sum of weights
+  float* acc = nullptr;                    // [rows][head_dim] running weighted sum of V
+  float* scratch = nullptr;                // [rows][kTileTokens + 1] floats of workspace
 };
 
 // Folds the visible keys of one tile into the rows' running state. Rows that see no key
@@ -63,8 +63,8 @@ AttendTileFn SelectAttendTile(int head_dim);
 
 }  // namespace cpu_internal
 
-// Test hook: force the portable kernels (true) or restore the automatic choice (false).
-// The environment variable KVARENA_CPU_KERNELS=portable forces them from the start.
+// Test hook: force the portable kernels (true), or go back to the default (false): AVX2
+// where the CPU has it, unless KVARENA_CPU_KERNELS=portable was set at start-up.
 void TEST_ForcePortableKernels(bool force);
 
 }  // namespace kvarena

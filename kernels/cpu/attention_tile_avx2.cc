@@ -91,14 +91,15 @@ void ScoreBlock(const float* q, int dim, const uint8_t* const* k, size_t off, in
 
 // acc[r][d0, d0 + 8 * CB) = acc * corr[r] + sum over t in [a, b) of p[r][t] * V[t].
 template <class E, int RB, int CB>
-void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v,
-                    size_t off, int a, int b, int d0, float* acc) {
+void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v, size_t off,
+                    int a, int b, int d0, float* acc) {
   __m256 ac[RB][CB];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
     const __m256 c = _mm256_set1_ps(corr[r]);
 #pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) ac[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * dim + d0 + 8 * j), c);
+    for (int j = 0; j < CB; ++j)
+      ac[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * dim + d0 + 8 * j), c);
   }
   for (int t = a; t < b; ++t) {
     const uint8_t* vp = v[t] + off + d0 * E::kBytes;
@@ -128,7 +129,9 @@ void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* 
   // weight: 12 for 4 rows (measured faster than 8, which only just covers the latency).
   constexpr int CB = RB == 4 ? 3 : RB == 2 ? 5 : 8;
   int d = 0;
-  for (; d + 8 * CB <= dim; d += 8 * CB) AccumulateDims<E, RB, CB>(p, corr, dim, v, off, a, b, d, acc);
+  for (; d + 8 * CB <= dim; d += 8 * CB) {
+    AccumulateDims<E, RB, CB>(p, corr, dim, v, off, a, b, d, acc);
+  }
   for (; d < dim; d += 8) AccumulateDims<E, RB, 1>(p, corr, dim, v, off, a, b, d, acc);
 }
 
@@ -184,10 +187,14 @@ void AttendTile(const AttendTileArgs& args) {
 
 void Avx2AttendTile(const AttendTileArgs& args) {
   switch (args.dtype) {
-    case DType::kFloat32: return AttendTile<F32>(args);
-    case DType::kFloat16: return AttendTile<F16>(args);
-    case DType::kBFloat16: return AttendTile<BF16>(args);
-    case DType::kUnspecified: return;
+    case DType::kFloat32:
+      return AttendTile<F32>(args);
+    case DType::kFloat16:
+      return AttendTile<F16>(args);
+    case DType::kBFloat16:
+      return AttendTile<BF16>(args);
+    case DType::kUnspecified:
+      return;
   }
 }
 

@@ -18,10 +18,14 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::atomic<bool> force_portable{[] {
+// KVARENA_CPU_KERNELS=portable: the portable kernels from start-up on.
+const bool env_portable = [] {
   const char* env = std::getenv("KVARENA_CPU_KERNELS");
   return env != nullptr && std::strcmp(env, "portable") == 0;
-}()};
+}();
+std::atomic<bool> force_portable{false};  // TEST_ForcePortableKernels
+
+bool UsePortable() { return env_portable || force_portable.load(std::memory_order_relaxed); }
 
 // Eight partial sums: independent chains the compiler can also keep in vector registers.
 float Dot(const float* a, const float* b, int n) {
@@ -56,9 +60,9 @@ void PortableAttendTile(const AttendTileArgs& args) {
   thread_local std::vector<int> range_buf;
   row_buf.resize(size_t(dim));
   range_buf.resize(size_t(rows) * 2);
-  float* kv_row = row_buf.data();      // [dim]
-  int* first = range_buf.data();       // [rows] visible tile range [first, last)
-  int* last = first + rows;            // [rows]
+  float* kv_row = row_buf.data();  // [dim]
+  int* first = range_buf.data();   // [rows] visible tile range [first, last)
+  int* last = first + rows;        // [rows]
 
   int lo_all = args.tokens, hi_all = 0;
   for (int r = 0; r < rows; ++r) {
@@ -122,8 +126,7 @@ bool CpuHasAvx2FmaF16c() {
 }
 
 AttendTileFn SelectAttendTile(int head_dim) {
-  if (!force_portable.load(std::memory_order_relaxed) && head_dim % 8 == 0 &&
-      CpuHasAvx2FmaF16c()) {
+  if (!UsePortable() && head_dim % 8 == 0 && CpuHasAvx2FmaF16c()) {
     return &Avx2AttendTile;
   }
   return &PortableAttendTile;
@@ -136,8 +139,7 @@ void TEST_ForcePortableKernels(bool force) {
 }
 
 bool CpuKernelsVectorized() {
-  return !cpu_internal::force_portable.load(std::memory_order_relaxed) &&
-         cpu_internal::CpuHasAvx2FmaF16c();
+  return !cpu_internal::UsePortable() && cpu_internal::CpuHasAvx2FmaF16c();
 }
 
 }  // namespace kvarena

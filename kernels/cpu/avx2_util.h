@@ -64,8 +64,7 @@ inline __m256 HSum8(const __m256* v) {
   const __m256 t3 = _mm256_hadd_ps(v[6], v[7]);
   const __m256 u0 = _mm256_hadd_ps(t0, t1);  // per 128-bit half: sums of v0..v3
   const __m256 u1 = _mm256_hadd_ps(t2, t3);  // per 128-bit half: sums of v4..v7
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                       _mm256_permute2f128_ps(u0, u1, 0x31));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
 // 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0.
@@ -83,15 +82,14 @@ inline __m256 Exp2(__m256 x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-01f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
   // 2^n as exponent bits; n = -127 gives the bit pattern 0, i.e. 0.0f.
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 // Mask of the first `count` lanes (count in [0, 8]).
 inline __m256i FirstLanes(int count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 // Prefetches the next tile's K and V of one head into L2 a few tokens at a time, so the
@@ -101,7 +99,10 @@ class Prefetcher {
  public:
   Prefetcher() = default;
   Prefetcher(const AttendTileArgs& args, size_t head_bytes)
-      : k_(args.next_k), v_(args.next_v), n_(args.next_tokens), off_(args.head_offset),
+      : k_(args.next_k),
+        v_(args.next_v),
+        n_(args.next_tokens),
+        off_(args.head_offset),
         bytes_(head_bytes) {}
   void Step(int tokens) {
     for (const int end = Min(n_, next_ + tokens); next_ < end; ++next_) {
@@ -152,7 +153,7 @@ inline float SoftmaxRow(float* s, int a, int b, float* m, float* l) {
     _mm256_maskstore_ps(s + full_end, tail, w);
     vsum = _mm256_add_ps(vsum, w);
   }
-  const float corr = m_old == kNegInf ? 0.0f : __builtin_exp2f(m_old - m_new);
+  const float corr = _mm256_cvtss_f32(Exp2(_mm256_set1_ps(m_old - m_new)));  // 0 if m_old = -inf
   *l = *l * corr + HSum(vsum);
   *m = m_new;
   return corr;

@@ -35,16 +35,26 @@ class DTypeConvertTest : public ::testing::Test {
     const double x = std::fabs(double(f));
     const double lo = std::fabs(Decode(DType::kBFloat16, down));
     // Past the largest finite value, rounding goes on as if the exponent were unbounded.
-    const double hi = (up & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128)
-                                              : std::fabs(Decode(DType::kBFloat16, up));
+    const double hi =
+        (up & 0x7fff) == 0x7f80 ? std::ldexp(1.0, 128) : std::fabs(Decode(DType::kBFloat16, up));
     if (x - lo < hi - x) return down;
     if (x - lo > hi - x) return up;
     return (down & 1) ? up : down;
   }
   // Float inputs that stress rounding: random bit patterns, exact ties, subnormal edges.
   static std::vector<float> Probes(std::mt19937_64& rng) {
-    std::vector<float> out = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.9f, 65520.0f, 1e6f,
-                              0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-25f, 0x1p-26f,
+    std::vector<float> out = {0.0f,
+                              -0.0f,
+                              1.0f,
+                              65504.0f,
+                              65519.9f,
+                              65520.0f,
+                              1e6f,
+                              0x1p-14f,
+                              0x1p-24f,
+                              0x1p-25f,
+                              0x1.8p-25f,
+                              0x1p-26f,
                               std::numeric_limits<float>::max(),
                               std::numeric_limits<float>::denorm_min(),
                               std::numeric_limits<float>::infinity()};
@@ -54,8 +64,8 @@ class DTypeConvertTest : public ::testing::Test {
     }
     for (int i = 0; i < 200000; ++i) out.push_back(BitsFloat(uint32_t(rng())));
     for (int i = 0; i < 50000; ++i) {  // around the half subnormal range
-      out.push_back(std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng),
-                               -int(rng() % 30)));
+      out.push_back(
+          std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng), -int(rng() % 30)));
     }
     const size_t n = out.size();
     for (size_t i = 0; i < n; ++i) out.push_back(-out[i]);
