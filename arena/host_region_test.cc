@@ -86,8 +86,24 @@ TEST_F(HostRegionTest, ImportedMappingSharesBytesBothWays) {
   EXPECT_EQ(r->base()[100], 5);
 }
 
+TEST_F(HostRegionTest, IsOnePieceOfOneGenerationOnTheHost) {
+  auto r = Reserve(2 * kChunkGranularity);
+  ASSERT_TRUE(r->Commit(kChunkGranularity, kChunkGranularity).ok());
+  auto all = r->ExportPiecesAfter(0);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].generation, 1u);
+  close((*all)[0].fd);
+  auto newer = r->ExportPiecesAfter(1);  // the memfd grows by itself: nothing to add
+  ASSERT_TRUE(newer.ok());
+  EXPECT_TRUE(newer->empty());
+  auto m = ImportRegion("host_memfd", r->size(), "");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->device(), -1);
+}
+
 TEST_F(HostRegionTest, ImportRejectsUnknownKindsAndBadPieces) {
-  EXPECT_EQ(ImportRegion("cuda_vmm", kChunkGranularity, "").status().code(),
+  EXPECT_EQ(ImportRegion("rdma_window", kChunkGranularity, "").status().code(),
             absl::StatusCode::kFailedPrecondition);
   auto m = ImportRegion("host_memfd", kChunkGranularity, "");
   ASSERT_TRUE(m.ok());

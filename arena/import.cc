@@ -17,8 +17,11 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> ImportRegion(const std::string& ki
 #if defined(KVARENA_ARENA_CUDA)
   if (kind == "cuda_vmm" || kind == "cuda_ipc") return ImportCudaRegion(kind, size, ipc_handle);
 #endif
-  return absl::FailedPreconditionError(
-      absl::StrCat("import: regions of kind '", kind, "' need the CUDA backend, not built into this client"));
+  if (kind == "cuda_vmm" || kind == "cuda_ipc") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "import: regions of kind '", kind, "' need the CUDA backend, not built into this client"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat("import: unknown region kind '", kind, "'"));
 }
 
 }  // namespace kvarena

@@ -26,10 +26,14 @@ namespace kvarena {
 inline constexpr size_t kChunkGranularity = size_t{2} << 20;
 
 // One piece of a shared region: bytes [offset, offset + bytes) reachable through fd.
+// generation names the memory behind it: a region gives every piece it maps a larger
+// number than any before, so a peer that mapped a piece of the same offset with a smaller
+// one holds stale memory (the owner decommitted and recommitted there). Starts at 1.
 struct SharedPiece {
   size_t offset = 0;
   size_t bytes = 0;
   int fd = -1;
+  uint64_t generation = 1;
 };
 
 class Region {
@@ -54,8 +58,11 @@ class Region {
   // How a peer maps this region: "host_memfd", "cuda_vmm" or "cuda_ipc".
   virtual std::string share_kind() const = 0;
   // The pieces a peer maps to see [0, size()), each with a new fd the caller owns (host:
-  // one piece, the memfd; CUDA VMM: one per committed chunk). Empty for cuda_ipc.
-  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const = 0;
+  // one piece, the memfd; CUDA VMM: one per committed allocation). Empty for cuda_ipc.
+  absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const { return ExportPiecesAfter(0); }
+  // Only the pieces whose generation is greater than `generation`: what a peer that has
+  // mapped everything up to it lacks (memory committed since).
+  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation) const = 0;
   // cuda_ipc only: the cudaIpcMemHandle_t bytes.
   virtual std::string ipc_handle() const { return ""; }
 };
@@ -67,6 +74,8 @@ class MappedRegion {
   virtual ~MappedRegion() = default;
   virtual uint8_t* base() const = 0;
   virtual size_t size() const = 0;
+  // The CUDA device (runtime ordinal) base() is an address on; -1 for host memory.
+  virtual int device() const { return -1; }
   // Maps pieces received from the owner (they may arrive over time, as the owner grows).
   // Takes ownership of each piece's fd.
   virtual absl::Status MapPieces(std::vector<SharedPiece> pieces) = 0;

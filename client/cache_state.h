@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/local_table.h"
 #include "core/types.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvarena::client_internal {
 
@@ -83,7 +84,10 @@ struct CacheState {
   int64_t seq_len ABSL_GUARDED_BY(mu) = 0;
   LocalTable table ABSL_GUARDED_BY(mu);
   int64_t reserve_ahead ABSL_GUARDED_BY(mu);  // tokens a Reserve RPC asks for at least
-  std::atomic<uint8_t*> pool_base{nullptr};   // the pool as mapped here, once looked up
+  // The pool as mapped here and the kernels for it, once looked up (kernels is stored
+  // last, with release: a non-null kernels means pool_base is set).
+  std::atomic<uint8_t*> pool_base{nullptr};
+  std::atomic<KvKernels*> kernels{nullptr};
   std::atomic<bool> released{false};  // release() succeeded through some handle
   std::atomic<bool> gone{false};      // the arena answered NOT_FOUND for it
 };

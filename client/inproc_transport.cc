@@ -1,6 +1,6 @@
 // InprocTransport: the "inproc:" address — a KvStore with the host backend inside this
 // process, one session opened at connect. The pools are in this address space, so
-// PoolBase returns real pointers: handles give key_cache/value_cache views and run the
+// MapPool returns real pointers: handles give key_cache/value_cache views and run the
 // local path (Reserve / attention_local / Commit) exactly as over a mapped daemon pool.
 #include <utility>
 
@@ -70,8 +70,10 @@ class InprocTransport final : public Transport {
   }
   absl::Status Ping() override { return absl::OkStatus(); }
 
-  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) override {
-    return store_->PoolBase(pool_id);
+  absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) override {
+    absl::StatusOr<uint8_t*> base = store_->PoolBase(pool_id);
+    if (!base.ok()) return base.status();
+    return MappedPool{*base, "host_memfd", -1};  // the store's backend is NewHostBackend()
   }
 
  private:

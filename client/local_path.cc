@@ -1,8 +1,9 @@
 // The local path of GenericKvCacheHandle (reserve, append_local, attention_local, commit)
 // and its batched forms on Client. The arena only allocates (Reserve) and advances lengths
 // (Commit); K/V are written into the reserved pages through this process's mapping of the
-// pool and attention runs here, with the same CPU kernels and the same validation
-// (core/validate.h) as the served path.
+// pool and attention runs here, with the kernels for the pool's memory (client/
+// local_kernels.h: the daemon's own kernels, CPU or CUDA) and the same validation
+// (core/validate.h) as the served path. get_kv_local reads through the mapping too.
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -54,14 +55,24 @@ absl::Status GenericKvCacheHandle::EnsureTable(const char* op) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> GenericKvCacheHandle::LocalPoolBase(const char* op) const {
-  if (uint8_t* base = state_->pool_base.load(std::memory_order_acquire)) return base;
-  auto base = transport_->PoolBase(info_.pool_id);
-  if (!base.ok()) {
-    return absl::Status(base.status().code(), absl::StrCat(op, ": ", base.status().message()));
+absl::Status GenericKvCacheHandle::LocalPool(const char* op, uint8_t** base,
+                                             KvKernels** kernels) const {
+  if (KvKernels* k = state_->kernels.load(std::memory_order_acquire)) {
+    *base = state_->pool_base.load(std::memory_order_relaxed);
+    *kernels = k;
+    return absl::OkStatus();
   }
-  state_->pool_base.store(*base, std::memory_order_release);
-  return *base;
+  auto pool = transport_->MapPool(info_.pool_id);
+  if (!pool.ok()) {
+    return absl::Status(pool.status().code(), absl::StrCat(op, ": ", pool.status().message()));
+  }
+  auto k = transport_->LocalKernelsFor(*pool);
+  if (!k.ok()) return absl::Status(k.status().code(), absl::StrCat(op, ": ", k.status().message()));
+  state_->pool_base.store(pool->base, std::memory_order_relaxed);
+  state_->kernels.store(*k, std::memory_order_release);
+  *base = pool->base;
+  *kernels = *k;
+  return absl::OkStatus();
 }
 
 int64_t GenericKvCacheHandle::reserve_ahead() const {
@@ -214,8 +225,9 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   }
   const int64_t n = *nk;
   if (auto s = EnsureTable(op); !s.ok()) return s;
-  auto base = LocalPoolBase(op);
-  if (!base.ok()) return base.status();
+  uint8_t* base = nullptr;
+  KvKernels* kernels = nullptr;
+  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
 
   std::vector<int32_t> blocks;  // a snapshot: a concurrent reserve may grow the table
   int64_t first_pos = 0, pos = 0;
@@ -240,12 +252,11 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   }
   PagedKvView view;
   view.layout = layout();
-  view.pool_base = *base;
+  view.pool_base = base;
   view.block_table = blocks.data();
   view.first_block = first_pos / page_size();
   view.num_blocks = int64_t(blocks.size());
   view.len = pos + n;
-  KvKernels* kernels = transport_->LocalKernels();
   if (auto s = kernels->AppendKv(view, pos, n, k.data, v.data); !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
   }
@@ -266,6 +277,38 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   out->dtype = q->dtype;
   out->shape = q->shape;
   return absl::OkStatus();
+}
+
+absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const {
+  const char* op = "get_kv_local";
+  if (auto s = CheckUsable(op); !s.ok()) return s;
+  if (auto s = CheckLayer(op, layer); !s.ok()) return s;
+  uint8_t* base = nullptr;
+  KvKernels* kernels = nullptr;
+  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
+  auto lp = Pages(op, layer);  // fresh from the arena, narrowed by with_sequence_length
+  if (!lp.ok()) return lp.status();
+  const int64_t n = std::max<int64_t>(0, lp->len - lp->first_pos);
+  GetKvResult r;
+  r.first_pos = lp->first_pos;
+  const size_t bytes = size_t(n) * size_t(num_kv_heads()) * size_t(head_dim()) * DTypeSize(dtype());
+  for (TensorOut* o : {&r.k, &r.v}) {
+    o->dtype = dtype();
+    o->shape = {1, num_kv_heads(), n, head_dim()};
+    o->data.resize(bytes);
+  }
+  if (n == 0) return r;
+  PagedKvView view;
+  view.layout = layout();
+  view.pool_base = base;
+  view.block_table = lp->page_ids.data();
+  view.first_block = lp->first_pos / page_size();
+  view.num_blocks = int64_t(lp->page_ids.size());
+  view.len = lp->len;
+  if (auto s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data()); !s.ok()) {
+    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  }
+  return r;
 }
 
 absl::Status Client::Reserve(const CacheTokenList& items) {

@@ -81,6 +81,12 @@ class LocalPathTest : public ::testing::Test {
       EXPECT_EQ(x->first_pos, y->first_pos) << layer;
       EXPECT_EQ(x->k.data, y->k.data) << layer;
       EXPECT_EQ(x->v.data, y->v.data) << layer;
+      auto mapped = a.get_kv_local(layer);  // the same bytes, read through the mapping
+      ASSERT_THAT(mapped, IsOk());
+      EXPECT_EQ(mapped->first_pos, x->first_pos) << layer;
+      EXPECT_EQ(mapped->k.shape, x->k.shape) << layer;
+      EXPECT_EQ(mapped->k.data, x->k.data) << layer;
+      EXPECT_EQ(mapped->v.data, x->v.data) << layer;
     }
   }
 
@@ -189,6 +195,38 @@ TEST_F(LocalPathTest, WritesNeedReservedPagesAndWholeSteps) {
   auto narrow = h->with_sequence_length(1);
   ASSERT_THAT(narrow, IsOk());
   EXPECT_THAT((*narrow)->reserve(1), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST_F(LocalPathTest, GetKvLocalReadsServedWritesThroughTheMapping) {
+  auto h = Allocate({0, 6});
+  std::vector<KvHistory> history(2, KvHistory(kKvHeads, kHeadDim));
+  for (int i = 0; i < 3; ++i) {
+    for (int layer = 0; layer < 2; ++layer) {
+      HostTensor k = Random(kKvHeads, 5), v = Random(kKvHeads, 5);
+      ASSERT_THAT(h->append(layer, k.arg(), v.arg()), IsOk());
+      history[layer].Append(k, v);
+    }
+  }
+  for (int layer = 0; layer < 2; ++layer) {
+    SCOPED_TRACE(layer);
+    auto mapped = h->get_kv_local(layer);
+    ASSERT_THAT(mapped, IsOk());
+    EXPECT_EQ(mapped->first_pos, h->get_kv(layer)->first_pos);
+    if (layer == 1) {
+      EXPECT_GT(mapped->first_pos, 0);  // the sliding layer kept its tail
+    }
+    EXPECT_EQ(mapped->k.shape, (std::vector<int64_t>{1, kKvHeads, 15 - mapped->first_pos, kHeadDim}));
+    EXPECT_THAT(testing::CompareExact("k", mapped->k, history[layer].HeadMajor(0, mapped->first_pos)),
+                IsOk());
+    EXPECT_THAT(testing::CompareExact("v", mapped->v, history[layer].HeadMajor(1, mapped->first_pos)),
+                IsOk());
+  }
+  auto narrow = h->with_sequence_length(7);
+  ASSERT_THAT(narrow, IsOk());
+  auto seven = (*narrow)->get_kv_local(0);
+  ASSERT_THAT(seven, IsOk());
+  EXPECT_EQ(seven->k.shape[2], 7);
+  EXPECT_THAT(h->get_kv_local(2), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST_F(LocalPathTest, ReserveRespectsMaxTokens) {

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
 #include "kvarena/v1/kvarena.pb.h"
@@ -42,12 +44,23 @@ absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind
                                      const std::string& ipc_handle, Mapped* out) {
   absl::StatusOr<std::unique_ptr<MappedRegion>> region = ImportRegion(kind, size, ipc_handle);
   if (!region.ok()) return region.status();
-  uint32_t next = 0, total = 1;
-  while (next < total) {
+  Mapped m;
+  m.region_id = region_id;
+  m.kind = kind;
+  m.region = *std::move(region);
+  if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) return s;
+  *out = std::move(m);
+  return absl::OkStatus();
+}
+
+absl::Status RegionClient::FetchPiecesLocked(Mapped* m) {
+  // Pieces come in generation order, at most kMaxFdsPerMessage a reply: ask again after
+  // the newest one received until a reply holds all that are left.
+  for (;;) {
     v1::FdRequest req;
     req.set_session_id(session_id_);
-    req.mutable_export_region()->set_region_id(region_id);
-    req.mutable_export_region()->set_first_piece(next);
+    req.mutable_export_region()->set_region_id(m->region_id);
+    req.mutable_export_region()->set_after_generation(m->generation);
     std::vector<int> fds;
     absl::StatusOr<v1::FdReply> reply = Exchange(sock_, req, &fds);
     if (!reply.ok()) return reply.status();
@@ -57,17 +70,20 @@ absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind
                                               fds.size(), " fds"));
     }
     std::vector<SharedPiece> pieces;
+    uint64_t newest = m->generation;
     for (int i = 0; i < reply->pieces_size(); ++i) {
-      pieces.push_back({reply->pieces(i).offset(), reply->pieces(i).bytes(), fds[size_t(i)]});
+      const v1::RegionPiece& p = reply->pieces(i);
+      pieces.push_back({p.offset(), p.bytes(), fds[size_t(i)], p.generation()});
+      newest = std::max<uint64_t>(newest, p.generation());
     }
-    if (absl::Status s = (*region)->MapPieces(std::move(pieces)); !s.ok()) return s;
-    total = reply->total_pieces();
-    next += uint32_t(reply->pieces_size());
-    if (reply->pieces_size() == 0) break;
+    if (absl::Status s = m->region->MapPieces(std::move(pieces)); !s.ok()) return s;
+    const bool done = uint32_t(reply->pieces_size()) >= reply->total_pieces();
+    if (done || newest == m->generation) {
+      m->generation = newest;
+      return absl::OkStatus();
+    }
+    m->generation = newest;
   }
-  out->region_id = region_id;
-  out->region = *std::move(region);
-  return absl::OkStatus();
 }
 
 absl::Status RegionClient::RefreshLocked() {
@@ -93,14 +109,28 @@ absl::Status RegionClient::RefreshLocked() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint8_t*> RegionClient::PoolBase(uint64_t pool_id) {
+absl::StatusOr<RegionClient::Pool> RegionClient::GetPool(uint64_t pool_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!pools_.contains(pool_id)) {
     if (absl::Status s = RefreshLocked(); !s.ok()) return s;
   }
   auto it = pools_.find(pool_id);
   if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool ", pool_id, " is not shared with this session"));
-  return it->second.region->base();
+  const MappedRegion& r = *it->second.region;
+  return Pool{r.base(), it->second.kind, r.device()};
+}
+
+absl::Status RegionClient::SyncPools() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [pool_id, m] : pools_) {
+    // A memfd is one piece that grows with the file; cuda_ipc is mapped whole.
+    if (m.kind != "cuda_vmm") continue;
+    if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("mapping the pages pool ", pool_id,
+                                                 " gained: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RegionClient::Scratch> RegionClient::GetScratch() {

@@ -1,6 +1,9 @@
 // RegionClient: a worker's side of the fd socket. It asks the daemon for the session's
 // regions, receives their fds and maps them (arena/ImportRegion), so pool pages and the
 // scratch region are visible in this process at the same offsets as in the daemon.
+// A host pool is one memfd, mapped once, that grows by itself; a CUDA VMM pool is one
+// piece per allocation the daemon committed, so SyncPools fetches and maps the pieces
+// committed since (by generation) whenever the daemon may have grown a pool.
 //
 // Thread-safety: safe for concurrent use (one mutex; a request/reply is one exchange).
 #ifndef KVARENA_CLIENT_REGION_CLIENT_H_
@@ -25,9 +28,22 @@ class RegionClient {
   RegionClient(const RegionClient&) = delete;
   RegionClient& operator=(const RegionClient&) = delete;
 
+  struct Pool {
+    uint8_t* base = nullptr;
+    std::string kind;  // Region::share_kind() in the daemon
+    int device = -1;   // the CUDA device it is mapped on; -1 for host memory
+  };
   // The mapped pages of pool pool_id; maps the pool on first use (asking the daemon
   // again when the pool is newer than what this client knew).
-  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id);
+  absl::StatusOr<Pool> GetPool(uint64_t pool_id);
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) {
+    absl::StatusOr<Pool> p = GetPool(pool_id);
+    if (!p.ok()) return p.status();
+    return p->base;
+  }
+  // Maps what the daemon committed to the mapped pools since they were last brought up
+  // to date. One fd-socket exchange per mapped CUDA VMM pool; nothing for host pools.
+  absl::Status SyncPools();
 
   struct Scratch {
     uint64_t region_id = 0;
@@ -40,12 +56,16 @@ class RegionClient {
  private:
   struct Mapped {
     uint64_t region_id = 0;
+    std::string kind;
     std::unique_ptr<MappedRegion> region;
+    uint64_t generation = 0;  // every piece up to this generation is mapped
   };
   RegionClient(int sock, std::string session_id) : sock_(sock), session_id_(std::move(session_id)) {}
   absl::Status RefreshLocked();  // lists the regions, maps the ones not mapped yet
   absl::Status MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
                          const std::string& ipc_handle, Mapped* out);
+  // Maps the pieces of m's region newer than m->generation.
+  absl::Status FetchPiecesLocked(Mapped* m);
 
   const int sock_;
   const std::string session_id_;

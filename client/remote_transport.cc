@@ -2,8 +2,10 @@
 // session metadata; with options.attach an Attach stream is held open by a reader thread,
 // and its end marks the transport disconnected for good. Over a unix: address it also
 // connects to the daemon's fd socket (AttachEvent.fd_socket): pools map into this process
-// (PoolBase: views and the local path) and q/k/v/out travel through the session's
-// scratch region (ScratchLanes) unless options.inline_tensors.
+// (MapPool: views and the local path; brought up to date after every Reserve and
+// Describe, whose pages may lie in memory the daemon committed since) and q/k/v/out
+// travel through the session's scratch region (ScratchLanes) unless
+// options.inline_tensors.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -237,6 +239,7 @@ class RemoteTransport final : public Transport {
     for (const v1::LayerPages& p : resp.layers()) {
       if (p.layer() < d.layers.size()) d.layers[p.layer()] = FromProto(p);
     }
+    if (auto s = zero_copy_->SyncPools(); !s.ok()) return s;  // the pages named are mapped
     return d;
   }
 
@@ -248,6 +251,8 @@ class RemoteTransport final : public Transport {
     if (auto s = Call(&Stub::Reserve, req, &resp); !s.ok()) return s;
     std::vector<ReserveResult> out;
     for (const v1::CacheReservation& c : resp.caches()) out.push_back(FromProto(c));
+    // The reservation may have grown a pool: map its new memory before the pages are used.
+    if (auto s = zero_copy_->SyncPools(); !s.ok()) return s;
     return out;
   }
 
@@ -305,8 +310,10 @@ class RemoteTransport final : public Transport {
     return Call(&Stub::Ping, req, &resp);
   }
 
-  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) override {
-    return zero_copy_->PoolBase(pool_id, address_);
+  absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) override {
+    absl::StatusOr<RegionClient::Pool> p = zero_copy_->GetPool(pool_id, address_);
+    if (!p.ok()) return p.status();
+    return MappedPool{p->base, p->kind, p->device};
   }
 
  private:

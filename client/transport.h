@@ -15,14 +15,22 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/call_once.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "client/local_kernels.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
 
 namespace kvarena::client_internal {
+
+// A pool as mapped into this process: [num_pool_pages][2][page_size][num_kv_heads]
+// [head_dim] at base, an address on CUDA device `device` (-1: host memory).
+struct MappedPool {
+  uint8_t* base = nullptr;
+  std::string kind;  // the region kind: "host_memfd", "cuda_vmm", "cuda_ipc"
+  int device = -1;
+};
 
 // How often a transport asked the arena for the local path's state (Reserve, Commit) and
 // for whole descriptions (Describe): what a decode loop pays beyond its kernels.
@@ -35,7 +43,7 @@ struct CallCounters {
 class Transport {
  public:
   // num_threads: the local path's CPU kernel threads (-1: one per core).
-  explicit Transport(int num_threads) : num_threads_(num_threads) {}
+  explicit Transport(int num_threads) : local_kernels_(num_threads) {}
   virtual ~Transport() = default;
 
   virtual const std::string& address() const = 0;
@@ -71,22 +79,25 @@ class Transport {
   virtual absl::StatusOr<ServingStatus> Health(const std::string& service) = 0;
   virtual absl::Status Ping() = 0;
 
-  // Base of pool `pool_id` as mapped into this process: [num_pool_pages][2][page_size]
-  // [num_kv_heads][head_dim]. FAILED_PRECONDITION where the pool is not mapped here.
-  virtual absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) = 0;
+  // Pool `pool_id` as mapped into this process. Its pages stay mapped as the arena grows
+  // the pool: a Reserve or Describe answer only names pages this process can reach.
+  // FAILED_PRECONDITION where the pool is not mapped here.
+  virtual absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) = 0;
+  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) {
+    absl::StatusOr<MappedPool> pool = MapPool(pool_id);
+    if (!pool.ok()) return pool.status();
+    return pool->base;
+  }
 
-  // The kernels the local path runs in this process over the mapped pool (the CPU kernels
-  // with num_threads threads, created on first use).
-  KvKernels* LocalKernels() {
-    absl::call_once(kernels_once_, [this] { kernels_ = NewCpuKvKernels(num_threads_); });
-    return kernels_.get();
+  // The kernels the local path runs in this process over `pool` (client/local_kernels.h:
+  // CPU kernels with num_threads threads for host memory, CUDA kernels for a device pool).
+  absl::StatusOr<KvKernels*> LocalKernelsFor(const MappedPool& pool) {
+    return local_kernels_.For(pool.kind, pool.device);
   }
   CallCounters& counters() { return counters_; }
 
  private:
-  const int num_threads_;
-  absl::once_flag kernels_once_;
-  std::unique_ptr<KvKernels> kernels_;
+  LocalKernels local_kernels_;
   CallCounters counters_;
 };
 

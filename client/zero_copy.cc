@@ -42,8 +42,13 @@ std::unique_ptr<ZeroCopy> ZeroCopy::Connect(const std::string& address,
   return z;
 }
 
-absl::StatusOr<uint8_t*> ZeroCopy::PoolBase(uint64_t pool_id, const std::string& daemon_address) {
-  if (regions_ != nullptr) return regions_->PoolBase(pool_id);
+absl::Status ZeroCopy::SyncPools() {
+  return regions_ != nullptr ? regions_->SyncPools() : absl::OkStatus();
+}
+
+absl::StatusOr<RegionClient::Pool> ZeroCopy::GetPool(uint64_t pool_id,
+                                                     const std::string& daemon_address) {
+  if (regions_ != nullptr) return regions_->GetPool(pool_id);
   return absl::FailedPreconditionError(
       absl::StrCat("pool ", pool_id, " lives in the daemon at ", daemon_address,
                    " and is not mapped into this process: ", status_.message(),

@@ -4,7 +4,7 @@
 //
 // Used over a unix: address only: the fd socket's path names a file on the daemon's host.
 // When the plane cannot be set up the client still works (inline tensors, no mapped
-// pools) and PoolBase says why.
+// pools) and GetPool says why.
 //
 // Thread-safety: Connect before sharing; everything else is safe for concurrent use.
 #ifndef KVARENA_CLIENT_ZERO_COPY_H_
@@ -27,7 +27,7 @@ namespace kvarena::client_internal {
 
 class ZeroCopy {
  public:
-  // A plane that maps nothing: every PoolBase fails with FAILED_PRECONDITION(why).
+  // A plane that maps nothing: every GetPool fails with FAILED_PRECONDITION(why).
   explicit ZeroCopy(std::string why) : status_(absl::FailedPreconditionError(why)) {}
   // address: the gRPC address the client dialled; fd_socket and session from the first
   // AttachEvent. inline_tensors: map the pools but send every tensor inline.
@@ -37,7 +37,10 @@ class ZeroCopy {
   ZeroCopy& operator=(const ZeroCopy&) = delete;
 
   // Pool pool_id as mapped here; FAILED_PRECONDITION naming the reason when unmapped.
-  absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id, const std::string& daemon_address);
+  absl::StatusOr<RegionClient::Pool> GetPool(uint64_t pool_id, const std::string& daemon_address);
+  // Maps what the daemon committed to the mapped pools since (RegionClient::SyncPools);
+  // OK when nothing is mapped.
+  absl::Status SyncPools();
   // A scratch lane with room for tensors of these byte sizes, or an empty lease (inline).
   ScratchLanes::Lease Lease(std::initializer_list<size_t> sizes);
 

@@ -127,10 +127,12 @@ class KvStore {
   // Zero-copy data plane. The regions a session may map (pools grow new entries as new
   // geometries appear); FAILED_PRECONDITION for no or an unknown session.
   absl::StatusOr<std::vector<RegionInfo>> SessionRegions(const std::string& session) const;
-  // The fds a peer maps to see one region (new fds the caller owns). PERMISSION_DENIED for
-  // another session's scratch region, NOT_FOUND for an unknown id.
+  // The fds a peer maps to see one region (new fds the caller owns); with
+  // after_generation, only the pieces committed since (Region::ExportPiecesAfter).
+  // PERMISSION_DENIED for another session's scratch region, NOT_FOUND for an unknown id.
   absl::StatusOr<std::vector<SharedPiece>> ExportRegion(const std::string& session,
-                                                        uint64_t region_id) const;
+                                                        uint64_t region_id,
+                                                        uint64_t after_generation = 0) const;
   // [offset, offset + length) of the session's own scratch region. INVALID_ARGUMENT when
   // outside it; PERMISSION_DENIED for any other region.
   absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,

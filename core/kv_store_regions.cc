@@ -54,7 +54,8 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
 }
 
 absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string& session,
-                                                               uint64_t region_id) const {
+                                                               uint64_t region_id,
+                                                               uint64_t after_generation) const {
   if (session.empty() || !impl_->sessions.Contains(session)) {
     return absl::FailedPreconditionError("export: no attached session (Attach first)");
   }
@@ -65,13 +66,13 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
       return absl::PermissionDeniedError(
           absl::StrCat("export: region ", region_id, " is not this session's scratch region"));
     }
-    return scratch->ExportPieces();
+    return scratch->ExportPiecesAfter(after_generation);
   }
   absl::ReaderMutexLock lock(&impl_->mu);
   if (region_id == 0 || region_id > impl_->pools_by_id.size()) {
     return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
   }
-  return impl_->pools_by_id[region_id - 1]->region().ExportPieces();
+  return impl_->pools_by_id[region_id - 1]->region().ExportPiecesAfter(after_generation);
 }
 
 absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, uint64_t region_id,

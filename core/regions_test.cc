@@ -67,6 +67,19 @@ TEST_F(RegionsTest, ExportIsForTheSessionsOwnScratchOnly) {
   for (const SharedPiece& p : *pieces) close(p.fd);
 }
 
+TEST_F(RegionsTest, ExportAfterAGenerationGivesOnlyNewerPieces) {
+  const std::string s = store_->OpenSession("w");
+  ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "a").ok());
+  auto all = store_->ExportRegion(s, 1);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  const uint64_t newest = (*all)[0].generation;
+  close((*all)[0].fd);
+  auto none = store_->ExportRegion(s, 1, newest);  // a host pool is one piece for life
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_F(RegionsTest, SlicesResolveInsideTheScratchRegionOnly) {
   const std::string s1 = store_->OpenSession("w1");
   const std::string s2 = store_->OpenSession("w2");

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -119,10 +120,14 @@ void FdServer::Serve(int conn) {
       }
     } else if (req.has_export_region()) {
       absl::StatusOr<std::vector<SharedPiece>> all =
-          store_->ExportRegion(req.session_id(), req.export_region().region_id());
+          store_->ExportRegion(req.session_id(), req.export_region().region_id(),
+                               req.export_region().after_generation());
       if (!all.ok()) {
         reply = Error(all.status());
       } else {
+        std::stable_sort(all->begin(), all->end(), [](const SharedPiece& a, const SharedPiece& b) {
+          return a.generation < b.generation;
+        });
         const size_t first = std::min<size_t>(req.export_region().first_piece(), all->size());
         const size_t end = std::min(all->size(), first + kMaxFdsPerMessage);
         reply.set_total_pieces(uint32_t(all->size()));
@@ -134,6 +139,7 @@ void FdServer::Serve(int conn) {
           v1::RegionPiece* p = reply.add_pieces();
           p->set_offset((*all)[i].offset);
           p->set_bytes((*all)[i].bytes);
+          p->set_generation((*all)[i].generation);
           pieces.push_back((*all)[i]);
         }
       }

@@ -14,8 +14,9 @@ ABSL_FLAG(std::vector<std::string>, listen, {"unix:/tmp/kvarena.sock"},
           "Where to serve, comma separated: unix:PATH (stale socket files are replaced, "
           "mode 0660) and/or HOST:PORT.");
 ABSL_FLAG(std::string, backend, "auto",
-          "Memory backend: auto, host (memfd) or cuda. auto = host in this build; cuda is "
-          "refused until the CUDA backend lands.");
+          "Memory backend: host (memfd, CPU kernels), cuda (device 0: VMM / IPC regions, "
+          "CUDA kernels; exits with an error where the build has no CUDA or no device is "
+          "usable) or auto (cuda when usable, else host).");
 ABSL_FLAG(kvarena::ByteSize, arena_bytes, kvarena::ByteSize{uint64_t{1} << 30},
           "Arena budget every pool draws from: bytes, or with a unit K/M/G/T (1000s) or "
           "Ki/Mi/Gi/Ti (1024s), e.g. 512Mi.");

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/backend.h"
 #include "daemon/byte_size.h"
 #include "grpc/health/v1/health.pb.h"
 
@@ -21,17 +22,6 @@ constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
 constexpr int kMaxMessageBytes = 1 << 30;
 // Each held Attach stream owns a sync-server thread; this bounds the whole server.
 constexpr int kMaxThreads = 4096;
-
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name) {
-  if (name == "auto" || name == "host") return NewHostBackend();
-  if (name == "cuda") {
-    return absl::UnimplementedError(
-        "--backend=cuda: this build of kvarenad has no CUDA backend yet; use --backend=host "
-        "(or auto)");
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend=", name, ": must be one of auto, host, cuda"));
-}
 
 // --fd_socket resolved: "" = beside the first unix: address (none without one), "none" =
 // off, anything else is the path.
@@ -72,14 +62,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
   }
 
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options.backend);
+  absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
   StoreOptions store_options;
   store_options.arena_bytes = options.arena_bytes;
   store_options.default_page_size = options.page_size;
   store_options.num_threads = options.num_threads;
+  store_options.kernels = std::move(backend->kernels);
   absl::StatusOr<std::unique_ptr<KvStore>> store =
-      KvStore::Create(store_options, std::move(*backend));
+      KvStore::Create(store_options, std::move(backend->backend));
   if (!store.ok()) return store.status();
   d->store_ = std::move(*store);
   const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);

@@ -29,7 +29,7 @@ namespace kvarena {
 
 struct DaemonOptions {
   std::vector<std::string> listen = {"unix:/tmp/kvarena.sock"};
-  std::string backend = "auto";  // auto | host | cuda
+  std::string backend = "auto";  // auto | host | cuda (daemon/backend.h)
   uint64_t arena_bytes = uint64_t{1} << 30;
   int page_size = 16;
   absl::Duration session_grace = absl::Seconds(5);

@@ -89,7 +89,8 @@ int PickUnusedPort() {
 DaemonProcess::DaemonProcess(std::vector<std::string> flags,
                              const std::function<void(const std::string&)>& before_start)
     : socket_path_(dir_.path() + "/kvarena.sock"), log_path_(dir_.path() + "/kvarenad.log") {
-  std::vector<std::string> argv = {KVARENAD_PATH, "--listen=unix:" + socket_path_};
+  std::vector<std::string> argv = {KVARENAD_PATH, "--listen=unix:" + socket_path_,
+                                   "--backend=host"};
   for (const std::string& flag : flags) {
     absl::string_view listen = flag;
     if (absl::ConsumePrefix(&listen, "--listen=unix:")) {

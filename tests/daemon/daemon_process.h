@@ -41,9 +41,11 @@ int PickUnusedPort();
 
 class DaemonProcess {
  public:
-  // Starts kvarenad --listen=unix:<dir>/kvarena.sock followed by `flags`. A later flag
-  // overrides an earlier one: a --listen among `flags` replaces the default, and its first
-  // unix: entry becomes socket_path(). `before_start` runs first, given socket_path().
+  // Starts kvarenad --listen=unix:<dir>/kvarena.sock --backend=host followed by `flags`.
+  // A later flag overrides an earlier one: a --listen among `flags` replaces the default,
+  // and its first unix: entry becomes socket_path(); a --backend picks another backend
+  // (host is the default so that tests behave alike with and without a GPU).
+  // `before_start` runs first, given socket_path().
   explicit DaemonProcess(std::vector<std::string> flags,
                          const std::function<void(const std::string&)>& before_start = {});
   ~DaemonProcess();

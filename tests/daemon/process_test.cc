@@ -1,4 +1,5 @@
-// kvarenad as a process: flags, the Unix socket's care, start line, TCP, and the drain on
+// kvarenad as a process: flags, the Unix socket's care, start line, TCP, --backend (auto,
+// cuda failing fast without a device, cuda serving where one is usable), and the drain on
 // SIGTERM (health NOT_SERVING, Attach streams end, exit 0, then UNAVAILABLE).
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,6 +12,9 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/daemon/rpc_test_util.h"
+#if defined(KVARENAD_CUDA)
+#include "arena/cuda/cuda_region.h"
+#endif
 
 namespace kvarena {
 namespace {
@@ -22,6 +26,15 @@ using grpc::health::v1::HealthCheckResponse;
 using ::testing::HasSubstr;
 
 bool ExitedWith(int status, int code) { return WIFEXITED(status) && WEXITSTATUS(status) == code; }
+
+// Whether kvarenad was built with the CUDA backend, and whether it can use a device here.
+#if defined(KVARENAD_CUDA)
+bool CudaBuilt() { return true; }
+bool CudaUsable() { return CudaDevicePresent(); }
+#else
+bool CudaBuilt() { return false; }
+bool CudaUsable() { return false; }
+#endif
 
 // Leaves a socket file at `path` that nothing listens on, as a crashed daemon would.
 void MakeStaleSocket(const std::string& path) {
@@ -109,13 +122,40 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   EXPECT_THAT(out, HasSubstr("default: 1Gi"));
 }
 
-TEST_F(ProcessTest, CudaBackendFailsFast) {
+TEST_F(ProcessTest, AutoPicksCudaOnlyWhereADeviceIsUsable) {
+  StartDaemon({"--backend=auto", "--arena_bytes=64Mi"});
+  const std::string want = CudaUsable() ? "cuda" : "host";
+  EXPECT_THAT(daemon_->Log(), HasSubstr("serving backend=" + want + " "));
+  EXPECT_EQ(Stats().backend(), want);
+}
+
+TEST_F(ProcessTest, CudaBackendFailsFastSayingWhy) {
+  if (CudaUsable()) GTEST_SKIP() << "a CUDA device is usable here";
   TempDir dir;
   std::string out;
   const int status = RunCommand(
       {KVARENAD_PATH, "--backend=cuda", "--listen=unix:" + dir.path() + "/k.sock"}, &out);
   EXPECT_TRUE(ExitedWith(status, 1)) << status;
-  EXPECT_THAT(out, HasSubstr("no CUDA backend"));
+  EXPECT_THAT(out, HasSubstr("--backend=cuda: "));
+  EXPECT_THAT(out, HasSubstr(CudaBuilt() ? "no usable CUDA device" : "built without CUDA"));
+  EXPECT_THAT(out, HasSubstr("use --backend=host"));
+}
+
+// Served path on the device: pages in device memory, written and read by the CUDA kernels.
+TEST_F(ProcessTest, CudaBackendServesFromDeviceMemory) {
+  if (!CudaUsable()) GTEST_SKIP() << "no usable CUDA device";
+  StartDaemon({"--backend=cuda", "--arena_bytes=64Mi"});
+  EXPECT_THAT(daemon_->Log(), HasSubstr("serving backend=cuda "));
+  const std::string id = Allocate(Spec(2, 2, 64, v1::FLOAT16, 16));
+  const v1::Tensor k = RandomTensor(v1::FLOAT16, 2, 21, 64, 1);
+  const v1::Tensor v = RandomTensor(v1::FLOAT16, 2, 21, 64, 2);
+  ASSERT_TRUE(Append(id, 1, 0, k, v).ok());
+  const v1::GetKvResponse got = GetKv(id, 1);
+  EXPECT_EQ(got.k().data(), k.data());
+  EXPECT_EQ(got.v().data(), v.data());
+  const v1::StatsResponse st = Stats();
+  EXPECT_EQ(st.backend(), "cuda");
+  EXPECT_EQ(st.pages().pages_used(), 2u);
 }
 
 TEST_F(ProcessTest, BadByteSizeIsRejectedByName) {

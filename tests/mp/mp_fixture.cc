@@ -50,11 +50,11 @@ void MultiProcessTest::TearDown() {
   std::filesystem::remove_all(dir_, ec);
 }
 
-void MultiProcessTest::StartDaemon(const std::string& session_grace) {
+void MultiProcessTest::StartDaemon(const std::string& session_grace, const std::string& backend) {
   observer_.reset();
   daemon_ = std::make_unique<Subprocess>();
   ASSERT_TRUE(daemon_
-                  ->Start({KVARENAD_PATH, "--listen=" + address(), "--backend=host",
+                  ->Start({KVARENAD_PATH, "--listen=" + address(), "--backend=" + backend,
                            "--arena_bytes=256Mi", "--page_size=16",
                            "--session_grace=" + session_grace, "--metrics_port=0",
                            "--num_threads=1"})

@@ -34,8 +34,9 @@ class MultiProcessTest : public ::testing::Test {
   std::string address() const { return "unix:" + socket_path_; }
   const std::string& dir() const { return dir_; }
 
-  // Starts kvarenad on the socket with --session_grace and waits until it is SERVING.
-  void StartDaemon(const std::string& session_grace = "1s");
+  // Starts kvarenad on the socket with --session_grace and --backend and waits until it
+  // is SERVING.
+  void StartDaemon(const std::string& session_grace = "1s", const std::string& backend = "host");
   Subprocess& daemon() { return *daemon_; }
   // A worker with the default shape plus extra flags; its stdout is captured.
   std::unique_ptr<Subprocess> StartWorker(uint64_t seed, const std::vector<std::string>& flags);

@@ -12,9 +12,17 @@
 // local cache must equal what was written; the decode phase may make at most
 // ceil(decode / page_size) Reserve RPCs (counted by the client) and no Describe.
 //
+// --rounds=N repeats all of it N times over one client (one mapping of the pool), the
+// twin released too: a later round's pages land in chunks the daemon decommitted and
+// committed again, which the mapping must follow.
+//
+// With --check_mapping it finally reads every layer through its own mapping of the pool
+// (get_kv_local: the local kernels over the imported region, CPU or CUDA) and requires the
+// bytes to equal get_kv's.
+//
 // stdout: "allocated ...", "prefill done ...", "decode step I/N ..." every --print_every
 // steps (tests wait for it before killing the worker), "local path: ..." with --local,
-// "worker ok".
+// "mapping ok: ..." with --check_mapping, "worker ok".
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -45,6 +53,12 @@ ABSL_FLAG(int, print_every, 8, "print a progress line every N decode steps");
 ABSL_FLAG(bool, local, false, "decode through the local path, checked against a served twin");
 ABSL_FLAG(int, reserve_ahead, 0, "--local: tokens a Reserve asks for at least (0: a page)");
 ABSL_FLAG(int, num_threads, 1, "CPU threads of the local path's kernels (match kvarenad's)");
+ABSL_FLAG(int, rounds, 1,
+          "run everything (allocate .. release) this many times over one client: later "
+          "rounds reuse pool memory the daemon gave back and took again meanwhile");
+ABSL_FLAG(bool, check_mapping, false,
+          "at the end, read every layer through this process's mapping of the pool "
+          "(get_kv_local) and require it to equal get_kv");
 
 namespace kvarena {
 namespace {
@@ -129,6 +143,29 @@ class Worker {
     return absl::OkStatus();
   }
 
+  // Every layer read through the mapped pool (get_kv_local) equals get_kv, byte for byte.
+  absl::Status CheckMapping() const {
+    int64_t bytes = 0;
+    for (int layer = 0; layer < cache_->num_layers(); ++layer) {
+      auto served = cache_->get_kv(layer);
+      if (!served.ok()) return served.status();
+      auto mapped = cache_->get_kv_local(layer);
+      if (!mapped.ok()) return mapped.status();
+      if (mapped->first_pos != served->first_pos || mapped->k.shape != served->k.shape ||
+          mapped->k.data != served->k.data || mapped->v.data != served->v.data) {
+        return absl::InternalError(absl::StrCat(
+            "layer ", layer, ": K/V read through the mapping (first_pos ", mapped->first_pos,
+            ", ", mapped->k.data.size(), " bytes) differ from get_kv (first_pos ",
+            served->first_pos, ", ", served->k.data.size(), " bytes)"));
+      }
+      bytes += int64_t(mapped->k.data.size() + mapped->v.data.size());
+    }
+    std::printf("mapping ok: %d layers, %lld K/V bytes read through the mapped pool on %s\n",
+                cache_->num_layers(), static_cast<long long>(bytes), cache_->device().c_str());
+    std::fflush(stdout);
+    return absl::OkStatus();
+  }
+
   // Pops 3 tokens, checks the cache shrank, re-appends 3 different ones.
   absl::Status PopnAndReappend() {
     int64_t twin_popped = -1;
@@ -198,6 +235,8 @@ absl::Status CheckLocalCalls(Client& client, const CallCounts& before, int decod
   return absl::OkStatus();
 }
 
+absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed);
+
 absl::Status Run() {
   auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
@@ -216,22 +255,35 @@ absl::Status Run() {
   if (const int w = absl::GetFlag(FLAGS_window); w > 0) {
     for (int l = 0; l < spec.num_layers; ++l) spec.layer_windows.push_back(l % 2 ? w : 0);
   }
-  auto cache = (*client)->Allocate(spec);
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  for (int round = 0; round < rounds; ++round) {
+    WORKER_RETURN_IF_ERROR(RunRound(**client, spec, absl::GetFlag(FLAGS_seed) + round));
+    if (rounds > 1) {
+      std::printf("round %d/%d ok\n", round + 1, rounds);
+      std::fflush(stdout);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One cache (and its twin with --local) from Allocate to release.
+absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed) {
+  auto cache = client.Allocate(spec);
   if (!cache.ok()) return cache.status();
   std::printf("allocated cache %s (session %s, device %s, page_size %d)\n",
-              (*cache)->cache_id().c_str(), (*client)->session_id().c_str(),
+              (*cache)->cache_id().c_str(), client.session_id().c_str(),
               (*cache)->device().c_str(), (*cache)->page_size());
   std::fflush(stdout);
 
   const bool local = absl::GetFlag(FLAGS_local);
   std::shared_ptr<GenericKvCacheHandle> twin;
   if (local) {
-    auto t = (*client)->Allocate(spec);
+    auto t = client.Allocate(spec);
     if (!t.ok()) return t.status();
     twin = *t;
     if (int ahead = absl::GetFlag(FLAGS_reserve_ahead); ahead > 0) (*cache)->set_reserve_ahead(ahead);
   }
-  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), absl::GetFlag(FLAGS_seed), twin);
+  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), seed, twin);
   WORKER_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
   auto pages = (*cache)->pages_used();
   if (!pages.ok()) return pages.status();
@@ -241,7 +293,7 @@ absl::Status Run() {
 
   const int decode = absl::GetFlag(FLAGS_decode);
   const int every = std::max(1, absl::GetFlag(FLAGS_print_every));
-  const CallCounts before_decode = (*client)->call_counts();
+  const CallCounts before_decode = client.call_counts();
   for (int step = 0; step < decode; ++step) {
     WORKER_RETURN_IF_ERROR(worker.Step(1, absl::StrCat("decode step ", step)));
     if (step == decode / 2) WORKER_RETURN_IF_ERROR(worker.PopnAndReappend());
@@ -254,8 +306,9 @@ absl::Status Run() {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
   }
-  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(**client, before_decode, decode, **cache));
+  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(client, before_decode, decode, **cache));
   WORKER_RETURN_IF_ERROR(worker.CheckGetKv("final"));
+  if (absl::GetFlag(FLAGS_check_mapping)) WORKER_RETURN_IF_ERROR(worker.CheckMapping());
   auto stats = (*cache)->stats();
   if (!stats.ok()) return stats.status();
   if (stats->seq_len != (*cache)->num_tokens()) {
@@ -264,6 +317,7 @@ absl::Status Run() {
   }
   WORKER_RETURN_IF_ERROR((*cache)->release());
   if ((*cache)->is_valid()) return absl::InternalError("is_valid() after release()");
+  if (twin != nullptr) WORKER_RETURN_IF_ERROR(twin->release());
   return absl::OkStatus();
 }
 

@@ -44,6 +44,8 @@
 
 namespace kvarena {
 
+class KvKernels;
+
 namespace client_internal {
 class Transport;
 struct CacheState;
@@ -59,6 +61,8 @@ struct AttentionOptions {
 // t % page_size, holds K then V as [2][page_size][num_kv_heads][head_dim] per page.
 // page_ids/first_pos/len are a snapshot taken at the call: fetch a new ref after appends,
 // popn or window evictions. pool_base stays valid while any handle of the client lives.
+// On a CUDA pool (device() "cuda:N") pool_base is a device address, for kernels on that
+// device: TokenPtr then gives device pointers too; read through get_kv_local on the host.
 struct KvCacheRef {
   enum class Part : uint8_t { kKeyValue, kKey, kValue };
   Part part = Part::kKeyValue;
@@ -95,7 +99,7 @@ class GenericKvCacheHandle {
   int64_t max_tokens() const { return info_.spec.max_tokens; }
   uint64_t pool_id() const { return info_.pool_id; }
   PageLayout layout() const;
-  // "cpu" for the host backend (the only one today).
+  // Where the pages live: "cpu" for the host backend, "cuda:0" for the CUDA backend.
   std::string device() const;
 
   // --- state ---
@@ -151,6 +155,10 @@ class GenericKvCacheHandle {
   absl::Status release();
   // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos.
   absl::StatusOr<GetKvResult> get_kv(int layer) const;
+  // get_kv read through this process's mapping of the pool with the local kernels
+  // (the K/V bytes never cross the RPC; one Describe for the pages). Needs the pool
+  // mapped, like the local path; sees committed tokens, as get_kv does.
+  absl::StatusOr<GetKvResult> get_kv_local(int layer) const;
 
   // --- local path (needs the pool mapped: inproc:, or a unix: client) ---
   // Makes sure every layer has pages for positions [num_tokens(), num_tokens() + tokens).
@@ -167,8 +175,10 @@ class GenericKvCacheHandle {
   // committed length plus what was written locally since) into reserved pages.
   // FAILED_PRECONDITION when the pages are not reserved (call reserve first).
   absl::Status append_local(int layer, const TensorArg& k, const TensorArg& v);
-  // append_local, then attends q (same n tokens) over past + new, causally, with the CPU
-  // kernels over the mapped pool. Validates like attention(); same output.
+  // append_local, then attends q (same n tokens) over past + new, causally, with this
+  // process's kernels over the mapped pool: the CPU kernels for a host pool, the CUDA
+  // kernels for a device pool (k/v/q/out stay host tensors: they are staged to the device
+  // per call). Validates like attention(); same output as the daemon's kernels give.
   absl::StatusOr<TensorOut> attention_local(int layer, const TensorArg& q, const TensorArg& k,
                                             const TensorArg& v, const AttentionOptions& opts = {});
   // Advances the cache by `tokens` on every layer (one Commit RPC): they must have been
@@ -196,7 +206,8 @@ class GenericKvCacheHandle {
   absl::Status CheckLocal(const char* op) const;
   // Loads the local table with Describe when it is stale.
   absl::Status EnsureTable(const char* op) const;
-  absl::StatusOr<uint8_t*> LocalPoolBase(const char* op) const;
+  // The pool as mapped here and the kernels that run over it (cached in state_).
+  absl::Status LocalPool(const char* op, uint8_t** base, KvKernels** kernels) const;
   // Writes k/v (and attends q into *out when q is given) at the layer's next position.
   absl::Status WriteLocal(const char* op, int layer, const TensorArg* q, const TensorArg& k,
                           const TensorArg& v, const AttentionOptions& opts, TensorOut* out);

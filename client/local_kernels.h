@@ -1,0 +1,48 @@
+// LocalKernels: the kernels the local path (append_local, attention_local, get_kv_local)
+// runs in this process over a mapped pool, picked by where the pool's pages live:
+//   host memory  ("host_memfd")          the CPU kernels (kernels/cpu);
+//   CUDA device  ("cuda_vmm", "cuda_ipc") the CUDA kernels on the device the pool is
+//                mapped on (kernels/cuda NewCudaKvKernels), in a client built with CUDA.
+// Each set is created on first use and lives as long as this object.
+//
+// The CUDA kernels take host tensors, as every local-path call does today: q/k/v and the
+// block table are staged to the device and the output copied back, synchronously, per
+// call. (A device-tensor API for workers whose activations already live on the GPU is
+// future work.)
+//
+// Thread-safe.
+#ifndef KVARENA_CLIENT_LOCAL_KERNELS_H_
+#define KVARENA_CLIENT_LOCAL_KERNELS_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/kv_kernels.h"
+
+namespace kvarena::client_internal {
+
+class LocalKernels {
+ public:
+  // num_threads: the CPU kernels' threads (-1: one per core).
+  explicit LocalKernels(int num_threads) : num_threads_(num_threads) {}
+  LocalKernels(const LocalKernels&) = delete;
+  LocalKernels& operator=(const LocalKernels&) = delete;
+
+  // The kernels for a pool of region kind `kind` mapped on CUDA device `device` (ignored
+  // for host memory). FAILED_PRECONDITION for a CUDA kind where this client has no CUDA
+  // build or no usable device; INVALID_ARGUMENT for an unknown kind.
+  absl::StatusOr<KvKernels*> For(const std::string& kind, int device);
+
+ private:
+  const int num_threads_;
+  std::mutex mu_;
+  std::unique_ptr<KvKernels> cpu_;                  // guarded by mu_
+  std::map<int, std::unique_ptr<KvKernels>> cuda_;  // by device; guarded by mu_
+};
+
+}  // namespace kvarena::client_internal
+
+#endif  // KVARENA_CLIENT_LOCAL_KERNELS_H_

@@ -1,0 +1,207 @@
+// KvKernels over the CUDA kernels (contract: cuda_kv_kernels.h). A Call holds one
+// request's stream and stream-ordered device buffers; it turns the first CUDA error into
+// the call's status and always synchronises and frees before returning.
+#include "kernels/cuda/cuda_kv_kernels.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cuda/kv_kernels_cuda.h"
+
+namespace kvarena {
+namespace {
+
+class CudaKvKernels;
+
+// One kernel call: device `device` current, a stream, buffers freed at the end.
+class Call {
+ public:
+  Call(CudaKvKernels* owner, const char* name);
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  // Records the first failure; returns whether all went well so far.
+  bool Check(cudaError_t e, const char* fn) {
+    if (e != cudaSuccess && status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat("cuda ", name_, ": ", fn, ": ", cudaGetErrorName(e),
+                                                 ": ", cudaGetErrorString(e)));
+    }
+    return status_.ok();
+  }
+  // Device buffer of `bytes` (256-byte aligned), holding a copy of `host` when given.
+  void* Alloc(size_t bytes, const void* host = nullptr) {
+    void* p = nullptr;
+    if (!status_.ok() || !Check(cudaMallocAsync(&p, bytes == 0 ? 16 : bytes, stream_), "cudaMallocAsync")) {
+      return nullptr;
+    }
+    buffers_.push_back(p);
+    if (host && bytes) Check(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)");
+    return p;
+  }
+  void CopyOut(void* host, const void* dev, size_t bytes) {
+    if (status_.ok() && bytes) {
+      Check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)");
+    }
+  }
+  // The view with its block table staged to the device.
+  PagedKvView DeviceView(const PagedKvView& view) {
+    PagedKvView d = view;
+    d.block_table = static_cast<const int32_t*>(
+        Alloc(size_t(view.num_blocks) * sizeof(int32_t), view.block_table));
+    return d;
+  }
+  // Waits for the stream, frees the buffers; the call's status.
+  absl::Status Finish();
+
+ private:
+  CudaKvKernels* const owner_;
+  const char* const name_;
+  int previous_device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> buffers_;
+  absl::Status status_;
+  bool finished_ = false;
+};
+
+class CudaKvKernels final : public KvKernels {
+ public:
+  explicit CudaKvKernels(int device) : device_(device) {}
+  ~CudaKvKernels() override {
+    cudaSetDevice(device_);
+    for (cudaStream_t s : streams_) cudaStreamDestroy(s);
+  }
+  std::string name() const override { return "cuda"; }
+  int device() const { return device_; }
+
+  absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
+                        const void* v) override {
+    Call call(this, "AppendKv");
+    const size_t bytes = TensorBytes(view.layout, view.layout.num_kv_heads, n);
+    const PagedKvView d = call.DeviceView(view);
+    void* dk = call.Alloc(bytes, k);
+    void* dv = call.Alloc(bytes, v);
+    if (dv) call.Check(gpu::AppendKv(d, pos, n, dk, dv, call.stream()), "AppendKv");
+    return call.Finish();
+  }
+
+  absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
+                        void* v_out) override {
+    Call call(this, "GatherKv");
+    const size_t bytes = TensorBytes(view.layout, view.layout.num_kv_heads, n);
+    const PagedKvView d = call.DeviceView(view);
+    void* dk = call.Alloc(bytes);
+    void* dv = call.Alloc(bytes);
+    if (dv && call.Check(gpu::GatherKv(d, pos, n, dk, dv, call.stream()), "GatherKv")) {
+      call.CopyOut(k_out, dk, bytes);
+      call.CopyOut(v_out, dv, bytes);
+    }
+    return call.Finish();
+  }
+
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
+                              const void* q, void* out) override {
+    Call call(this, "PagedAttention");
+    const size_t bytes = TensorBytes(view.layout, params.num_q_heads, params.n);
+    const PagedKvView d = call.DeviceView(view);
+    size_t ws_bytes = 0;
+    call.Check(gpu::PagedAttentionWorkspaceSize(d, params, &ws_bytes), "PagedAttentionWorkspaceSize");
+    void* dq = call.Alloc(bytes, q);
+    void* dout = call.Alloc(bytes);
+    void* ws = call.Alloc(ws_bytes);
+    if (ws && call.Check(gpu::PagedAttention(d, params, dq, dout, ws, ws_bytes, call.stream()),
+                         "PagedAttention")) {
+      call.CopyOut(out, dout, bytes);
+    }
+    return call.Finish();
+  }
+
+  // A stream for one call; streams are reused, never shared by two calls at once.
+  cudaError_t AcquireStream(cudaStream_t* s) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!free_.empty()) {
+        *s = free_.back();
+        free_.pop_back();
+        return cudaSuccess;
+      }
+    }
+    const cudaError_t e = cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+    if (e == cudaSuccess) {
+      absl::MutexLock lock(&mu_);
+      streams_.push_back(*s);
+    }
+    return e;
+  }
+  void ReleaseStream(cudaStream_t s) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  static size_t TensorBytes(const PageLayout& l, int heads, int64_t n) {
+    return size_t(heads) * size_t(n) * size_t(l.head_dim) * l.ElemBytes();
+  }
+
+  const int device_;
+  absl::Mutex mu_;
+  std::vector<cudaStream_t> streams_ ABSL_GUARDED_BY(mu_);  // all, destroyed with us
+  std::vector<cudaStream_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+Call::Call(CudaKvKernels* owner, const char* name) : owner_(owner), name_(name) {
+  if (cudaGetDevice(&previous_device_) != cudaSuccess) previous_device_ = -1;
+  if (Check(cudaSetDevice(owner_->device()), "cudaSetDevice")) {
+    Check(owner_->AcquireStream(&stream_), "cudaStreamCreate");
+  }
+}
+
+absl::Status Call::Finish() {
+  if (stream_) {
+    for (void* p : buffers_) Check(cudaFreeAsync(p, stream_), "cudaFreeAsync");
+    Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    owner_->ReleaseStream(stream_);
+  }
+  buffers_.clear();
+  stream_ = nullptr;
+  if (previous_device_ >= 0 && previous_device_ != owner_->device()) cudaSetDevice(previous_device_);
+  finished_ = true;
+  return status_;
+}
+
+Call::~Call() {
+  if (!finished_) Finish().IgnoreError();  // every path calls Finish; this is the backstop
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvKernels>> NewCudaKvKernels(int device) {
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
+    cudaGetLastError();  // clear the error a driverless machine leaves behind
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda kernels: no usable CUDA device (cudaGetDeviceCount: ",
+        e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda kernels: device ", device, " out of range; this machine has ", count));
+  }
+  // Calls allocate their staging buffers from the device's default stream-ordered pool:
+  // keep up to 256 MiB of it cached between calls instead of unmapping it at every sync.
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = uint64_t{256} << 20;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+  cudaGetLastError();
+  return std::make_unique<CudaKvKernels>(device);
+}
+
+}  // namespace kvarena

@@ -1,0 +1,95 @@
+// NewCudaKvKernels against NewCpuKvKernels through core's KvKernels interface: host
+// tensors in and out, the pool on the device, the block table on the host (the adapter
+// stages it). Skips without a CUDA device, except the test of that case.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_kv_kernels.h"
+#include "kernels/cuda/test_problems.h"
+#include "kernels/kv_kernels.h"
+
+namespace kvarena {
+namespace {
+
+using gpu::testing::CompareOutputs;
+using gpu::testing::HostBatch;
+using gpu::testing::ParamsFor;
+using gpu::testing::Problem;
+using gpu::testing::RandomStored;
+using gpu::testing::SeqSpec;
+
+bool GpuPresent() {
+  int n = 0;
+  const bool present = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();
+  return present;
+}
+
+TEST(CudaKvKernelsTest, WithoutDeviceFailsCleanly) {
+  if (GpuPresent()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_EQ(NewCudaKvKernels(0).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CudaKvKernelsTest, MatchesCpuKvKernels) {
+  if (!GpuPresent()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = std::random_device()();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  auto cuda = NewCudaKvKernels(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ(NewCudaKvKernels(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  std::unique_ptr<KvKernels> cpu = NewCpuKvKernels(0);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t n : {int64_t(1), int64_t(7)}) {
+      Problem pb;
+      pb.layout = PageLayout{dtype, 16, 2, 128};
+      pb.group = 4;
+      pb.n = n;
+      pb.window = n == 1 ? 0 : 9;
+      pb.seqs = {SeqSpec{1, int64_t(100 + rng() % 300), 0}};
+      pb.seqs[0].len = pb.seqs[0].pos;  // the n new tokens are appended first
+      SCOPED_TRACE(pb.Describe());
+      HostBatch hb(pb, rng);
+      hb.FillRandom(rng);
+      const int64_t pos = pb.seqs[0].pos;
+      const size_t kv_bytes = size_t(2) * n * 128 * pb.layout.ElemBytes();
+      const std::vector<uint8_t> k = RandomStored(dtype, kv_bytes / pb.layout.ElemBytes(), rng);
+      const std::vector<uint8_t> v = RandomStored(dtype, kv_bytes / pb.layout.ElemBytes(), rng);
+
+      void* dpool = nullptr;
+      ASSERT_EQ(cudaMalloc(&dpool, hb.pool().size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dpool, hb.pool().data(), hb.pool().size(), cudaMemcpyHostToDevice), cudaSuccess);
+      PagedKvView host_view = hb.View(0);
+      host_view.len = pos + n;
+      PagedKvView dev_view = host_view;
+      dev_view.pool_base = static_cast<uint8_t*>(dpool);
+
+      ASSERT_TRUE(cpu->AppendKv(host_view, pos, n, k.data(), v.data()).ok());
+      ASSERT_TRUE((*cuda)->AppendKv(dev_view, pos, n, k.data(), v.data()).ok());
+      std::vector<uint8_t> pool_back(hb.pool().size());
+      ASSERT_EQ(cudaMemcpy(pool_back.data(), dpool, pool_back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_TRUE(pool_back == hb.pool()) << "append";
+
+      std::vector<uint8_t> k_out(kv_bytes, 0xFF), v_out(kv_bytes, 0xFF);
+      ASSERT_TRUE((*cuda)->GatherKv(dev_view, pos, n, k_out.data(), v_out.data()).ok());
+      EXPECT_TRUE(k_out == k && v_out == v) << "gather";
+
+      const AttentionParams p = ParamsFor(pb, pos);
+      const size_t q_bytes = size_t(pb.num_q_heads()) * n * 128 * pb.layout.ElemBytes();
+      const std::vector<uint8_t> q = RandomStored(dtype, q_bytes / pb.layout.ElemBytes(), rng);
+      std::vector<uint8_t> want(q_bytes), got(q_bytes, 0xFF);
+      ASSERT_TRUE(cpu->PagedAttention(host_view, p, q.data(), want.data()).ok());
+      ASSERT_TRUE((*cuda)->PagedAttention(dev_view, p, q.data(), got.data()).ok());
+      EXPECT_EQ(CompareOutputs(dtype, got, want, 128), "") << "attention";
+      cudaFree(dpool);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvarena
