@@ -4,7 +4,8 @@
 # foreground until Ctrl-C.
 #
 # Environment: BUILD_DIR (default build), KVARENA_SOCKET (default /tmp/kvarena.sock),
-# METRICS_PORT (default 9464), ARENA_BYTES (default 1Gi), SKIP_BUILD=1 to reuse a build.
+# METRICS_PORT (default 9464), ARENA_BYTES (default 1Gi), BACKEND (default auto),
+# SKIP_BUILD=1 to reuse a build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,12 +24,9 @@ for b in daemon/kvarenad tools/kvarena client/kvarena_demo; do
   [ -x "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing; build first" >&2; exit 1; }
 done
 
-# The host backend unless a GPU is usable. The CUDA backend has not landed yet, so today
-# this is always host; auto picks it.
-BACKEND=host
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  echo "run.sh: a GPU is present, but the CUDA backend is not built yet: using host memory"
-fi
+# The embedded default: --backend=auto serves from the GPU when this build has CUDA and a
+# device is usable, else from host memory (the start line says which).
+BACKEND=${BACKEND:-auto}
 
 if [ -S "$SOCKET" ] && "$BIN/tools/kvarena" --address="$ADDRESS" health >/dev/null 2>&1; then
   echo "run.sh: a kvarenad is already serving $ADDRESS; stop it first" >&2
