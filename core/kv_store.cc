@@ -78,6 +78,11 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   if (absl::Status s = impl_->CheckSession(session); !s.ok()) return s;
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, impl_->options.default_page_size);
   if (!resolved.ok()) return resolved.status();
+  if (absl::Status s = impl_->kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
+                                                              resolved->num_kv_heads, resolved->head_dim});
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("allocate: ", s.message()));
+  }
   if (cache_id.size() > kMaxCacheIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));

@@ -343,6 +343,10 @@ namespace {
 class FaultyKvKernels : public KvKernels {
  public:
   std::string name() const override { return "faulty"; }
+  absl::Status CheckLayout(const PageLayout& layout) const override {
+    if (layout.head_dim == 96) return absl::InvalidArgumentError("spec.head_dim=96 is not served");
+    return absl::OkStatus();
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     if (fail_append) return absl::InternalError("injected AppendKv failure");
@@ -380,6 +384,18 @@ TEST(KvStoreKernelsTest, AKernelFailureGivesBackThePagesItTook) {
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("injected AppendKv failure"));
   EXPECT_EQ(store->Stats().pages.pages_used, 1);
   EXPECT_EQ(store->Describe("", "a")->info.layer_lens[0], 3);
+}
+
+TEST(KvStoreKernelsTest, AllocateRejectsGeometriesTheKernelsCannotServe) {
+  StoreOptions o;
+  o.arena_bytes = size_t{16} << 20;
+  o.kernels = std::make_shared<FaultyKvKernels>();
+  auto store = *KvStore::Create(o, NewHostBackend());
+  auto r = store->Allocate("", Spec(1, 2, 96), "a");
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("allocate: spec.head_dim=96"));
+  EXPECT_EQ(store->Stats().num_caches, 0);
+  EXPECT_EQ(store->Stats().pools.size(), 0u);
 }
 
 }  // namespace

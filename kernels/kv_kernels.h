@@ -25,6 +25,12 @@ class KvKernels {
  public:
   virtual ~KvKernels() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
+  // OK when these kernels serve pages of this geometry; else INVALID_ARGUMENT naming the
+  // field and the values they take (checked at Allocate, before anything is written).
+  virtual absl::Status CheckLayout(const PageLayout& layout) const {
+    (void)layout;
+    return absl::OkStatus();
+  }
   virtual absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                                 const void* v) = 0;
   virtual absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,

@@ -78,6 +78,11 @@ class CudaKvKernels final : public KvKernels {
     for (cudaStream_t s : streams_) cudaStreamDestroy(s);
   }
   std::string name() const override { return "cuda"; }
+  absl::Status CheckLayout(const PageLayout& layout) const override {
+    if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("spec.head_dim=", layout.head_dim,
+                                                   " but the CUDA kernels take 64, 128 or 256"));
+  }
   int device() const { return device_; }
 
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,

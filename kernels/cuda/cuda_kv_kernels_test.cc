@@ -30,6 +30,18 @@ bool GpuPresent() {
   return present;
 }
 
+TEST(CudaKvKernelsTest, CheckLayoutTakesTheHeadDimsTheKernelsServe) {
+  absl::StatusOr<std::unique_ptr<KvKernels>> made = NewCudaKvKernels(0);
+  if (!made.ok()) GTEST_SKIP() << "no CUDA device: " << made.status();
+  KvKernels* k = made->get();
+  for (int head_dim : {64, 128, 256}) {
+    EXPECT_TRUE(k->CheckLayout(PageLayout{DType::kBFloat16, 16, 8, head_dim}).ok()) << head_dim;
+  }
+  const absl::Status s = k->CheckLayout(PageLayout{DType::kFloat16, 16, 8, 96});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("spec.head_dim=96"), absl::string_view::npos) << s;
+}
+
 TEST(CudaKvKernelsTest, WithoutDeviceFailsCleanly) {
   if (GpuPresent()) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_EQ(NewCudaKvKernels(0).status().code(), absl::StatusCode::kFailedPrecondition);
