@@ -22,15 +22,13 @@
 #include "client/transport.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
+#include "core/validate.h"
 #include "proto/wire.h"
 #include <grpcpp/grpcpp.h>
 
 namespace kvarena::client_internal {
 namespace {
 
-constexpr char kSessionMetadata[] = "kvarena-session";
-
-bool Present(const TensorArg& t) { return t.data != nullptr || t.bytes != 0 || !t.shape.empty(); }
 using Stub = v1::KvCacheService::Stub;
 
 // One channel and its stubs, shared by the calls in flight.
@@ -336,7 +334,7 @@ class RemoteTransport final : public Transport {
   void Prepare(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
     // session_ is written once, before Connect returns.
-    if (!attached_session_.empty()) ctx->AddMetadata(kSessionMetadata, attached_session_);
+    if (!attached_session_.empty()) ctx->AddMetadata(kSessionMetadataKey, attached_session_);
   }
 
   absl::Status Finish(const grpc::Status& status) const {

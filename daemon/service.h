@@ -16,10 +16,9 @@
 #include "core/kv_store.h"
 #include "daemon/rpc_counters.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
+#include "proto/wire.h"
 
 namespace kvarena {
-
-inline constexpr char kSessionMetadataKey[] = "kvarena-session";
 
 class KvCacheServiceImpl final : public v1::KvCacheService::Service {
  public:

@@ -13,6 +13,9 @@
 
 namespace kvarena {
 
+// The call metadata that carries the caller's session id (from its Attach stream).
+inline constexpr char kSessionMetadataKey[] = "kvarena-session";
+
 DType FromProto(v1::DType d);
 v1::DType ToProto(DType d);
 
