@@ -35,12 +35,11 @@ class HostRegion final : public Region {
 
   // Pages of a memfd are allocated on first touch; there is nothing to do up front.
   absl::Status Commit(size_t offset, size_t bytes) override {
-    if (offset + bytes > size_) return absl::OutOfRangeError("commit past the region's end");
-    return absl::OkStatus();
+    return CheckRegionRange("commit", offset, bytes, size_);
   }
 
   absl::Status Decommit(size_t offset, size_t bytes) override {
-    if (offset + bytes > size_) return absl::OutOfRangeError("decommit past the region's end");
+    if (absl::Status s = CheckRegionRange("decommit", offset, bytes, size_); !s.ok()) return s;
     // Punch whole file-system blocks only: a partial block at either end may hold the
     // neighbouring range's live bytes, which a punch would zero.
     const size_t begin = (offset + kBlock - 1) / kBlock * kBlock;

@@ -60,6 +60,7 @@ TEST_F(HostRegionTest, RejectsRangesPastTheEnd) {
   auto r = Reserve(kChunkGranularity);
   EXPECT_EQ(r->Commit(kChunkGranularity, 1).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(r->Decommit(1, kChunkGranularity).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(r->Commit(1, SIZE_MAX).code(), absl::StatusCode::kOutOfRange);  // offset + bytes wraps
 }
 
 TEST_F(HostRegionTest, FdReadsTheMappedBytes) {

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvarena {
 
@@ -35,6 +36,17 @@ struct SharedPiece {
   int fd = -1;
   uint64_t generation = 1;
 };
+
+// OUT_OF_RANGE unless [offset, offset + bytes) lies inside a region of `size` bytes
+// (overflow-safe); `what` names the operation. Every Region checks its ranges with this.
+// Inline: the CUDA regions (a library kvarena_arena itself links) use it too.
+inline absl::Status CheckRegionRange(const char* what, size_t offset, size_t bytes, size_t size) {
+  if (offset > size || bytes > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": [", offset, ", +", bytes,
+                                              ") lies outside a region of ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
 
 class Region {
  public:

@@ -10,10 +10,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 namespace kvarena {
+
+// The kvarenad built beside this benchmark (build/bench/.. -> build/daemon/kvarenad).
+inline std::string DefaultKvarenadPath() {
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+}
 
 class ChildDaemon {
  public:

@@ -272,8 +272,7 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
 }  // namespace kvarena
 
 int main(int argc, char** argv) {
-  std::string kvarenad =
-      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+  std::string kvarenad = kvarena::DefaultKvarenadPath();
   int steps = 128, rounds = 4;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

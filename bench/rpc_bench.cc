@@ -275,8 +275,7 @@ int Run(const std::string& kvarenad, bool quick) {
 }  // namespace kvarena
 
 int main(int argc, char** argv) {
-  std::string kvarenad =
-      (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+  std::string kvarenad = kvarena::DefaultKvarenadPath();
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

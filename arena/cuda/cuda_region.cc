@@ -48,11 +48,7 @@ class CudaIpcRegion final : public Region {
 
  private:
   absl::Status CheckRange(const char* what, size_t offset, size_t bytes) const {
-    if (offset > size_ || bytes > size_ - offset) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": [", offset, ", +", bytes,
-                                                ") lies outside a region of ", size_, " bytes"));
-    }
-    return absl::OkStatus();
+    return CheckRegionRange(what, offset, bytes, size_);
   }
 
   const int device_;

@@ -135,11 +135,7 @@ class CudaVmmRegion final : public Region {
 
  private:
   absl::Status CheckRange(const char* what, size_t offset, size_t bytes) const {
-    if (offset > size_ || bytes > size_ - offset) {
-      return absl::OutOfRangeError(absl::StrCat(what, ": [", offset, ", +", bytes,
-                                                ") lies outside a region of ", size_, " bytes"));
-    }
-    return absl::OkStatus();
+    return CheckRegionRange(what, offset, bytes, size_);
   }
 
   // Creates, maps and opens `count` granules at granule `first`.
