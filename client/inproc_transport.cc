@@ -4,6 +4,7 @@
 // local path (Reserve / attention_local / Commit) exactly as over a mapped daemon pool.
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "arena/region.h"
 #include "client/transport.h"
 #include "core/kv_store.h"
@@ -37,7 +38,8 @@ class InprocTransport final : public Transport {
     return store_->Attend(session_, args, out->data.data(), out->data.size());
   }
   absl::StatusOr<PopnResult> Popn(const std::string& cache_id, int64_t n) override {
-    return store_->Popn(session_, cache_id, n);
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("popn: n=", n, " is negative"));
+    return store_->Popn(session_, cache_id, uint64_t(n));
   }
   absl::StatusOr<CacheInfo> Reset(const std::string& cache_id, bool keep_pages) override {
     return store_->Reset(session_, cache_id, keep_pages);
@@ -91,7 +93,12 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
   so.num_threads = options.num_threads;
   auto store = KvStore::Create(so, NewHostBackend());
   if (!store.ok()) return store.status();
-  std::string session = options.attach ? (*store)->OpenSession(options.client_name) : "";
+  std::string session;
+  if (options.attach) {
+    absl::StatusOr<std::string> s = (*store)->OpenSession(options.client_name);
+    if (!s.ok()) return s.status();
+    session = *std::move(s);
+  }
   return std::shared_ptr<Transport>(
       new InprocTransport(*std::move(store), std::move(session), options.num_threads));
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
 #include "client/transport.h"
+#include "core/checked.h"
 #include "core/validate.h"
 #include "kvarena/client.h"
 #include "kvarena/kv_cache_handle.h"
@@ -208,16 +209,22 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   if (auto s = CheckLocal(op); !s.ok()) return s;
   if (auto s = CheckLayer(op, layer); !s.ok()) return s;
   const CacheSpec& spec = info_.spec;
+  uint8_t* base = nullptr;
+  KvKernels* kernels = nullptr;
+  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
+  // The same checks as the served path, within what these kernels index.
+  const KernelLimits reach = kernels->limits();
+  const RequestLimits limits = LimitsFor(reach, reach.max_positions);
   int64_t nq = 0;
   if (q != nullptr) {
     out->data.resize(q->bytes);
-    auto n = CheckQuery(op, spec, *q, out->data.data(), out->data.size(), opts.scale);
+    auto n = CheckQuery(op, spec, *q, out->data.data(), out->data.size(), opts.scale, limits);
     if (!n.ok()) return n.status();
     nq = *n;
   }
-  auto nk = CheckTensor(op, "k", k, spec.dtype, spec.num_kv_heads, spec.head_dim);
+  auto nk = CheckTensor(op, "k", k, spec.dtype, spec.num_kv_heads, spec.head_dim, limits);
   if (!nk.ok()) return nk.status();
-  auto nv = CheckTensor(op, "v", v, spec.dtype, spec.num_kv_heads, spec.head_dim);
+  auto nv = CheckTensor(op, "v", v, spec.dtype, spec.num_kv_heads, spec.head_dim, limits);
   if (!nv.ok()) return nv.status();
   if (*nk != *nv || (q != nullptr && nq != *nk)) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens, v ", *nv,
@@ -225,9 +232,6 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   }
   const int64_t n = *nk;
   if (auto s = EnsureTable(op); !s.ok()) return s;
-  uint8_t* base = nullptr;
-  KvKernels* kernels = nullptr;
-  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
 
   std::vector<int32_t> blocks;  // a snapshot: a concurrent reserve may grow the table
   int64_t first_pos = 0, pos = 0;
@@ -235,6 +239,9 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
     absl::MutexLock lock(&state_->mu);
     const LocalLayer& l = state_->table.layer(layer);
     pos = l.len + l.pending;
+    if (auto s = CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits); !s.ok()) {
+      return s;
+    }
     if (pos + n > l.end(page_size())) {
       return absl::FailedPreconditionError(absl::StrCat(
           op, ": cache ", cache_id(), " layer ", layer, " needs pages up to position ", pos + n,
@@ -291,7 +298,7 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   const int64_t n = std::max<int64_t>(0, lp->len - lp->first_pos);
   GetKvResult r;
   r.first_pos = lp->first_pos;
-  const size_t bytes = size_t(n) * size_t(num_kv_heads()) * size_t(head_dim()) * DTypeSize(dtype());
+  const size_t bytes = size_t(*TensorBytes(dtype(), num_kv_heads(), n, head_dim()));  // n is held
   for (TensorOut* o : {&r.k, &r.v}) {
     o->dtype = dtype();
     o->shape = {1, num_kv_heads(), n, head_dim()};

@@ -4,33 +4,40 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 
 namespace kvarena {
+namespace {
 
-KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool,
-                 KvKernels* kernels, StoreCounters* counters)
-    : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), pool_(pool),
-      kernels_(kernels), counters_(counters), layers_(size_t(spec_.num_layers)) {
-  counters_->layers_total += spec_.num_layers;
-  counters_->layers_sliding +=
-      std::count_if(spec_.layer_windows.begin(), spec_.layer_windows.end(), [](int w) { return w > 0; });
+int64_t SlidingLayers(const CacheSpec& spec) {
+  return std::count_if(spec.layer_windows.begin(), spec.layer_windows.end(), [](int w) { return w > 0; });
+}
+
+}  // namespace
+
+KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now)
+    : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
+      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)) {
+  ctx_.counters->layers_total += spec_.num_layers;
+  ctx_.counters->layers_sliding += SlidingLayers(spec_);
 }
 
 KvCache::~KvCache() {
   Release();
-  counters_->layers_total -= spec_.num_layers;
-  counters_->layers_sliding -=
-      std::count_if(spec_.layer_windows.begin(), spec_.layer_windows.end(), [](int w) { return w > 0; });
+  ctx_.quota->RemoveCache();
+  ctx_.counters->layers_total -= spec_.num_layers;
+  ctx_.counters->layers_sliding -= SlidingLayers(spec_);
 }
 
 absl::Status KvCache::CheckLiveLocked() const {
-  if (released_) return absl::NotFoundError(absl::StrCat("cache '", id_, "' was released"));
+  if (released_) return absl::NotFoundError(absl::StrCat("cache ", Quoted(id_), " was released"));
   return absl::OkStatus();
 }
 
 absl::Status KvCache::CheckLayerLocked(absl::string_view op, int layer) const {
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   if (layer < 0 || layer >= spec_.num_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": layer=", layer, " but the cache has num_layers=", spec_.num_layers));
@@ -49,19 +56,37 @@ int64_t KvCache::MaterializedLocked() const {
 }
 
 void KvCache::PublishLocked(int64_t old_seq, int64_t old_mat) {
-  counters_->seq_len_sum += SeqLenLocked() - old_seq;
-  counters_->layers_materialized += MaterializedLocked() - old_mat;
+  ctx_.counters->seq_len_sum += SeqLenLocked() - old_seq;
+  ctx_.counters->layers_materialized += MaterializedLocked() - old_mat;
 }
 
-void KvCache::FreeLocked(std::vector<int32_t>& ids, int64_t old_seq, int64_t old_mat) {
-  if (!ids.empty()) pool_->Free(ids);
+absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, int64_t n,
+                                      std::vector<int32_t>* ids) {
+  if (n <= 0) return absl::OkStatus();
+  Quota& quota = *ctx_.quota;
+  if (!quota.TryChargePages(n)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        op, ": layer ", layer, " needs ", n, " page(s) but the session's caches hold ",
+        quota.pages(), " of session_max_pages=", quota.max_pages()));
+  }
+  if (absl::Status s = ctx_.pool->Allocate(n, ids); !s.ok()) {
+    quota.RefundPages(n);
+    return absl::Status(s.code(), absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  }
+  pages_held_ += n;
+  return absl::OkStatus();
+}
+
+void KvCache::ReturnPagesLocked(std::vector<int32_t>& ids) {
+  if (ids.empty()) return;
+  ctx_.pool->Free(ids);
+  ctx_.quota->RefundPages(int64_t(ids.size()));
   pages_held_ -= int64_t(ids.size());
   ids.clear();
-  PublishLocked(old_seq, old_mat);
 }
 
 PagedKvView KvCache::ViewLocked(int layer) const {
-  return layers_[size_t(layer)].View(pool_->layout(), pool_->base());
+  return layers_[size_t(layer)].View(ctx_.pool->layout(), ctx_.pool->base());
 }
 
 void KvCache::EvictLocked(int layer, int64_t block_start) {
@@ -71,77 +96,88 @@ void KvCache::EvictLocked(int layer, int64_t block_start) {
   std::vector<int32_t> freed;
   layers_[size_t(layer)].EvictBelow(block_start - w + 1, spec_.page_size, &freed);
   if (freed.empty()) return;
-  pool_->Free(freed);
-  pages_held_ -= int64_t(freed.size());
   pages_evicted_ += freed.size();
-  counters_->pages_evicted += freed.size();
+  ctx_.counters->pages_evicted += freed.size();
+  ReturnPagesLocked(freed);
 }
 
-absl::StatusOr<AppendResult> KvCache::AppendLocked(absl::string_view op, int layer, int64_t pos,
-                                                   const TensorArg& k, const TensorArg& v) {
+absl::StatusOr<int64_t> KvCache::AppendLocked(absl::string_view op, int layer, int64_t pos,
+                                              const TensorArg& k, const TensorArg& v) {
   LayerTable& t = layers_[size_t(layer)];
   if (pos != t.len()) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": pos=", pos, " but layer ", layer, " holds ", t.len(), " tokens"));
   }
-  absl::StatusOr<int64_t> nk = CheckTensor(op, "k", k, spec_.dtype, spec_.num_kv_heads, spec_.head_dim);
+  absl::StatusOr<int64_t> nk =
+      CheckTensor(op, "k", k, spec_.dtype, spec_.num_kv_heads, spec_.head_dim, limits());
   if (!nk.ok()) return nk.status();
-  absl::StatusOr<int64_t> nv = CheckTensor(op, "v", v, spec_.dtype, spec_.num_kv_heads, spec_.head_dim);
+  absl::StatusOr<int64_t> nv =
+      CheckTensor(op, "v", v, spec_.dtype, spec_.num_kv_heads, spec_.head_dim, limits());
   if (!nv.ok()) return nv.status();
   if (*nk != *nv) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": k has ", *nk, " tokens but v has ", *nv));
+    return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens but v has ", *nv));
   }
   const int64_t n = *nk;
-  if (spec_.max_tokens > 0 && pos + n > spec_.max_tokens) {
+  KVARENA_RETURN_IF_ERROR(CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits()));
+  if (spec_.max_tokens > 0 && n > spec_.max_tokens - pos) {
     CountRefusal();
     return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ", pos + n,
                                                      " tokens but max_tokens=", spec_.max_tokens));
   }
-  const int64_t old_seq = SeqLenLocked();
-  const int64_t old_mat = MaterializedLocked();
   const int64_t missing = t.BlocksMissing(pos + n, spec_.page_size);
-  if (missing > 0) {
-    std::vector<int32_t> ids;
-    if (absl::Status s = pool_->Allocate(missing, &ids); !s.ok()) {
-      CountRefusal();
-      return absl::Status(s.code(), absl::StrCat(op, ": layer ", layer, ": ", s.message()));
-    }
-    t.AddBlocks(ids.data(), int64_t(ids.size()));
-    pages_held_ += missing;
+  std::vector<int32_t> ids;
+  if (absl::Status s = TakePagesLocked(op, layer, missing, &ids); !s.ok()) {
+    CountRefusal();
+    return s;
   }
-  if (absl::Status s = kernels_->AppendKv(ViewLocked(layer), pos, n, k.data, v.data); !s.ok()) {
-    std::vector<int32_t> added;  // a device error: give back what this call took
-    t.DropLastBlocks(missing, &added);
-    FreeLocked(added, old_seq, old_mat);
-    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  // The new blocks start at or after pos, so the tokens fill all of them but the tail of
+  // the last: clear that one before anything can read it.
+  absl::Status written = missing > 0 ? kernels().ClearPages(ctx_.pool->layout(), ctx_.pool->base(),
+                                                                &ids.back(), 1)
+                                     : absl::OkStatus();
+  t.AddBlocks(ids.data(), int64_t(ids.size()));
+  if (written.ok()) written = kernels().AppendKv(ViewLocked(layer), pos, n, k.data, v.data);
+  if (!written.ok()) {  // a device error: give back what this call took
+    UndoAppendLocked(layer, pos, missing);
+    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", written.message()));
   }
   t.set_len(pos + n);
-  EvictLocked(layer, pos);
-  PublishLocked(old_seq, old_mat);
-  return AppendResult{t.len(), SeqLenLocked()};
+  return missing;
+}
+
+void KvCache::UndoAppendLocked(int layer, int64_t old_len, int64_t added_blocks) {
+  LayerTable& t = layers_[size_t(layer)];
+  std::vector<int32_t> added;
+  t.DropLastBlocks(added_blocks, &added);
+  t.set_len(old_len);
+  ReturnPagesLocked(added);
 }
 
 absl::StatusOr<AppendResult> KvCache::Append(int layer, int64_t pos, const TensorArg& k,
                                              const TensorArg& v) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLayerLocked("append", layer); !s.ok()) return s;
-  return AppendLocked("append", layer, pos, k, v);
+  KVARENA_RETURN_IF_ERROR(CheckLayerLocked("append", layer));
+  const int64_t old_seq = SeqLenLocked();
+  const int64_t old_mat = MaterializedLocked();
+  absl::StatusOr<int64_t> added = AppendLocked("append", layer, pos, k, v);
+  if (!added.ok()) return added.status();
+  EvictLocked(layer, pos);
+  PublishLocked(old_seq, old_mat);
+  return AppendResult{layers_[size_t(layer)].len(), SeqLenLocked()};
 }
 
-absl::StatusOr<PopnResult> KvCache::Popn(int64_t n) {
+absl::StatusOr<PopnResult> KvCache::Popn(uint64_t n) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
-  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("popn: n=", n, " < 0"));
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   const int64_t seq = SeqLenLocked();
   PopnResult r{0, seq, ""};
   if (n == 0) return r;
-  if (n > seq) {
+  if (n > uint64_t(seq)) {
     r.refusal = absl::StrCat("popn: n=", n, " but seq_len=", seq);
     CountRefusal();
     return r;
   }
-  const int64_t end = seq - n;
+  const int64_t end = seq - int64_t(n);
   for (int i = 0; i < spec_.num_layers; ++i) {
     const LayerTable& t = layers_[size_t(i)];
     const int w = spec_.layer_windows[size_t(i)];
@@ -160,20 +196,22 @@ absl::StatusOr<PopnResult> KvCache::Popn(int64_t n) {
   for (LayerTable& t : layers_) {
     if (t.len() > end) t.Truncate(end, spec_.page_size, &freed);
   }
-  FreeLocked(freed, seq, old_mat);
-  r.popped = n;
+  ReturnPagesLocked(freed);
+  PublishLocked(seq, old_mat);
+  r.popped = int64_t(n);
   r.seq_len = SeqLenLocked();
   return r;
 }
 
 absl::StatusOr<CacheInfo> KvCache::Reset(bool keep_pages) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
   std::vector<int32_t> freed;
   for (LayerTable& t : layers_) t.Clear(keep_pages, &freed);
-  FreeLocked(freed, old_seq, old_mat);
+  ReturnPagesLocked(freed);
+  PublishLocked(old_seq, old_mat);
   return InfoLocked();
 }
 
@@ -184,7 +222,8 @@ void KvCache::Release() {
   const int64_t old_mat = MaterializedLocked();
   std::vector<int32_t> freed;
   for (LayerTable& t : layers_) t.Clear(/*keep_pages=*/false, &freed);
-  FreeLocked(freed, old_seq, old_mat);
+  ReturnPagesLocked(freed);
+  PublishLocked(old_seq, old_mat);
   released_ = true;
 }
 
@@ -199,21 +238,28 @@ CacheInfo KvCache::InfoLocked() const {
     info.layer_lens.push_back(t.len());
     info.layer_first_pos.push_back(t.first_pos(spec_.page_size));
   }
-  info.pool_id = pool_->id();
-  info.page_bytes = pool_->page_bytes();
+  info.pool_id = ctx_.pool->id();
+  info.page_bytes = ctx_.pool->page_bytes();
   return info;
 }
 
 absl::StatusOr<CacheInfo> KvCache::Info() {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   return InfoLocked();
 }
 
-absl::StatusOr<PageStats> KvCache::Stats() {
-  const PoolStats pool = pool_->Stats();
+std::vector<int32_t> KvCache::HeldPages() {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  std::vector<int32_t> ids;
+  for (const LayerTable& t : layers_) ids.insert(ids.end(), t.blocks(), t.blocks() + t.num_blocks());
+  return ids;
+}
+
+absl::StatusOr<PageStats> KvCache::Stats() {
+  const PoolStats pool = ctx_.pool->Stats();
+  absl::MutexLock lock(&mu_);
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   PageStats st;
   st.pages_used = pages_held_;
   st.pages_free = pool.pages_free;
@@ -222,9 +268,8 @@ absl::StatusOr<PageStats> KvCache::Stats() {
   st.seq_len = SeqLenLocked();
   st.layers_materialized = MaterializedLocked();
   st.layers_total = spec_.num_layers;
-  st.layers_sliding =
-      std::count_if(spec_.layer_windows.begin(), spec_.layer_windows.end(), [](int w) { return w > 0; });
-  st.bytes_used = uint64_t(pages_held_) * pool_->page_bytes();
+  st.layers_sliding = SlidingLayers(spec_);
+  st.bytes_used = uint64_t(pages_held_) * ctx_.pool->page_bytes();
   st.pages_evicted = pages_evicted_;
   st.refusals = refusals_.load(std::memory_order_relaxed);
   return st;

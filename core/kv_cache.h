@@ -6,11 +6,16 @@
 // which REQUIRE it (the store holds several caches' locks for an all-or-nothing Reserve).
 // Every operation validates before it mutates: an error leaves pages, lengths and
 // counters exactly as they were. After Release() every operation returns NOT_FOUND.
+//
+// Page contents: every slot of every page the cache holds was written by this cache or
+// zeroed when the page was taken from the pool (KvKernels::ClearPages), so no read —
+// GetKv, Attend, a view — can return bytes another cache wrote.
 #ifndef KVARENA_CORE_KV_CACHE_H_
 #define KVARENA_CORE_KV_CACHE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,9 +23,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/layer_table.h"
 #include "core/page_pool.h"
+#include "core/quota.h"
 #include "core/types.h"
+#include "core/validate.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
@@ -35,11 +43,22 @@ struct StoreCounters {
   std::atomic<uint64_t> refusals{0};
 };
 
+// What a cache shares with its store; everything outlives the cache except the pool and
+// quota, which it co-owns.
+struct CacheContext {
+  std::shared_ptr<PagePool> pool;
+  std::shared_ptr<Quota> quota;  // the owner session's (or the sessionless caches')
+  KvKernels* kernels = nullptr;
+  StoreCounters* counters = nullptr;
+  const RequestLimits* limits = nullptr;
+  size_t max_reply_bytes = 0;
+};
+
 class KvCache {
  public:
-  // REQUIRES: spec resolved by ResolveSpec and matching pool's layout.
-  KvCache(std::string id, CacheSpec spec, std::string owner, PagePool* pool, KvKernels* kernels,
-          StoreCounters* counters);
+  // REQUIRES: spec resolved by ResolveSpec and matching the pool's layout. The quota has
+  // already counted this cache; the destructor gives the count back.
+  KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now);
   ~KvCache();  // releases what it still holds
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -47,24 +66,32 @@ class KvCache {
   const std::string& id() const { return id_; }
   const std::string& owner() const { return owner_; }
   const CacheSpec& spec() const { return spec_; }
-  PagePool* pool() const { return pool_; }
+  PagePool* pool() const { return ctx_.pool.get(); }
+  Quota* quota() const { return ctx_.quota.get(); }
+
+  // When an operation last found this cache (for --idle_ttl).
+  void Touch(absl::Time now) { last_used_.store(absl::ToUnixNanos(now), std::memory_order_relaxed); }
+  absl::Time last_used() const { return absl::FromUnixNanos(last_used_.load(std::memory_order_relaxed)); }
 
   absl::StatusOr<AppendResult> Append(int layer, int64_t pos, const TensorArg& k,
                                       const TensorArg& v);
   absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes);
-  absl::StatusOr<PopnResult> Popn(int64_t n);
+  absl::StatusOr<PopnResult> Popn(uint64_t n);
   absl::StatusOr<CacheInfo> Reset(bool keep_pages);
   void Release();
-  absl::StatusOr<GetKvResult> GetKv(int layer);
+  absl::StatusOr<GetKvResult> GetKv(int layer, const GetKvRange& range);
   absl::StatusOr<CacheDescription> Describe();
   absl::StatusOr<CacheInfo> Info();
   absl::StatusOr<PageStats> Stats();
+  // The ids of every page this cache holds (each layer's live blocks), for audits.
+  std::vector<int32_t> HeldPages();
 
   // Local path, under the lock (see class comment).
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
-  // Pages needed so every layer covers [len, seq_len + tokens); checks max_tokens.
+  // Pages needed so every layer covers [len, seq_len + tokens); checks tokens and max_tokens.
   absl::StatusOr<int64_t> PagesToReserveLocked(int64_t tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands the pages counted above to the layers (consumes ids from *ids, front first).
+  // Hands the pages counted above (already charged to the quota, taken from the pool and
+  // cleared) to the layers, consuming ids from *next on.
   ReserveResult AddReservedLocked(int64_t tokens, const std::vector<int32_t>& ids, size_t* next)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks that Commit(tokens) is possible: every layer at seq_len with pages reserved.
@@ -73,16 +100,26 @@ class KvCache {
   absl::Status CheckLiveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountRefusal() {
     refusals_.fetch_add(1, std::memory_order_relaxed);
-    counters_->refusals.fetch_add(1, std::memory_order_relaxed);
+    ctx_.counters->refusals.fetch_add(1, std::memory_order_relaxed);
   }
 
  private:
   int64_t SeqLenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MaterializedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Validates, takes pages and writes n tokens at pos == layer length.
-  absl::StatusOr<AppendResult> AppendLocked(absl::string_view op, int layer, int64_t pos,
-                                            const TensorArg& k, const TensorArg& v)
+  // Charges the quota and takes n pages from the pool, all or nothing; the refusal names
+  // op and layer. The pages are not cleared.
+  absl::Status TakePagesLocked(absl::string_view op, int layer, int64_t n, std::vector<int32_t>* ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives pages back to the pool and the quota.
+  void ReturnPagesLocked(std::vector<int32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates an append of k/v at pos (== the layer's length), takes the pages it needs
+  // and writes the tokens; sets the length but neither evicts nor publishes. Returns the
+  // number of blocks it added (UndoAppendLocked takes them back).
+  absl::StatusOr<int64_t> AppendLocked(absl::string_view op, int layer, int64_t pos,
+                                       const TensorArg& k, const TensorArg& v)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UndoAppendLocked(int layer, int64_t old_len, int64_t added_blocks)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the blocks of a sliding layer wholly below block_start - window + 1: what no query
   // at block_start or later can see. Evicting relative to the start of the latest block
@@ -90,18 +127,17 @@ class KvCache {
   // can always be rolled back with popn; the price is that a prefill's early pages stay
   // until the next append.
   void EvictLocked(int layer, int64_t block_start) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeLocked(std::vector<int32_t>& ids, int64_t old_seq, int64_t old_mat)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(int64_t old_seq, int64_t old_mat) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CacheInfo InfoLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PagedKvView ViewLocked(int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const RequestLimits& limits() const { return *ctx_.limits; }
+  KvKernels& kernels() const { return *ctx_.kernels; }
 
   const std::string id_;
   const CacheSpec spec_;
   const std::string owner_;
-  PagePool* const pool_;
-  KvKernels* const kernels_;
-  StoreCounters* const counters_;
+  const CacheContext ctx_;
+  std::atomic<int64_t> last_used_;
 
   mutable absl::Mutex mu_;
   std::vector<LayerTable> layers_ ABSL_GUARDED_BY(mu_);

@@ -5,7 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/checked.h"
 #include "core/kv_cache.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 
 namespace kvarena {
@@ -13,9 +15,9 @@ namespace kvarena {
 absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes) {
   absl::MutexLock lock(&mu_);
   const int layer = args.layer;
-  if (absl::Status s = CheckLayerLocked("attend", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLayerLocked("attend", layer));
   const TensorArg& q = args.q;
-  absl::StatusOr<int64_t> n = CheckQuery("attend", spec_, q, out, out_bytes, args.scale);
+  absl::StatusOr<int64_t> n = CheckQuery("attend", spec_, q, out, out_bytes, args.scale, limits());
   if (!n.ok()) return n.status();
   const int64_t q_heads = q.shape[1];
   const bool has_k = Present(args.k), has_v = Present(args.v);
@@ -25,17 +27,22 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   }
   const LayerTable& t = layers_[size_t(layer)];
   const int64_t window = EffectiveWindow(spec_.layer_windows[size_t(layer)], args.window);
+  const int64_t old_seq = SeqLenLocked();
+  const int64_t old_mat = MaterializedLocked();
+  int64_t added_blocks = 0;
   if (has_k) {
     if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
       return absl::InvalidArgumentError(
           absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
     }
-    absl::StatusOr<AppendResult> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
-    if (!appended.ok()) return appended.status();
+    absl::StatusOr<int64_t> added = AppendLocked("attend", layer, args.pos, args.k, args.v);
+    if (!added.ok()) return added.status();
+    added_blocks = *added;
   } else {
-    if (args.pos < 0 || args.pos + *n > t.len()) {
+    // Written so it cannot wrap: pos + n <= len.
+    if (args.pos < 0 || args.pos > t.len() - *n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "attend: pos=", args.pos, " with ", *n, " queries needs positions up to ", args.pos + *n,
+          "attend: pos=", args.pos, " with ", *n, " queries needs positions up to pos + ", *n,
           " but layer ", layer, " holds ", t.len(), " tokens (pass k and v to append)"));
     }
     const int64_t need = window > 0 ? std::max<int64_t>(0, args.pos - window + 1) : 0;
@@ -52,28 +59,47 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   p.n = *n;
   p.scale = args.scale > 0 ? float(args.scale) : 1.0f / std::sqrt(float(spec_.head_dim));
   p.window = window;
-  if (absl::Status s = kernels_->PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {
+  if (absl::Status s = kernels().PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {
+    // All or nothing: the tokens this call appended go too.
+    if (has_k) UndoAppendLocked(layer, args.pos, added_blocks);
     return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
   }
+  if (has_k) EvictLocked(layer, args.pos);
+  PublishLocked(old_seq, old_mat);
   return AttendResult{q.shape, SeqLenLocked()};
 }
 
-absl::StatusOr<GetKvResult> KvCache::GetKv(int layer) {
+absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLayerLocked("get_kv", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLayerLocked("get_kv", layer));
+  if (range.from_pos < 0 || range.max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("get_kv: from_pos=", range.from_pos,
+                                                   " and max_tokens=", range.max_tokens,
+                                                   " must be >= 0"));
+  }
   const LayerTable& t = layers_[size_t(layer)];
-  const int64_t first = t.first_pos(spec_.page_size);
-  const int64_t n = t.len() - first;
+  const int64_t first = std::min(std::max(range.from_pos, t.first_pos(spec_.page_size)), t.len());
+  int64_t n = t.len() - first;
+  if (range.max_tokens > 0) n = std::min(n, range.max_tokens);
+  const std::optional<uint64_t> bytes = TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
+  if (!bytes || *bytes > ctx_.max_reply_bytes / 2) {
+    const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
+        uint64_t(n) * per_token, " bytes of K and V, above the ", ctx_.max_reply_bytes,
+        " a reply may carry; ask for at most ", ctx_.max_reply_bytes / per_token,
+        " tokens at a time (from_pos, max_tokens)"));
+  }
   GetKvResult r;
   r.first_pos = first;
-  const size_t bytes = size_t(n) * size_t(spec_.num_kv_heads) * size_t(spec_.head_dim) * DTypeSize(spec_.dtype);
+  r.layer_len = t.len();
   for (TensorOut* o : {&r.k, &r.v}) {
     o->dtype = spec_.dtype;
     o->shape = {1, spec_.num_kv_heads, n, spec_.head_dim};
-    o->data.resize(bytes);
+    o->data.resize(size_t(*bytes));
   }
   if (n > 0) {
-    if (absl::Status s = kernels_->GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
+    if (absl::Status s = kernels().GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
         !s.ok()) {
       return absl::InternalError(absl::StrCat("get_kv: layer ", layer, ": ", s.message()));
     }
@@ -95,17 +121,25 @@ absl::StatusOr<CacheDescription> KvCache::Describe() {
 }
 
 absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
-  if (tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("reserve: cache '", id_, "' tokens=", tokens, " < 0"));
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
+  if (tokens < 0 || tokens > limits().max_request_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("reserve: cache ", Quoted(id_), " tokens=", tokens,
+                                                   " must be in [0, ", limits().max_request_tokens, "]"));
   }
-  const int64_t end = SeqLenLocked() + tokens;
-  if (spec_.max_tokens > 0 && end > spec_.max_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat("reserve: cache '", id_, "' would hold ", end,
-                                                     " tokens but max_tokens=", spec_.max_tokens));
+  const int64_t seq = SeqLenLocked();
+  KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
+                                      tokens, limits()));
+  if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
+    return absl::ResourceExhaustedError(absl::StrCat("reserve: cache ", Quoted(id_), " would hold ",
+                                                     seq + tokens, " tokens but max_tokens=",
+                                                     spec_.max_tokens));
   }
   int64_t pages = 0;
-  for (const LayerTable& t : layers_) pages += t.BlocksMissing(end, spec_.page_size);
+  for (const LayerTable& t : layers_) {
+    const std::optional<int64_t> sum = CheckedAdd(pages, t.BlocksMissing(seq + tokens, spec_.page_size));
+    if (!sum) return absl::InvalidArgumentError("reserve: the page count overflows");
+    pages = *sum;
+  }
   return pages;
 }
 
@@ -130,25 +164,29 @@ ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32
 }
 
 absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
-  if (tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("commit: cache '", id_, "' tokens=", tokens, " < 0"));
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
+  if (tokens < 0 || tokens > limits().max_request_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("commit: cache ", Quoted(id_), " tokens=", tokens,
+                                                   " must be in [0, ", limits().max_request_tokens, "]"));
   }
   const int64_t seq = SeqLenLocked();
-  if (spec_.max_tokens > 0 && seq + tokens > spec_.max_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat("commit: cache '", id_, "' would hold ", seq + tokens,
-                                                     " tokens but max_tokens=", spec_.max_tokens));
+  KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
+                                      tokens, limits()));
+  if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
+    return absl::ResourceExhaustedError(absl::StrCat("commit: cache ", Quoted(id_), " would hold ",
+                                                     seq + tokens, " tokens but max_tokens=",
+                                                     spec_.max_tokens));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];
     if (t.len() != seq) {
-      return absl::FailedPreconditionError(absl::StrCat("commit: cache '", id_, "' layer ", i, " holds ",
-                                                        t.len(), " tokens but seq_len=", seq,
+      return absl::FailedPreconditionError(absl::StrCat("commit: cache ", Quoted(id_), " layer ", i,
+                                                        " holds ", t.len(), " tokens but seq_len=", seq,
                                                         "; the local path keeps layers in step"));
     }
     if (t.BlocksMissing(seq + tokens, spec_.page_size) > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "commit: cache '", id_, "' layer ", i, " has no pages reserved for positions up to ",
+          "commit: cache ", Quoted(id_), " layer ", i, " has no pages reserved for positions up to ",
           seq + tokens, "; call Reserve first"));
     }
   }

@@ -1,15 +1,18 @@
 #include "core/kv_store.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 #include "core/kv_store_impl.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 
 namespace kvarena {
 namespace {
-constexpr size_t kMaxCacheIdBytes = 256;
+constexpr size_t kMaxClientNameBytes = 128;
 }  // namespace
 
 absl::Status KvStore::Impl::CheckSession(const std::string& session) const {
@@ -21,35 +24,65 @@ absl::Status KvStore::Impl::CheckSession(const std::string& session) const {
 absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& session,
                                                              const std::string& id,
                                                              bool check_owner) const {
-  if (check_owner) {
-    if (absl::Status s = CheckSession(session); !s.ok()) return s;
-  }
+  if (check_owner) KVARENA_RETURN_IF_ERROR(CheckSession(session));
   std::shared_ptr<KvCache> cache;
   {
     absl::ReaderMutexLock lock(&mu);
     auto it = caches.find(id);
-    if (it == caches.end()) return absl::NotFoundError(absl::StrCat("cache '", id, "' not found"));
+    if (it == caches.end()) return absl::NotFoundError(absl::StrCat("cache ", Quoted(id), " not found"));
     cache = it->second;
   }
   if (check_owner && !cache->owner().empty() && cache->owner() != session) {
     return absl::PermissionDeniedError(
-        absl::StrCat("cache '", id, "' belongs to another session"));
+        absl::StrCat("cache ", Quoted(id), " belongs to another session"));
   }
+  if (check_owner) cache->Touch(clock->Now());
   return cache;
 }
 
-absl::StatusOr<PagePool*> KvStore::Impl::PoolFor(const CacheSpec& spec) {
+absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec, bool* created) {
+  *created = false;
   const PoolKey key{int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
   auto it = pools.find(key);
-  if (it != pools.end()) return it->second.get();
+  if (it != pools.end()) return it->second;
+  if (int64_t(pools.size()) >= options.max_pools) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
+        options.max_pools, " (a pool goes when its last cache is released)"));
+  }
   PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
-  auto pool = PagePool::Create(pools_by_id.size(), layout, backend.get(), &budget,
-                               options.empty_chunks_kept);
-  if (!pool.ok()) return pool.status();
-  PagePool* p = pool->get();
-  pools.emplace(key, *std::move(pool));
-  pools_by_id.push_back(p);
+  const uint64_t id = next_pool_id;
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept);
+  if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("allocate: ", pool.status().message()));
+  ++next_pool_id;
+  std::shared_ptr<PagePool> p = *std::move(pool);
+  pools.emplace(key, p);
+  pools_by_id.emplace(id, p);
+  *created = true;
   return p;
+}
+
+bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
+  auto it = pools_by_id.find(pool->id());
+  if (it == pools_by_id.end() || it->second.get() != pool) return false;
+  if (auto n = caches_per_pool.find(pool->id()); n != caches_per_pool.end() && n->second > 0) return false;
+  const PageLayout& l = pool->layout();
+  pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+  caches_per_pool.erase(pool->id());
+  pools_by_id.erase(it);
+  return true;
+}
+
+void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
+  cache->Release();
+  if (!cache->owner().empty()) sessions.RemoveCache(cache->owner(), cache->id());
+  bool dropped = false;
+  {
+    absl::MutexLock lock(&mu);
+    dropped = DropPoolIfUnusedLocked(cache->pool());
+  }
+  if (dropped) RegionsChanged();
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options,
@@ -58,9 +91,23 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
     return absl::InvalidArgumentError(absl::StrCat("arena_bytes=", options.arena_bytes,
                                                    " is below one chunk (", kChunkGranularity, ")"));
   }
-  if (options.default_page_size < 1 || options.default_page_size > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size=", options.default_page_size, " must be in [1, 4096]"));
+  if (options.default_page_size < 1 || options.default_page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size=", options.default_page_size,
+                                                   " must be in [1, ", kMaxPageSize, "]"));
+  }
+  for (auto [name, value] : {std::pair("max_pools", int64_t(options.max_pools)),
+                             std::pair("max_sessions", options.max_sessions),
+                             std::pair("max_caches", options.max_caches),
+                             std::pair("max_caches_per_session", options.max_caches_per_session),
+                             std::pair("max_request_tokens", options.max_request_tokens)}) {
+    if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
+  }
+  if (options.session_max_pages < 0 || options.idle_ttl < absl::ZeroDuration() ||
+      options.max_reply_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_max_pages=", options.session_max_pages, ", idle_ttl=",
+        absl::FormatDuration(options.idle_ttl), " and max_reply_bytes=", options.max_reply_bytes,
+        " must not be negative (max_reply_bytes > 0)"));
   }
   return std::unique_ptr<KvStore>(new KvStore(std::make_unique<Impl>(options, std::move(backend))));
 }
@@ -75,11 +122,12 @@ KvStore::~KvStore() {
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
                                             const std::string& cache_id) {
-  if (absl::Status s = impl_->CheckSession(session); !s.ok()) return s;
-  absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, impl_->options.default_page_size);
+  Impl& im = *impl_;
+  KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
+  absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
   if (!resolved.ok()) return resolved.status();
-  if (absl::Status s = impl_->kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
-                                                              resolved->num_kv_heads, resolved->head_dim});
+  if (absl::Status s = im.kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
+                                                          resolved->num_kv_heads, resolved->head_dim});
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("allocate: ", s.message()));
   }
@@ -87,23 +135,46 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  absl::MutexLock lock(&impl_->mu);
-  std::string id = cache_id;
-  if (id.empty()) {
-    do id = absl::StrCat("cache-", impl_->next_cache++);
-    while (impl_->caches.contains(id));
-  } else if (impl_->caches.contains(id)) {
-    return absl::AlreadyExistsError(absl::StrCat("allocate: cache '", id, "' already exists"));
+  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
+  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  if (!quota->TryAddCache()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "allocate: ", session.empty() ? "the caches without a session" : "the session",
+        " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
   }
-  absl::StatusOr<PagePool*> pool = impl_->PoolFor(*resolved);
-  if (!pool.ok()) return pool.status();
-  if (!session.empty() && !impl_->sessions.AddCache(session, id)) {
-    return absl::FailedPreconditionError("allocate: the session detached while allocating");
+  // From here on every refusal gives the quota's count back; the cache takes it over.
+  bool created = false;
+  std::shared_ptr<KvCache> cache;
+  {
+    absl::MutexLock lock(&im.mu);
+    absl::Status refused;
+    std::string id = cache_id;
+    if (int64_t(im.caches.size()) >= im.options.max_caches) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(
+          "allocate: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
+    } else if (id.empty()) {
+      do id = absl::StrCat("cache-", im.next_cache++);
+      while (im.caches.contains(id));
+    } else if (im.caches.contains(id)) {
+      refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
+    }
+    absl::StatusOr<std::shared_ptr<PagePool>> pool = absl::InternalError("unset");
+    if (refused.ok()) {
+      pool = im.PoolFor(*resolved, &created);
+      if (!pool.ok()) refused = pool.status();
+    }
+    if (refused.ok() && !session.empty()) refused = im.sessions.AddCache(session, id);
+    if (!refused.ok()) {
+      quota->RemoveCache();
+      if (created) im.DropPoolIfUnusedLocked(pool->get());
+      return refused;
+    }
+    CacheContext ctx{*pool, quota, im.kernels.get(), &im.counters, &im.limits, im.options.max_reply_bytes};
+    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, std::move(ctx), im.clock->Now());
+    ++im.caches_per_pool[(*pool)->id()];
+    im.caches.emplace(id, cache);
   }
-  auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, *pool,
-                                         impl_->kernels.get(), &impl_->counters);
-  ++impl_->caches_per_pool[(*pool)->id()];
-  impl_->caches.emplace(id, cache);
+  if (created) im.RegionsChanged();
   return cache->Info();
 }
 
@@ -123,7 +194,7 @@ absl::StatusOr<AttendResult> KvStore::Attend(const std::string& session, const A
 }
 
 absl::StatusOr<PopnResult> KvStore::Popn(const std::string& session, const std::string& cache_id,
-                                         int64_t n) {
+                                         uint64_t n) {
   auto cache = impl_->Find(session, cache_id);
   if (!cache.ok()) return cache.status();
   return (*cache)->Popn(n);
@@ -143,21 +214,20 @@ absl::Status KvStore::Release(const std::string& session, const std::string& cac
     absl::MutexLock lock(&impl_->mu);
     auto it = impl_->caches.find(cache_id);
     if (it == impl_->caches.end() || it->second != *cache) {
-      return absl::NotFoundError(absl::StrCat("cache '", cache_id, "' not found"));
+      return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " not found"));
     }
     impl_->caches.erase(it);
     --impl_->caches_per_pool[(*cache)->pool()->id()];
   }
-  (*cache)->Release();
-  if (!(*cache)->owner().empty()) impl_->sessions.RemoveCache((*cache)->owner(), cache_id);
+  impl_->Remove(*cache);
   return absl::OkStatus();
 }
 
 absl::StatusOr<GetKvResult> KvStore::GetKv(const std::string& session, const std::string& cache_id,
-                                           int layer) {
+                                           int layer, const GetKvRange& range) {
   auto cache = impl_->Find(session, cache_id);
   if (!cache.ok()) return cache.status();
-  return (*cache)->GetKv(layer);
+  return (*cache)->GetKv(layer, range);
 }
 
 absl::StatusOr<CacheDescription> KvStore::Describe(const std::string& session,
@@ -179,14 +249,15 @@ ArenaStats KvStore::Stats() const {
   s.arena_bytes = impl_->budget.limit();
   s.bytes_committed = impl_->budget.used();
   s.num_sessions = impl_->sessions.size();
-  std::vector<PagePool*> pools;
+  s.scratch_bytes = impl_->sessions.scratch_bytes();
+  s.scratch_regions = impl_->sessions.scratch_regions();
+  std::vector<std::shared_ptr<PagePool>> pools;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
-    pools = impl_->pools_by_id;
     s.num_caches = int64_t(impl_->caches.size());
-    for (PagePool* p : pools) {
+    for (const auto& [id, p] : impl_->pools_by_id) {
       s.pools.push_back(p->Stats());
-      auto it = impl_->caches_per_pool.find(p->id());
+      auto it = impl_->caches_per_pool.find(id);
       s.pools.back().num_caches = it == impl_->caches_per_pool.end() ? 0 : it->second;
     }
   }
@@ -223,36 +294,124 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
   return out;
 }
 
-void KvStore::DetachSession(const std::string& session_id, absl::Time release_at) {
-  impl_->sessions.Detach(session_id, release_at);
+absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+  Impl& im = *impl_;
+  SessionTable::NewSession s;
+  s.client_name = client_name.substr(0, kMaxClientNameBytes);
+  s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
+  s.quota = std::make_shared<Quota>(im.options.max_caches_per_session, im.options.session_max_pages);
+  // The scratch region is charged to the arena; a session the budget cannot cover works
+  // without one (its tensors travel inline, ResolveSlice says why).
+  const size_t want = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+  if (want > 0 && im.budget.TryCharge(want)) {
+    if (auto r = im.scratch_backend->Reserve(want, absl::StrCat("kvarena-scratch-", s.scratch_id)); r.ok()) {
+      s.scratch = std::shared_ptr<const Region>(*std::move(r));
+      s.scratch_charge = want;
+    } else {
+      im.budget.Refund(want);
+    }
+  }
+  const size_t charge = s.scratch_charge;
+  absl::StatusOr<std::string> id = im.sessions.Open(std::move(s));
+  if (!id.ok()) im.budget.Refund(charge);
+  return id;
+}
+
+void KvStore::DetachSession(const std::string& session_id, absl::Duration grace) {
+  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace);
 }
 
 bool KvStore::HasSession(const std::string& session_id) const {
   return impl_->sessions.Contains(session_id);
 }
 
-int KvStore::ReapSessions(absl::Time now) {
-  int released = 0;
-  for (const std::string& id : impl_->sessions.TakeExpired(now)) {
-    std::shared_ptr<KvCache> cache;
-    {
-      absl::MutexLock lock(&impl_->mu);
-      auto it = impl_->caches.find(id);
-      if (it == impl_->caches.end()) continue;
-      cache = it->second;
-      impl_->caches.erase(it);
-      --impl_->caches_per_pool[cache->pool()->id()];
+int KvStore::Reap() {
+  Impl& im = *impl_;
+  const absl::Time now = im.clock->Now();
+  std::vector<std::shared_ptr<KvCache>> gone;
+  for (SessionTable::Expired& e : im.sessions.TakeExpired(now)) {
+    im.budget.Refund(e.scratch_charge);
+    absl::MutexLock lock(&im.mu);
+    for (const std::string& id : e.cache_ids) {
+      auto it = im.caches.find(id);
+      // Only what the session still owns: the id may name another session's cache since.
+      if (it == im.caches.end() || it->second->owner() != e.session_id) continue;
+      gone.push_back(it->second);
+      --im.caches_per_pool[it->second->pool()->id()];
+      im.caches.erase(it);
     }
-    cache->Release();
-    ++released;
   }
-  return released;
+  if (im.options.idle_ttl > absl::ZeroDuration()) {
+    absl::MutexLock lock(&im.mu);
+    for (auto it = im.caches.begin(); it != im.caches.end();) {
+      const KvCache& c = *it->second;
+      if (c.owner().empty() && c.last_used() + im.options.idle_ttl <= now) {
+        gone.push_back(it->second);
+        --im.caches_per_pool[c.pool()->id()];
+        im.caches.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& cache : gone) im.Remove(cache);
+  return int(gone.size());
+}
+
+absl::Status KvStore::TEST_CheckInvariants() const {
+  std::vector<std::shared_ptr<KvCache>> caches;
+  std::map<uint64_t, std::shared_ptr<PagePool>> pools;
+  {
+    absl::ReaderMutexLock lock(&impl_->mu);
+    for (const auto& [id, c] : impl_->caches) caches.push_back(c);
+    pools = impl_->pools_by_id;
+  }
+  std::map<uint64_t, std::set<int32_t>> owned;
+  std::map<const Quota*, std::pair<int64_t, int64_t>> per_quota;  // pages, caches
+  per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
+  for (const auto& c : caches) {
+    const std::vector<int32_t> held = c->HeldPages();
+    auto st = c->Stats();
+    if (!st.ok()) return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), ": ", st.status().message()));
+    if (st->pages_used != int64_t(held.size())) {
+      return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " counts ", st->pages_used,
+                                              " pages but its tables hold ", held.size()));
+    }
+    if (!pools.contains(c->pool()->id())) {
+      return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " draws from a dropped pool"));
+    }
+    for (int32_t id : held) {
+      if (!owned[c->pool()->id()].insert(id).second) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " has two owners"));
+      }
+      if (!c->pool()->TEST_IsAllocated(id)) {
+        return absl::InternalError(absl::StrCat("page ", id, " is held by ", Quoted(c->id()), " but free"));
+      }
+    }
+    auto& q = per_quota[c->quota()];
+    q.first += int64_t(held.size());
+    q.second += 1;
+  }
+  for (const auto& [id, pool] : pools) {
+    if (pool->pages_used() != int64_t(owned[id].size())) {
+      return absl::InternalError(absl::StrCat("pool ", id, " has ", pool->pages_used(),
+                                              " pages used but caches hold ", owned[id].size()));
+    }
+  }
+  for (const auto& [quota, counts] : per_quota) {
+    if (quota->pages() != counts.first || quota->caches() != counts.second) {
+      return absl::InternalError(absl::StrCat("a quota counts ", quota->pages(), " pages and ",
+                                              quota->caches(), " caches but its caches hold ",
+                                              counts.first, " and number ", counts.second));
+    }
+  }
+  return absl::OkStatus();
 }
 
 const Region* KvStore::TEST_PoolRegion(uint64_t pool_id) const {
   absl::ReaderMutexLock lock(&impl_->mu);
-  if (pool_id >= impl_->pools_by_id.size()) return nullptr;
-  return &impl_->pools_by_id[pool_id]->region();
+  auto it = impl_->pools_by_id.find(pool_id);
+  return it == impl_->pools_by_id.end() ? nullptr : &it->second->region();
 }
 
 }  // namespace kvarena

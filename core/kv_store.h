@@ -23,6 +23,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,20 +33,43 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "arena/region.h"
+#include "core/clock.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
 
 struct StoreOptions {
-  size_t arena_bytes = size_t{1} << 30;  // the budget every pool draws from
+  size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
   int default_page_size = 16;
   int num_threads = -1;        // CPU attention threads; -1: one per core
   int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
-  size_t scratch_bytes = size_t{64} << 20;  // per session, host memory for zero-copy tensors
+  // Per session, host memory for zero-copy tensors, charged to arena_bytes while the
+  // session lives; a session the budget cannot cover gets none (its tensors go inline).
+  size_t scratch_bytes = size_t{16} << 20;
   // The kernels for the backend's pages; null: the CPU kernels with num_threads threads.
   std::shared_ptr<KvKernels> kernels;
+
+  // Bounds (each refusal is RESOURCE_EXHAUSTED naming the bound, unless noted).
+  int max_pools = 64;                     // geometries alive at once; empty pools are destroyed
+  int64_t max_sessions = 1024;            // attached or in their grace period
+  int64_t max_caches = 65536;             // caches alive at once
+  int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
+                                          // one session, for this bound and the next
+  int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota
+  int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
+                                          // (INVALID_ARGUMENT beyond)
+  size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
+  // Caches allocated without a session are released after this long untouched; 0: never.
+  absl::Duration idle_ttl = absl::ZeroDuration();
+
+  // Where the store reads the time; null: the system clock. Must outlive the store.
+  Clock* clock = nullptr;
+  // Called, with no store lock held, after a pool was created or destroyed: the regions
+  // a session may map changed (the daemon tells attached workers).
+  std::function<void()> on_regions_changed;
 };
+
 
 // A memory region an attached session may map: every pool, and its own scratch region.
 struct RegionInfo {
@@ -91,16 +116,18 @@ class KvStore {
                                       void* out, size_t out_bytes);
 
   // Rolls back the last n tokens on every layer, all or nothing (see DESIGN.md).
+  // n > seq_len (any n) is a refusal: popped 0 and the reason, not an error.
   absl::StatusOr<PopnResult> Popn(const std::string& session, const std::string& cache_id,
-                                  int64_t n);
+                                  uint64_t n);
 
   // Drops every token; keep_pages keeps the cache's pages reserved for reuse.
   absl::StatusOr<CacheInfo> Reset(const std::string& session, const std::string& cache_id,
                                   bool keep_pages);
   absl::Status Release(const std::string& session, const std::string& cache_id);
 
+  // RESOURCE_EXHAUSTED when the range's K+V bytes exceed max_reply_bytes (ask for less).
   absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
-                                    int layer);
+                                    int layer, const GetKvRange& range = {});
   absl::StatusOr<CacheDescription> Describe(const std::string& session,
                                             const std::string& cache_id);
 
@@ -116,12 +143,14 @@ class KvStore {
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
   std::vector<CacheInfo> ListCaches() const;
 
-  // Sessions. OpenSession returns an unguessable id. DetachSession starts the grace
-  // period; ReapSessions releases the caches of sessions whose grace has run out.
-  std::string OpenSession(const std::string& client_name);
-  void DetachSession(const std::string& session_id, absl::Time release_at);
+  // Sessions. OpenSession returns an unguessable id (RESOURCE_EXHAUSTED beyond
+  // max_sessions). DetachSession starts the grace period; Reap releases the caches of
+  // sessions whose grace has run out (only caches they still own) and sessionless caches
+  // idle past idle_ttl, by the store's clock.
+  absl::StatusOr<std::string> OpenSession(const std::string& client_name);
+  void DetachSession(const std::string& session_id, absl::Duration grace);
   // Returns the number of caches released.
-  int ReapSessions(absl::Time now);
+  int Reap();
   bool HasSession(const std::string& session_id) const;
 
   // Zero-copy data plane. The regions a session may map (pools grow new entries as new
@@ -130,9 +159,11 @@ class KvStore {
   // The fds a peer maps to see one region (new fds the caller owns); with
   // after_generation, only the pieces committed since (Region::ExportPiecesAfter).
   // PERMISSION_DENIED for another session's scratch region, NOT_FOUND for an unknown id.
-  absl::StatusOr<std::vector<SharedPiece>> ExportRegion(const std::string& session,
-                                                        uint64_t region_id,
-                                                        uint64_t after_generation = 0) const;
+  // At most max_pieces pieces, the oldest generations first; *total (when given) is how
+  // many there are after after_generation in all.
+  absl::StatusOr<std::vector<SharedPiece>> ExportRegion(
+      const std::string& session, uint64_t region_id, uint64_t after_generation = 0,
+      size_t max_pieces = std::numeric_limits<size_t>::max(), size_t* total = nullptr) const;
   // [offset, offset + length) of the session's own scratch region. INVALID_ARGUMENT when
   // outside it; PERMISSION_DENIED for any other region.
   absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,
@@ -140,8 +171,12 @@ class KvStore {
   // The pool memory in this process (inproc clients view pages through it).
   absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) const;
 
-  // The memory of a pool, for tests and (later) sharing with workers.
+  // The memory of a pool, for tests.
   const Region* TEST_PoolRegion(uint64_t pool_id) const;
+  // Audits the page accounting: every page held by exactly one cache and allocated in its
+  // pool, each pool's pages_used equal to what its caches hold, quotas equal to what their
+  // caches hold. INTERNAL naming the first discrepancy. Call while no operation runs.
+  absl::Status TEST_CheckInvariants() const;
 
  private:
   struct Impl;

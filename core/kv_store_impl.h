@@ -1,6 +1,11 @@
 // The state behind KvStore, shared by its implementation files (kv_store.cc: caches,
-// sessions, stats; kv_store_local.cc: the local path). Internal to core/.
+// sessions, stats; kv_store_local.cc: the local path; kv_store_regions.cc: sharing).
+// Internal to core/.
+//
 // Thread-safety: as KvStore; `mu` guards the maps, each cache and pool locks itself.
+// Pools are shared with the caches drawn from them: a pool leaves the maps when its last
+// cache is released and is destroyed (its memory given back) when the last cache object
+// referring to it goes.
 #ifndef KVARENA_CORE_KV_STORE_IMPL_H_
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
@@ -8,16 +13,19 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/clock.h"
 #include "core/kv_cache.h"
 #include "core/kv_store.h"
 #include "core/page_pool.h"
+#include "core/quota.h"
 #include "core/session_table.h"
+#include "core/validate.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
@@ -28,16 +36,30 @@ struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
       : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
-        kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))) {}
+        kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
+        limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
+        clock(o.clock ? o.clock : RealClock()),
+        sessions(o.max_sessions),
+        sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {}
 
-  // The live cache named id, if `session` may touch it.
+  // The live cache named id, if `session` may touch it; marks it used.
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
                                                 bool check_owner = true) const;
   absl::Status CheckSession(const std::string& session) const;
-  absl::StatusOr<PagePool*> PoolFor(const CacheSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The pool for a resolved spec, created when new (*created set).
+  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
+  bool DropPoolIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
+  // workers when that emptied a pool.
+  void Remove(const std::shared_ptr<KvCache>& cache);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
+  void RegionsChanged() const {
+    if (options.on_regions_changed) options.on_regions_changed();
+  }
 
   const StoreOptions options;
   const std::unique_ptr<Backend> backend;
@@ -45,15 +67,19 @@ struct KvStore::Impl {
   std::atomic<uint64_t> next_scratch{0};
   ArenaBudget budget;
   const std::shared_ptr<KvKernels> kernels;
+  const RequestLimits limits;
+  Clock* const clock;
   StoreCounters counters;
   SessionTable sessions;
+  const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session
 
   mutable absl::Mutex mu;
-  std::map<PoolKey, std::unique_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
-  std::vector<PagePool*> pools_by_id ABSL_GUARDED_BY(mu);
+  std::map<PoolKey, std::shared_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
+  uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, int64_t> caches_per_pool ABSL_GUARDED_BY(mu);
-  uint64_t next_cache = 1 ABSL_GUARDED_BY(mu);
+  uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
 };
 
 }  // namespace kvarena

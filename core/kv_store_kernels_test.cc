@@ -13,6 +13,10 @@ class FaultyKvKernels : public KvKernels {
     if (layout.head_dim == 96) return absl::InvalidArgumentError("spec.head_dim=96 is not served");
     return absl::OkStatus();
   }
+  absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                          int64_t n) override {
+    return real_->ClearPages(layout, pool_base, ids, n);
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     if (fail_append) return absl::InternalError("injected AppendKv failure");

@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "core/checked.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 
@@ -38,7 +39,7 @@ absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> KvStore::Impl::FindAll(
   for (size_t i = 0; i < items.size(); ++i) {
     if (!seen.insert(items[i].cache_id).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(op, ": items[", i, "] lists cache '", items[i].cache_id, "' a second time"));
+          absl::StrCat(op, ": items[", i, "] lists cache ", Quoted(items[i].cache_id), " a second time"));
     }
     auto cache = Find(session, items[i].cache_id);
     if (!cache.ok()) return cache.status();
@@ -55,23 +56,50 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   for (const auto& c : *caches) raw.push_back(c.get());
   MultiLock lock(raw);
 
-  // Count per pool, then take every pool's pages before handing any out.
+  // Count per pool and per quota, then charge every quota and take every pool's pages
+  // (cleared) before handing any out; any refusal undoes what was taken.
   absl::flat_hash_map<PagePool*, int64_t> need;
+  absl::flat_hash_map<Quota*, int64_t> charge;
   for (size_t i = 0; i < raw.size(); ++i) {
     absl::StatusOr<int64_t> pages = raw[i]->PagesToReserveLocked(items[i].tokens);
     if (!pages.ok()) {
       if (absl::IsResourceExhausted(pages.status())) raw[i]->CountRefusal();
       return pages.status();
     }
-    need[raw[i]->pool()] += *pages;
+    std::optional<int64_t> pool_total = CheckedAdd(need[raw[i]->pool()], *pages);
+    std::optional<int64_t> quota_total = CheckedAdd(charge[raw[i]->quota()], *pages);
+    if (!pool_total || !quota_total) {
+      return absl::InvalidArgumentError(absl::StrCat("reserve: items[", i, "] makes the page count overflow"));
+    }
+    need[raw[i]->pool()] = *pool_total;
+    charge[raw[i]->quota()] = *quota_total;
   }
+  std::vector<std::pair<Quota*, int64_t>> charged;
   absl::flat_hash_map<PagePool*, std::vector<int32_t>> taken;
+  auto undo = [&](absl::Status s) {
+    for (auto& [pool, ids] : taken) pool->Free(ids);
+    for (auto [quota, n] : charged) quota->RefundPages(n);
+    if (!absl::IsInternal(s)) raw.front()->CountRefusal();
+    return s;
+  };
+  for (const auto& [quota, n] : charge) {
+    if (!quota->TryChargePages(n)) {
+      return undo(absl::ResourceExhaustedError(absl::StrCat(
+          "reserve: needs ", n, " page(s) but the session's caches hold ", quota->pages(),
+          " of session_max_pages=", quota->max_pages())));
+    }
+    charged.emplace_back(quota, n);
+  }
   for (const auto& [pool, n] : need) {
     std::vector<int32_t>& ids = taken[pool];
     if (absl::Status s = pool->Allocate(n, &ids); !s.ok()) {
-      for (auto& [p, got] : taken) p->Free(got);
-      raw.front()->CountRefusal();
-      return absl::Status(s.code(), absl::StrCat("reserve: ", s.message()));
+      return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));
+    }
+    // No slot of a reserved page may show what its last owner wrote.
+    if (absl::Status s = impl_->kernels->ClearPages(pool->layout(), pool->base(), ids.data(),
+                                                    int64_t(ids.size()));
+        !s.ok()) {
+      return undo(absl::InternalError(absl::StrCat("reserve: ", s.message())));
     }
   }
   absl::flat_hash_map<PagePool*, size_t> next;

@@ -1,5 +1,9 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
@@ -19,20 +23,6 @@ RegionInfo PoolRegionInfo(const PagePool& pool) {
 
 }  // namespace
 
-std::string KvStore::OpenSession(const std::string& client_name) {
-  const uint64_t scratch_id = kScratchRegionBase + impl_->next_scratch.fetch_add(1);
-  std::shared_ptr<const Region> scratch;
-  if (impl_->options.scratch_bytes > 0) {
-    // A session without scratch still works inline; ResolveSlice then says why.
-    if (auto r = impl_->scratch_backend->Reserve(impl_->options.scratch_bytes,
-                                                 absl::StrCat("kvarena-scratch-", scratch_id));
-        r.ok()) {
-      scratch = std::shared_ptr<const Region>(*std::move(r));
-    }
-  }
-  return impl_->sessions.Open(client_name, std::move(scratch), scratch_id);
-}
-
 absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::string& session) const {
   uint64_t scratch_id = 0;
   std::shared_ptr<const Region> scratch = impl_->sessions.Scratch(session, &scratch_id);
@@ -49,30 +39,46 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
     out.push_back(r);
   }
   absl::ReaderMutexLock lock(&impl_->mu);
-  for (const PagePool* p : impl_->pools_by_id) out.push_back(PoolRegionInfo(*p));
+  for (const auto& [id, p] : impl_->pools_by_id) out.push_back(PoolRegionInfo(*p));
   return out;
 }
 
 absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string& session,
                                                                uint64_t region_id,
-                                                               uint64_t after_generation) const {
+                                                               uint64_t after_generation,
+                                                               size_t max_pieces,
+                                                               size_t* total) const {
   if (session.empty() || !impl_->sessions.Contains(session)) {
     return absl::FailedPreconditionError("export: no attached session (Attach first)");
   }
+  std::shared_ptr<const Region> region;
   if (region_id >= kScratchRegionBase) {
     uint64_t own = 0;
-    std::shared_ptr<const Region> scratch = impl_->sessions.Scratch(session, &own);
-    if (!scratch || own != region_id) {
+    region = impl_->sessions.Scratch(session, &own);
+    if (!region || own != region_id) {
       return absl::PermissionDeniedError(
           absl::StrCat("export: region ", region_id, " is not this session's scratch region"));
     }
-    return scratch->ExportPiecesAfter(after_generation);
+  } else {
+    absl::ReaderMutexLock lock(&impl_->mu);
+    auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
+    if (it == impl_->pools_by_id.end()) {
+      return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
+    }
+    // The pool may be dropped meanwhile; its region lives while we export.
+    region = std::shared_ptr<const Region>(it->second, &it->second->region());
   }
-  absl::ReaderMutexLock lock(&impl_->mu);
-  if (region_id == 0 || region_id > impl_->pools_by_id.size()) {
-    return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
+  absl::StatusOr<std::vector<SharedPiece>> pieces = region->ExportPiecesAfter(after_generation);
+  if (!pieces.ok()) return pieces.status();
+  std::stable_sort(pieces->begin(), pieces->end(), [](const SharedPiece& a, const SharedPiece& b) {
+    return a.generation < b.generation;
+  });
+  if (total != nullptr) *total = pieces->size();
+  while (pieces->size() > max_pieces) {
+    close(pieces->back().fd);
+    pieces->pop_back();
   }
-  return impl_->pools_by_id[region_id - 1]->region().ExportPiecesAfter(after_generation);
+  return pieces;
 }
 
 absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, uint64_t region_id,
@@ -97,10 +103,11 @@ absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, 
 
 absl::StatusOr<uint8_t*> KvStore::PoolBase(uint64_t pool_id) const {
   absl::ReaderMutexLock lock(&impl_->mu);
-  if (pool_id >= impl_->pools_by_id.size()) {
+  auto it = impl_->pools_by_id.find(pool_id);
+  if (it == impl_->pools_by_id.end()) {
     return absl::NotFoundError(absl::StrCat("pool ", pool_id, " not found"));
   }
-  return impl_->pools_by_id[pool_id]->base();
+  return it->second->base();
 }
 
 }  // namespace kvarena

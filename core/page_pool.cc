@@ -1,6 +1,8 @@
 #include "core/page_pool.h"
 
 #include <algorithm>
+#include <limits>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -27,7 +29,11 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
                                                            int empty_chunks_kept) {
   const size_t page_bytes = layout.PageBytes();
   const size_t chunk_bytes = ChunkBytesFor(page_bytes);
-  const size_t max_chunks = budget->limit() / chunk_bytes;
+  // Page ids are int32 (the block-table format of FlashInfer and vLLM): a pool of tiny
+  // pages holds at most INT32_MAX of them, however large the budget.
+  const size_t pages_per_chunk = chunk_bytes / page_bytes;
+  const size_t max_chunks = std::min(budget->limit() / chunk_bytes,
+                                     size_t{std::numeric_limits<int32_t>::max()} / pages_per_chunk);
   if (max_chunks == 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("pool: a chunk of ", chunk_bytes, " bytes (pages of ", page_bytes,
@@ -50,13 +56,21 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       empty_chunks_kept_(empty_chunks_kept),
       region_(std::move(region)),
       budget_(budget) {
-  const int32_t num_chunks = int32_t(region_->size() / chunk_bytes_);
+  const int32_t num_chunks = int32_t(std::min<size_t>(
+      region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
   uncommitted_.resize(num_chunks);
   for (int32_t c = 0; c < num_chunks; ++c) uncommitted_[c] = num_chunks - 1 - c;
 }
 
-PagePool::~PagePool() { budget_->Refund(size_t(chunks_committed_) * chunk_bytes_); }
+PagePool::~PagePool() {
+  absl::MutexLock lock(&mu_);
+  // Punch the memory out even where a peer still maps the region: the budget gets it back.
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].committed) (void)region_->Decommit(c * chunk_bytes_, chunk_bytes_);
+  }
+  budget_->Refund(size_t(chunks_committed_) * chunk_bytes_);
+}
 
 int64_t PagePool::FreeCommittedLocked() const {
   return chunks_committed_ * pages_per_chunk_ - pages_used_;
@@ -83,12 +97,17 @@ absl::Status PagePool::CommitChunksLocked(int64_t count) {
         "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
         budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
   }
+  std::vector<int32_t> committed;
   for (int64_t i = 0; i < count; ++i) {
     const int32_t c = uncommitted_.back();
     if (absl::Status s = region_->Commit(size_t(c) * chunk_bytes_, chunk_bytes_); !s.ok()) {
+      // All or nothing: the chunks this call committed go back (each refunds its budget),
+      // newest first so the uncommitted list keeps its order, and the rest is refunded.
       budget_->Refund(size_t(count - i) * chunk_bytes_);
+      for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
       return s;
     }
+    committed.push_back(c);
     uncommitted_.pop_back();
     Chunk& chunk = chunks_[c];
     chunk.committed = true;

@@ -88,7 +88,14 @@ TEST_F(PopnTest, MoreThanSeqLenIsRefused) {
   EXPECT_EQ(r->popped, 0);
   EXPECT_EQ(r->refusal, "popn: n=4 but seq_len=3");
   EXPECT_TRUE(Snap(id) == before);
-  EXPECT_THAT(store_->Popn("", id, -1), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Every n past seq_len is a refusal, up to the largest the wire can carry.
+  for (uint64_t n : {uint64_t{1} << 63, ~uint64_t{0}}) {
+    auto huge = store_->Popn("", id, n);
+    ASSERT_TRUE(huge.ok()) << huge.status();
+    EXPECT_EQ(huge->popped, 0);
+    EXPECT_EQ(huge->refusal, absl::StrCat("popn: n=", n, " but seq_len=3"));
+  }
+  EXPECT_TRUE(Snap(id) == before);
 }
 
 TEST_F(PopnTest, LaggingLayersLoseOnlyTheirShare) {

@@ -21,7 +21,7 @@ class RegionsTest : public StoreTest {
 };
 
 TEST_F(RegionsTest, SessionSeesItsScratchAndEveryPool) {
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "a").ok());
   auto regions = store_->SessionRegions(s);
   ASSERT_TRUE(regions.ok());
@@ -35,7 +35,7 @@ TEST_F(RegionsTest, SessionSeesItsScratchAndEveryPool) {
 }
 
 TEST_F(RegionsTest, MappedPoolShowsWhatGetKvReturns) {
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "a").ok());
   OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 6, 8);
   OwnedTensor v = RandomTensor(rng_, DType::kFloat32, 2, 6, 8);
@@ -56,8 +56,8 @@ TEST_F(RegionsTest, MappedPoolShowsWhatGetKvReturns) {
 }
 
 TEST_F(RegionsTest, ExportIsForTheSessionsOwnScratchOnly) {
-  const std::string s1 = store_->OpenSession("w1");
-  const std::string s2 = store_->OpenSession("w2");
+  const std::string s1 = *store_->OpenSession("w1");
+  const std::string s2 = *store_->OpenSession("w2");
   const uint64_t scratch1 = (*store_->SessionRegions(s1))[0].region_id;
   EXPECT_THAT(store_->ExportRegion(s2, scratch1), StatusIs(Code::kPermissionDenied));
   EXPECT_THAT(store_->ExportRegion("", scratch1), StatusIs(Code::kFailedPrecondition));
@@ -68,7 +68,7 @@ TEST_F(RegionsTest, ExportIsForTheSessionsOwnScratchOnly) {
 }
 
 TEST_F(RegionsTest, ExportAfterAGenerationGivesOnlyNewerPieces) {
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "a").ok());
   auto all = store_->ExportRegion(s, 1);
   ASSERT_TRUE(all.ok());
@@ -81,8 +81,8 @@ TEST_F(RegionsTest, ExportAfterAGenerationGivesOnlyNewerPieces) {
 }
 
 TEST_F(RegionsTest, SlicesResolveInsideTheScratchRegionOnly) {
-  const std::string s1 = store_->OpenSession("w1");
-  const std::string s2 = store_->OpenSession("w2");
+  const std::string s1 = *store_->OpenSession("w1");
+  const std::string s2 = *store_->OpenSession("w2");
   const RegionInfo scratch = (*store_->SessionRegions(s1))[0];
   std::unique_ptr<MappedRegion> m = Map(s1, scratch);
   m->base()[4096] = 77;  // the worker writes a tensor into its scratch region...

@@ -2,14 +2,12 @@
 
 #include <sys/random.h>
 
-#include <cstdio>
-
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvarena {
 
-std::string SessionTable::Open(const std::string& client_name, std::shared_ptr<const Region> scratch,
-                               uint64_t scratch_id) {
+absl::StatusOr<std::string> SessionTable::Open(NewSession session) {
   char raw[16];
   size_t got = 0;
   while (got < sizeof(raw)) {
@@ -18,10 +16,17 @@ std::string SessionTable::Open(const std::string& client_name, std::shared_ptr<c
   }
   std::string id = absl::BytesToHexString(absl::string_view(raw, sizeof(raw)));
   absl::MutexLock lock(&mu_);
+  if (int64_t(sessions_.size()) >= max_sessions_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
+        "max_sessions=", max_sessions_));
+  }
   Session& s = sessions_[id];
-  s.client_name = client_name;
-  s.scratch = std::move(scratch);
-  s.scratch_id = scratch_id;
+  if (session.scratch) {
+    scratch_bytes_ += session.scratch_charge;
+    ++scratch_regions_;
+  }
+  s.info = std::move(session);
   return id;
 }
 
@@ -29,8 +34,15 @@ std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint6
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.detached) return nullptr;
-  *scratch_id = it->second.scratch_id;
-  return it->second.scratch;
+  *scratch_id = it->second.info.scratch_id;
+  return it->second.info.scratch;
+}
+
+std::shared_ptr<Quota> SessionTable::QuotaOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.detached) return nullptr;
+  return it->second.info.quota;
 }
 
 void SessionTable::Detach(const std::string& id, absl::Time release_at) {
@@ -52,12 +64,24 @@ int64_t SessionTable::size() const {
   return int64_t(sessions_.size());
 }
 
-bool SessionTable::AddCache(const std::string& id, const std::string& cache_id) {
+size_t SessionTable::scratch_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return scratch_bytes_;
+}
+
+int64_t SessionTable::scratch_regions() const {
+  absl::MutexLock lock(&mu_);
+  return scratch_regions_;
+}
+
+absl::Status SessionTable::AddCache(const std::string& id, const std::string& cache_id) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second.detached) return false;
+  if (it == sessions_.end() || it->second.detached) {
+    return absl::FailedPreconditionError("allocate: the session detached while allocating");
+  }
   it->second.caches.insert(cache_id);
-  return true;
+  return absl::OkStatus();
 }
 
 void SessionTable::RemoveCache(const std::string& id, const std::string& cache_id) {
@@ -66,18 +90,27 @@ void SessionTable::RemoveCache(const std::string& id, const std::string& cache_i
   if (it != sessions_.end()) it->second.caches.erase(cache_id);
 }
 
-std::vector<std::string> SessionTable::TakeExpired(absl::Time now) {
-  std::vector<std::string> caches;
+std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
+  std::vector<Expired> out;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (it->second.detached && it->second.release_at <= now) {
-      caches.insert(caches.end(), it->second.caches.begin(), it->second.caches.end());
-      sessions_.erase(it++);
-    } else {
+    Session& s = it->second;
+    if (!s.detached || s.release_at > now) {
       ++it;
+      continue;
     }
+    Expired e;
+    e.session_id = it->first;
+    e.cache_ids.assign(s.caches.begin(), s.caches.end());
+    if (s.info.scratch) {
+      e.scratch_charge = s.info.scratch_charge;
+      scratch_bytes_ -= s.info.scratch_charge;
+      --scratch_regions_;
+    }
+    out.push_back(std::move(e));
+    sessions_.erase(it++);
   }
-  return caches;
+  return out;
 }
 
 }  // namespace kvarena

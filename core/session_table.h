@@ -1,5 +1,6 @@
 // SessionTable: the attached workers. Each session has an unguessable id, the caches it
-// owns, and — once its Attach stream broke — the time its caches are to be released.
+// owns, its Quota, its scratch region and — once its Attach stream broke — the time its
+// caches are to be released.
 //
 // Thread-safety: safe for concurrent use (internal mutex). It only records cache ids;
 // releasing them is the store's job.
@@ -14,44 +15,67 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "arena/region.h"
+#include "core/quota.h"
 
 namespace kvarena {
 
 class SessionTable {
  public:
-  // Returns a fresh id: 128 bits from the system's CSPRNG, as 32 hex digits. The session
-  // owns `scratch` (may be null) under region id `scratch_id`.
-  std::string Open(const std::string& client_name, std::shared_ptr<const Region> scratch,
-                   uint64_t scratch_id);
+  // max_sessions bounds the sessions held (attached or in their grace period).
+  explicit SessionTable(int64_t max_sessions) : max_sessions_(max_sessions) {}
+
+  struct NewSession {
+    std::string client_name;
+    std::shared_ptr<const Region> scratch;  // may be null
+    uint64_t scratch_id = 0;
+    size_t scratch_charge = 0;  // arena bytes charged for it, refunded when the session goes
+    std::shared_ptr<Quota> quota;
+  };
+  // Returns a fresh id: 128 bits from the system's CSPRNG, as 32 hex digits.
+  // RESOURCE_EXHAUSTED when max_sessions are held.
+  absl::StatusOr<std::string> Open(NewSession session);
   // The scratch region of a live session; null when unknown, detached or without one.
   std::shared_ptr<const Region> Scratch(const std::string& id, uint64_t* scratch_id) const;
+  // The quota of a live session; null when unknown or detached.
+  std::shared_ptr<Quota> QuotaOf(const std::string& id) const;
   // Starts the grace period; a no-op for an unknown id.
   void Detach(const std::string& id, absl::Time release_at);
   bool Contains(const std::string& id) const;
   int64_t size() const;
+  // Scratch bytes charged by the sessions held, and how many regions.
+  size_t scratch_bytes() const;
+  int64_t scratch_regions() const;
 
-  // Records that cache_id belongs to session id; false when the session is unknown or
-  // already detached (its caches are on their way out).
-  bool AddCache(const std::string& id, const std::string& cache_id);
+  // Records that cache_id belongs to session id. FAILED_PRECONDITION when the session is
+  // unknown or detached (its caches are on their way out).
+  absl::Status AddCache(const std::string& id, const std::string& cache_id);
   void RemoveCache(const std::string& id, const std::string& cache_id);
 
-  // Removes every session whose grace ended by `now`; returns their cache ids.
-  std::vector<std::string> TakeExpired(absl::Time now);
+  // Removes every session whose grace ended by `now` and returns them.
+  struct Expired {
+    std::string session_id;
+    std::vector<std::string> cache_ids;
+    size_t scratch_charge = 0;
+  };
+  std::vector<Expired> TakeExpired(absl::Time now);
 
  private:
   struct Session {
-    std::string client_name;
-    std::shared_ptr<const Region> scratch;
-    uint64_t scratch_id = 0;
+    NewSession info;
     absl::flat_hash_set<std::string> caches;
     bool detached = false;
     absl::Time release_at = absl::InfiniteFuture();
   };
+  const int64_t max_sessions_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  size_t scratch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t scratch_regions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvarena

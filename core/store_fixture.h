@@ -62,6 +62,8 @@ class StoreTest : public ::testing::Test {
     o.arena_bytes = arena_bytes;
     o.default_page_size = 4;
     o.num_threads = 1;
+    o.scratch_bytes = kChunkGranularity;  // sessions charge the arena: keep it small
+    o.clock = &clock_;
     refs_.clear();
     store_.reset();
     auto s = KvStore::Create(o, NewHostBackend());
@@ -140,6 +142,7 @@ class StoreTest : public ::testing::Test {
 
   int64_t PagesUsed() { return store_->Stats().pages.pages_used; }
 
+  FakeClock clock_;  // before store_: the store reads it until it goes
   std::mt19937 rng_{std::random_device{}()};
   std::unique_ptr<KvStore> store_;
   std::map<std::string, CacheSpec> specs_;

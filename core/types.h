@@ -77,10 +77,18 @@ struct PopnResult {
   std::string refusal;  // why it refused; empty when popped == n
 };
 
+// A range of one layer for GetKv: positions [max(from_pos, first held), ...), at most
+// max_tokens of them (0: to the end of the layer).
+struct GetKvRange {
+  int64_t from_pos = 0;
+  int64_t max_tokens = 0;
+};
+
 struct GetKvResult {
   TensorOut k;  // [1, num_kv_heads, tokens, head_dim]
   TensorOut v;
   int64_t first_pos = 0;  // absolute position of the first returned token
+  int64_t layer_len = 0;  // the layer's length: the range ends at first_pos + tokens <= it
 };
 
 struct LayerPages {
@@ -142,6 +150,8 @@ struct ArenaStats {
   uint64_t bytes_used = 0;
   int64_t num_caches = 0;
   int64_t num_sessions = 0;
+  uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
+  int64_t scratch_regions = 0;
 };
 
 }  // namespace kvarena

@@ -6,30 +6,56 @@
 
 #include <cstddef>
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/types.h"
+#include "kernels/kv_kernels.h"
 
 namespace kvarena {
 
+// Documented bounds of a spec (README "Limits").
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxKvHeads = 1024;
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int kMaxPageSize = 4096;
+inline constexpr size_t kMaxCacheIdBytes = 256;
+
+// What a request may ask for: the kernels' reach and the store's per-request bound.
+struct RequestLimits {
+  int64_t max_positions = KernelLimits{}.max_positions;  // positions, lengths, windows, max_tokens
+  int max_group = KernelLimits{}.max_group;              // q heads per kv head
+  int64_t max_request_tokens = int64_t{1} << 20;         // tokens in one tensor or item
+};
+// The limits for kernels `k` with the store's per-request token bound.
+RequestLimits LimitsFor(const KernelLimits& k, int64_t max_request_tokens);
+
 // Checks a spec and fills its defaults: page_size 0 -> default_page_size, an empty
 // layer_windows -> all global.
-absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_size);
+absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_size,
+                                      const RequestLimits& limits);
 
 // Checks that t is a [1, heads, n, head_dim] tensor of `dtype` whose byte count matches,
-// with n >= 1, and returns n. `op` and `name` label the message: "append: k: ...".
+// with 1 <= n <= limits.max_request_tokens, and returns n. `op` and `name` label the
+// message: "append: k: ...".
 absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name,
                                     const TensorArg& t, DType dtype, int64_t heads,
-                                    int64_t head_dim);
+                                    int64_t head_dim, const RequestLimits& limits);
 
 // Checks an attention query for a cache of `spec` (resolved): q is [1, q_heads, n,
-// head_dim] in the cache's dtype with q_heads a multiple of num_kv_heads; out is non-null
-// and exactly q.bytes long; scale is finite and >= 0. Returns n. Shared by the served
-// Attend and the client's local path so both refuse the same calls with the same words.
+// head_dim] in the cache's dtype with q_heads a multiple of num_kv_heads, at most
+// max_group times it; out is non-null and exactly q.bytes long; scale is finite and >= 0.
+// Returns n. Shared by the served Attend and the client's local path so both refuse the
+// same calls with the same words.
 absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, const TensorArg& q,
-                                   const void* out, size_t out_bytes, double scale);
+                                   const void* out, size_t out_bytes, double scale,
+                                   const RequestLimits& limits);
+
+// Checks that n tokens more fit below limits.max_positions after `len` (n >= 0):
+// INVALID_ARGUMENT "op: <what> + n=... passes the largest position ...".
+absl::Status CheckGrowth(absl::string_view op, absl::string_view what, int64_t len, int64_t n,
+                         const RequestLimits& limits);
 
 // The window an attention call applies on a layer: the narrower of the layer's window and
 // the call's (0 = none on either side).

@@ -31,6 +31,32 @@ ABSL_FLAG(std::string, fd_socket, "",
           "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
           "no unix: address); \"none\" = off.");
 
+ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
+          "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
+          "refused (RESOURCE_EXHAUSTED): page it with from_pos / max_tokens.");
+ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{uint64_t{16} << 20},
+          "Scratch region per attached session (zero-copy tensors), charged to "
+          "--arena_bytes while the session lives; 0 = none (tensors travel inline).");
+ABSL_FLAG(int, max_pools, 64,
+          "Most pools (distinct geometries) alive at once; an empty pool is destroyed.");
+ABSL_FLAG(int64_t, max_sessions, 1024, "Most sessions, attached or in their grace period.");
+ABSL_FLAG(int64_t, max_caches, 65536, "Most caches alive at once.");
+ABSL_FLAG(int64_t, max_caches_per_session, 4096,
+          "Most caches one session may hold (caches allocated without a session count as "
+          "one session, here and for --session_max_pages).");
+ABSL_FLAG(int64_t, session_max_pages, 0,
+          "Most pages the caches of one session may hold; 0 = no quota beyond the arena.");
+ABSL_FLAG(int64_t, max_request_tokens, 1 << 20,
+          "Most tokens one Append / Attend / Reserve / Commit item may carry.");
+ABSL_FLAG(absl::Duration, idle_ttl, absl::ZeroDuration(),
+          "Release caches allocated without a session after this long untouched; 0 = never.");
+ABSL_FLAG(int, max_attach_per_peer, 64,
+          "Most Attach streams one TCP peer address may hold open (Unix-socket peers count "
+          "against --max_sessions only).");
+ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
+ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
+          "An fd-socket connection idle this long is closed (clients reconnect).");
+
 namespace kvarena {
 
 void ConfigureFlagsUsage() {
@@ -59,6 +85,18 @@ DaemonOptions OptionsFromFlags() {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.num_threads = absl::GetFlag(FLAGS_num_threads);
   o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
+  o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
+  o.max_pools = absl::GetFlag(FLAGS_max_pools);
+  o.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.max_caches = absl::GetFlag(FLAGS_max_caches);
+  o.max_caches_per_session = absl::GetFlag(FLAGS_max_caches_per_session);
+  o.session_max_pages = absl::GetFlag(FLAGS_session_max_pages);
+  o.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
+  o.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
+  o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
+  o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
+  o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
   return o;
 }
 

@@ -69,6 +69,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.default_page_size = options.page_size;
   store_options.num_threads = options.num_threads;
   store_options.kernels = std::move(backend->kernels);
+  store_options.scratch_bytes = options.scratch_bytes;
+  store_options.max_pools = options.max_pools;
+  store_options.max_sessions = options.max_sessions;
+  store_options.max_caches = options.max_caches;
+  store_options.max_caches_per_session = options.max_caches_per_session;
+  store_options.session_max_pages = options.session_max_pages;
+  store_options.max_request_tokens = options.max_request_tokens;
+  store_options.max_reply_bytes = options.max_message_bytes;
+  store_options.idle_ttl = options.idle_ttl;
   absl::StatusOr<std::unique_ptr<KvStore>> store =
       KvStore::Create(store_options, std::move(backend->backend));
   if (!store.ok()) return store.status();
@@ -129,7 +138,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   Daemon* self = d.get();
   d->reaper_ = std::thread([self] {
     while (!self->stop_reaper_.WaitForNotificationWithTimeout(kReapInterval)) {
-      self->store_->ReapSessions(absl::Now());
+      self->store_->Reap();
     }
   });
   return d;

@@ -38,6 +38,20 @@ struct DaemonOptions {
   // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
   std::string fd_socket;
+
+  // Bounds: each refused request gets a specific code and a message naming the flag.
+  uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies
+  uint64_t scratch_bytes = uint64_t{16} << 20;      // per session, charged to arena_bytes
+  int max_pools = 64;
+  int64_t max_sessions = 1024;
+  int64_t max_caches = 65536;
+  int64_t max_caches_per_session = 4096;
+  int64_t session_max_pages = 0;  // 0: no per-session quota
+  int64_t max_request_tokens = 1 << 20;
+  absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
+  int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
+  int max_fd_connections = 256;  // open fd-socket connections
+  absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
 };
 
 class Daemon {

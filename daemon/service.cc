@@ -119,7 +119,7 @@ grpc::Status KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
 grpc::Status KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
                                       v1::PopnResponse* resp) {
   absl::StatusOr<PopnResult> r =
-      store_->Popn(SessionOf(ctx), req->cache_id(), static_cast<int64_t>(req->n()));
+      store_->Popn(SessionOf(ctx), req->cache_id(), req->n());
   if (r.ok()) {
     resp->set_popped(static_cast<uint64_t>(r->popped));
     resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
@@ -208,7 +208,9 @@ grpc::Status KvCacheServiceImpl::Attach(Ctx* ctx, const v1::AttachRequest* req,
   if (shutting_down_.HasBeenNotified()) {
     return Done(Rpc::kAttach, absl::UnavailableError("attach: kvarenad is shutting down"));
   }
-  const std::string session = store_->OpenSession(req->client_name());
+  const absl::StatusOr<std::string> opened = store_->OpenSession(req->client_name());
+  if (!opened.ok()) return Done(Rpc::kAttach, opened.status());
+  const std::string& session = *opened;
   const absl::StatusOr<v1::AttachEvent> first = RegionsEvent(*store_, session, fd_socket_);
   if (first.ok() && writer->Write(*first)) {
     int sent_regions = first->regions_size();
@@ -219,7 +221,7 @@ grpc::Status KvCacheServiceImpl::Attach(Ctx* ctx, const v1::AttachRequest* req,
       if (!writer->Write(*next)) break;
     }
   }
-  store_->DetachSession(session, absl::Now() + session_grace_);
+  store_->DetachSession(session, session_grace_);
   return Done(Rpc::kAttach, shutting_down_.HasBeenNotified()
                                 ? absl::UnavailableError("attach: kvarenad is shutting down")
                                 : first.status());

@@ -21,6 +21,13 @@
 
 namespace kvarena {
 
+// What one set of kernels can index. Core refuses anything beyond (INVALID_ARGUMENT for a
+// spec or call, RESOURCE_EXHAUSTED for growth), so the kernels may trust their arguments.
+struct KernelLimits {
+  int64_t max_positions = int64_t{1} << 40;  // every position and length is below this
+  int max_group = 64;                        // q heads per kv head
+};
+
 class KvKernels {
  public:
   virtual ~KvKernels() = default;
@@ -31,6 +38,14 @@ class KvKernels {
     (void)layout;
     return absl::OkStatus();
   }
+  virtual KernelLimits limits() const { return KernelLimits{}; }
+  // Zeroes pages ids[0..n) of the pool at pool_base ([num_pool_pages][2][page_size][heads]
+  // [head_dim]), so no slot of a page handed to a cache holds another cache's bytes.
+  virtual absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                                  int64_t n) = 0;
+  // Returns once every operation these kernels started has finished with the pages it
+  // touched (a no-op for synchronous kernels). Callers run it before they give pages back.
+  virtual absl::Status Synchronize() { return absl::OkStatus(); }
   virtual absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                                 const void* v) = 0;
   virtual absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,

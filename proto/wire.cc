@@ -243,6 +243,8 @@ ArenaStats FromProto(const v1::StatsResponse& p) {
   s.bytes_used = p.bytes_used();
   s.num_caches = static_cast<int64_t>(p.num_caches());
   s.num_sessions = static_cast<int64_t>(p.num_sessions());
+  s.scratch_bytes = p.scratch_bytes();
+  s.scratch_regions = static_cast<int64_t>(p.scratch_regions());
   return s;
 }
 
@@ -256,6 +258,8 @@ void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
   p->set_bytes_used(s.bytes_used);
   p->set_num_caches(static_cast<uint64_t>(s.num_caches));
   p->set_num_sessions(static_cast<uint64_t>(s.num_sessions));
+  p->set_scratch_bytes(s.scratch_bytes);
+  p->set_scratch_regions(static_cast<uint64_t>(s.scratch_regions));
 }
 
 }  // namespace kvarena

@@ -1,4 +1,6 @@
 // KvKernels over the CPU kernels: host pages, host tensors, one thread pool.
+#include <cstring>
+
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_kernels.h"
@@ -10,6 +12,17 @@ class CpuKvKernels final : public KvKernels {
  public:
   explicit CpuKvKernels(int num_threads) : pool_(num_threads) {}
   std::string name() const override { return "cpu"; }
+  absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                          int64_t n) override {
+    const size_t page = layout.PageBytes();
+    for (int64_t i = 0; i < n;) {  // one memset per run of consecutive ids
+      int64_t j = i + 1;
+      while (j < n && ids[j] == ids[j - 1] + 1) ++j;
+      std::memset(pool_base + size_t(ids[i]) * page, 0, size_t(j - i) * page);
+      i = j;
+    }
+    return absl::OkStatus();
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     kvarena::AppendKv(view, pos, n, k, v);

@@ -84,6 +84,25 @@ class CudaKvKernels final : public KvKernels {
                                                    " but the CUDA kernels take 64, 128 or 256"));
   }
   int device() const { return device_; }
+  // Kernels index positions in 32 bits (kv_kernels_cuda.h).
+  KernelLimits limits() const override { return KernelLimits{(int64_t{1} << 31) - 1, 64}; }
+
+  absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                          int64_t n) override {
+    Call call(this, "ClearPages");
+    const size_t page = layout.PageBytes();
+    for (int64_t i = 0; i < n;) {  // one memset per run of consecutive ids
+      int64_t j = i + 1;
+      while (j < n && ids[j] == ids[j - 1] + 1) ++j;
+      if (!call.Check(cudaMemsetAsync(pool_base + size_t(ids[i]) * page, 0, size_t(j - i) * page,
+                                      call.stream()),
+                      "cudaMemsetAsync")) {
+        break;
+      }
+      i = j;
+    }
+    return call.Finish();
+  }
 
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {

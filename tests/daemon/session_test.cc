@@ -8,7 +8,9 @@ using grpc::StatusCode;
 
 class SessionTest : public KvarenadTest {
  protected:
-  void SetUp() override { StartDaemon({"--arena_bytes=16Mi", "--session_grace=1s"}); }
+  void SetUp() override {
+    StartDaemon({"--arena_bytes=16Mi", "--session_grace=1s", "--scratch_bytes=2Mi"});
+  }
 };
 
 TEST_F(SessionTest, AttachNamesAnUnguessableSession) {

@@ -59,7 +59,7 @@ class FdSocketTest : public ::testing::Test {
 };
 
 TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   CacheSpec spec{1, 2, 8, DType::kFloat32, 4, {}, 0};
   auto info = store_->Allocate(s, spec, "a");
   ASSERT_TRUE(info.ok());
@@ -85,7 +85,7 @@ TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
 }
 
 TEST_F(FdSocketTest, ScratchWritesReachTheStore) {
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   std::unique_ptr<RegionClient> client = Connect(s);
   auto scratch = client->GetScratch();
   ASSERT_TRUE(scratch.ok()) << scratch.status();
@@ -96,8 +96,8 @@ TEST_F(FdSocketTest, ScratchWritesReachTheStore) {
 }
 
 TEST_F(FdSocketTest, AnotherSessionCannotObtainTheScratchFds) {
-  const std::string s1 = store_->OpenSession("w1");
-  const std::string s2 = store_->OpenSession("w2");
+  const std::string s1 = *store_->OpenSession("w1");
+  const std::string s2 = *store_->OpenSession("w2");
   const uint64_t scratch1 = Connect(s1)->GetScratch()->region_id;
   v1::FdRequest req;
   req.set_session_id(s2);
@@ -111,7 +111,7 @@ TEST_F(FdSocketTest, AnotherSessionCannotObtainTheScratchFds) {
 
 TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
-  const std::string s = store_->OpenSession("w");
+  const std::string s = *store_->OpenSession("w");
   // Exit code of a child that asks for the session's regions as user nobody:
   // 4 = could not connect (the socket's 0660 mode), 3 = refused by SO_PEERCRED, 1 = served.
   auto ask_as_nobody = [&]() {

@@ -131,7 +131,7 @@ TEST_F(ZeroCopyTest, AttachNamesTheFdSocketAndAnnouncesNewPools) {
   ASSERT_EQ(a.first.regions_size(), 1);  // no pool yet: the scratch region only
   EXPECT_TRUE(a.first.regions(0).scratch());
   EXPECT_EQ(a.first.regions(0).kind(), "host_memfd");
-  EXPECT_EQ(a.first.regions(0).size(), uint64_t{64} << 20);
+  EXPECT_EQ(a.first.regions(0).size(), uint64_t{16} << 20);  // --scratch_bytes
 
   Allocate(a.session());  // a new geometry: a new pool
   v1::AttachEvent next;

@@ -1,0 +1,46 @@
+// Arithmetic on values that came off the wire, in one place: sums and products that
+// report overflow instead of wrapping, the byte size of a tensor, and the short echo of a
+// caller's string that messages may quote. Pure functions; thread-safe.
+#ifndef KVARENA_CORE_CHECKED_H_
+#define KVARENA_CORE_CHECKED_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+
+#include "absl/strings/string_view.h"
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+// a + b, or nullopt when the exact result does not fit T.
+template <class T>
+[[nodiscard]] std::optional<T> CheckedAdd(T a, T b) {
+  static_assert(std::is_integral_v<T>);
+  T r;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// a * b, or nullopt when the exact result does not fit T.
+template <class T>
+[[nodiscard]] std::optional<T> CheckedMul(T a, T b) {
+  static_assert(std::is_integral_v<T>);
+  T r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// Bytes of a [heads, tokens, head_dim] tensor of dtype; nullopt when a count is negative,
+// the dtype has no size, or the product does not fit in 63 bits.
+std::optional<uint64_t> TensorBytes(DType dtype, int64_t heads, int64_t tokens, int64_t head_dim);
+
+// A caller-supplied string as messages quote it: 'id' when at most 48 bytes, else its
+// first 48 bytes and how long it was ('abc...'... (8192 bytes)). Bytes outside printable
+// ASCII are escaped.
+std::string Quoted(absl::string_view s);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_CHECKED_H_
