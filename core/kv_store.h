@@ -53,7 +53,7 @@ struct StoreOptions {
   // Bounds (each refusal is RESOURCE_EXHAUSTED naming the bound, unless noted).
   int max_pools = 64;                     // geometries alive at once; empty pools are destroyed
   int64_t max_sessions = 1024;            // attached or in their grace period
-  int64_t max_caches = 65536;             // caches alive at once
+  int64_t max_caches = 16384;             // caches alive at once
   int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
                                           // one session, for this bound and the next
   int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota

@@ -4,6 +4,8 @@
 #ifndef KVARENA_CORE_STORE_FIXTURE_H_
 #define KVARENA_CORE_STORE_FIXTURE_H_
 
+#include <cstdlib>
+#include <iostream>
 #include <map>
 #include <random>
 #include <string>
@@ -53,20 +55,35 @@ struct Snapshot {
   }
 };
 
+// The seed of a randomised test: $KVARENA_SEED when set (to replay a failure), else a
+// fresh one; printed either way.
+inline uint32_t TestSeed() {
+  const char* env = std::getenv("KVARENA_SEED");
+  const uint32_t seed = env != nullptr ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+  std::cout << "seed=" << seed << " (KVARENA_SEED=" << seed << " replays it)" << std::endl;
+  ::testing::Test::RecordProperty("seed", std::to_string(seed));
+  return seed;
+}
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override { MakeStore(size_t{64} << 20); }
 
-  void MakeStore(size_t arena_bytes) {
+  // The fixture's options: a small host arena, page_size 4, one thread, the fake clock.
+  StoreOptions Options(size_t arena_bytes) {
     StoreOptions o;
     o.arena_bytes = arena_bytes;
     o.default_page_size = 4;
     o.num_threads = 1;
     o.scratch_bytes = kChunkGranularity;  // sessions charge the arena: keep it small
     o.clock = &clock_;
+    return o;
+  }
+  void MakeStore(size_t arena_bytes) { MakeStore(Options(arena_bytes)); }
+  void MakeStore(const StoreOptions& o, std::unique_ptr<Backend> backend = NewHostBackend()) {
     refs_.clear();
     store_.reset();
-    auto s = KvStore::Create(o, NewHostBackend());
+    auto s = KvStore::Create(o, std::move(backend));
     ASSERT_TRUE(s.ok()) << s.status();
     store_ = *std::move(s);
   }
@@ -143,7 +160,7 @@ class StoreTest : public ::testing::Test {
   int64_t PagesUsed() { return store_->Stats().pages.pages_used; }
 
   FakeClock clock_;  // before store_: the store reads it until it goes
-  std::mt19937 rng_{std::random_device{}()};
+  std::mt19937 rng_{TestSeed()};
   std::unique_ptr<KvStore> store_;
   std::map<std::string, CacheSpec> specs_;
   std::map<std::string, std::vector<RefLayer>> refs_;

@@ -40,7 +40,7 @@ ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{uint64_t{16} << 20
 ABSL_FLAG(int, max_pools, 64,
           "Most pools (distinct geometries) alive at once; an empty pool is destroyed.");
 ABSL_FLAG(int64_t, max_sessions, 1024, "Most sessions, attached or in their grace period.");
-ABSL_FLAG(int64_t, max_caches, 65536, "Most caches alive at once.");
+ABSL_FLAG(int64_t, max_caches, 16384, "Most caches alive at once.");
 ABSL_FLAG(int64_t, max_caches_per_session, 4096,
           "Most caches one session may hold (caches allocated without a session count as "
           "one session, here and for --session_max_pages).");

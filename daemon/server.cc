@@ -18,8 +18,6 @@ namespace kvarena {
 namespace {
 
 constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
-// Prefill appends and GetKv of long contexts exceed gRPC's 4 MiB default.
-constexpr int kMaxMessageBytes = 1 << 30;
 // Each held Attach stream owns a sync-server thread; this bounds the whole server.
 constexpr int kMaxThreads = 4096;
 
@@ -34,9 +32,11 @@ std::string FdSocketPath(const std::string& flag, const std::vector<ListenAddres
   return "";
 }
 
-void ConfigureBuilder(grpc::ServerBuilder* builder) {
-  builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder->SetMaxSendMessageSize(kMaxMessageBytes);
+// max_message_bytes bounds what one request or reply may pin in memory (a 1 GiB cache id
+// included); prefill appends and GetKv pages above gRPC's 4 MiB default fit under it.
+void ConfigureBuilder(int max_message_bytes, grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(max_message_bytes);
+  builder->SetMaxSendMessageSize(max_message_bytes);
   // Two daemons must never share a TCP port silently.
   builder->AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Notice a vanished TCP peer so its Attach stream ends and its session's grace starts.
@@ -57,6 +57,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   absl::StatusOr<std::vector<ListenAddress>> addresses = ParseListenAddresses(options.listen);
   if (!addresses.ok()) return addresses.status();
   d->addresses_ = std::move(*addresses);
+  if (options.max_message_bytes < (uint64_t{1} << 16) || options.max_message_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=", options.max_message_bytes,
+                                                   " must be in [64Ki, 1Gi]"));
+  }
   if (options.metrics_port < 0 || options.metrics_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
@@ -116,7 +120,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     builder.AddListeningPort(d->addresses_[i].uri, grpc::InsecureServerCredentials(), &ports[i]);
   }
   builder.RegisterService(d->service_.get());
-  ConfigureBuilder(&builder);
+  ConfigureBuilder(int(options.max_message_bytes), &builder);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",

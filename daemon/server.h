@@ -44,7 +44,7 @@ struct DaemonOptions {
   uint64_t scratch_bytes = uint64_t{16} << 20;      // per session, charged to arena_bytes
   int max_pools = 64;
   int64_t max_sessions = 1024;
-  int64_t max_caches = 65536;
+  int64_t max_caches = 16384;
   int64_t max_caches_per_session = 4096;
   int64_t session_max_pages = 0;  // 0: no per-session quota
   int64_t max_request_tokens = 1 << 20;

@@ -1,8 +1,7 @@
-// KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each one decodes the request
-// (proto/wire.h; tensor payloads, inline or shared slices, through CallTensors), calls one
-// KvStore operation with the caller's session (metadata `kvarena-session`, "" when
-// absent), maps the status (ToGrpcStatus) and encodes the reply. No rules and no locks
-// live here: the store owns both.
+// KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each unary one passes the
+// caller's session (metadata `kvarena-session`, "" when absent) and the request to
+// Requests (daemon/requests.h: decode -> KvStore -> encode), counts the call and maps the
+// status (ToGrpcStatus). No rules and no locks live here: the store owns both.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -14,6 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/requests.h"
 #include "daemon/rpc_counters.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
@@ -27,7 +27,7 @@ class KvCacheServiceImpl final : public v1::KvCacheService::Service {
   // that every AttachEvent names ("" when the daemon serves none).
   KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, absl::Duration session_grace,
                      std::string fd_socket = "")
-      : store_(store), rpcs_(rpcs), session_grace_(session_grace),
+      : store_(store), requests_(store), rpcs_(rpcs), session_grace_(session_grace),
         fd_socket_(std::move(fd_socket)) {}
 
   // Ends every Attach stream promptly (UNAVAILABLE) and refuses new ones; call before
@@ -56,6 +56,7 @@ class KvCacheServiceImpl final : public v1::KvCacheService::Service {
   grpc::Status Done(Rpc rpc, const absl::Status& status);
 
   KvStore* const store_;
+  Requests requests_;
   RpcCounters* const rpcs_;
   const absl::Duration session_grace_;
   const std::string fd_socket_;

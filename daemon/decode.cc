@@ -1,0 +1,84 @@
+#include "daemon/decode.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "core/validate.h"
+#include "proto/wire.h"
+
+namespace kvarena {
+namespace {
+
+// value must lie in [lo, hi] (hi <= INT_MAX), as allocate's spec field `field`.
+absl::StatusOr<int> SpecField(absl::string_view field, uint64_t value, int lo, int hi) {
+  if (value < uint64_t(lo) || value > uint64_t(hi)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocate: spec.", field, "=", value, " must be in [", lo, ", ", hi, "]"));
+  }
+  return int(value);
+}
+
+}  // namespace
+
+absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
+  CacheSpec s;
+  absl::StatusOr<int> v = SpecField("num_layers", p.num_layers(), 1, kMaxLayers);
+  if (!v.ok()) return v.status();
+  s.num_layers = *v;
+  if (v = SpecField("num_kv_heads", p.num_kv_heads(), 1, kMaxKvHeads); !v.ok()) return v.status();
+  s.num_kv_heads = *v;
+  if (v = SpecField("head_dim", p.head_dim(), 1, kMaxHeadDim); !v.ok()) return v.status();
+  s.head_dim = *v;
+  if (v = SpecField("page_size", p.page_size(), 0, kMaxPageSize); !v.ok()) return v.status();
+  s.page_size = *v;
+  s.dtype = FromProto(p.dtype());
+  s.layer_windows.reserve(size_t(p.layer_windows_size()));
+  for (int i = 0; i < p.layer_windows_size(); ++i) {
+    const uint32_t w = p.layer_windows(i);
+    if (w > uint32_t(std::numeric_limits<int>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("allocate: spec.layer_windows[", i, "]=", w,
+                                                     " must be 0 (global) or in [2, ",
+                                                     std::numeric_limits<int>::max(), "]"));
+    }
+    s.layer_windows.push_back(int(w));
+  }
+  absl::StatusOr<int64_t> max_tokens = DecodeInt64("allocate", "spec.max_tokens", p.max_tokens());
+  if (!max_tokens.ok()) return max_tokens.status();
+  s.max_tokens = *max_tokens;
+  return s;
+}
+
+absl::StatusOr<int> DecodeLayer(absl::string_view op, uint32_t layer) {
+  if (layer >= uint32_t(kMaxLayers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": layer=", layer, " but a cache has at most ", kMaxLayers, " layers"));
+  }
+  return int(layer);
+}
+
+absl::StatusOr<int64_t> DecodeInt64(absl::string_view op, absl::string_view field, uint64_t value) {
+  if (value > uint64_t(std::numeric_limits<int64_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", field, "=", value, " must be below 2^63"));
+  }
+  return int64_t(value);
+}
+
+absl::StatusOr<std::vector<CacheTokens>> DecodeItems(
+    absl::string_view op, const google::protobuf::RepeatedPtrField<v1::CacheTokens>& items) {
+  if (items.size() > kMaxItems) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", items.size(), " items; at most ", kMaxItems));
+  }
+  std::vector<CacheTokens> out;
+  out.reserve(size_t(items.size()));
+  for (int i = 0; i < items.size(); ++i) {
+    absl::StatusOr<int64_t> tokens =
+        DecodeInt64(op, absl::StrCat("items[", i, "].tokens"), items[i].tokens());
+    if (!tokens.ok()) return tokens.status();
+    out.push_back(CacheTokens{items[i].cache_id(), *tokens});
+  }
+  return out;
+}
+
+}  // namespace kvarena

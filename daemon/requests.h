@@ -1,0 +1,44 @@
+// Requests: the body of every unary KvCacheService handler, free of gRPC's server types,
+// so the service (daemon/service.cc), its tests and the fuzzer run exactly the same code:
+// decode the request (daemon/decode.h: every wire integer range-checked before it
+// narrows; tensor payloads through CallTensors), call one KvStore operation with the
+// caller's session ("" for none), encode the reply. No rules and no locks live here:
+// the store owns both.
+//
+// Thread-safety: as KvStore — every method may run concurrently.
+#ifndef KVARENA_DAEMON_REQUESTS_H_
+#define KVARENA_DAEMON_REQUESTS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/kv_store.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+
+class Requests {
+ public:
+  explicit Requests(KvStore* store) : store_(store) {}  // store must outlive this
+
+  using S = const std::string&;
+  absl::Status Allocate(S session, const v1::AllocateRequest& req, v1::AllocateResponse* resp);
+  absl::Status Append(S session, const v1::AppendRequest& req, v1::AppendResponse* resp);
+  absl::Status Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp);
+  absl::Status Popn(S session, const v1::PopnRequest& req, v1::PopnResponse* resp);
+  absl::Status Reset(S session, const v1::ResetRequest& req, v1::ResetResponse* resp);
+  absl::Status Release(S session, const v1::ReleaseRequest& req, v1::ReleaseResponse* resp);
+  absl::Status Reserve(S session, const v1::ReserveRequest& req, v1::ReserveResponse* resp);
+  absl::Status Commit(S session, const v1::CommitRequest& req, v1::CommitResponse* resp);
+  absl::Status GetKv(S session, const v1::GetKvRequest& req, v1::GetKvResponse* resp);
+  absl::Status Describe(S session, const v1::DescribeRequest& req, v1::DescribeResponse* resp);
+  absl::Status Stats(const v1::StatsRequest& req, v1::StatsResponse* resp);
+  absl::Status ListCaches(const v1::ListCachesRequest& req, v1::ListCachesResponse* resp);
+
+ private:
+  KvStore* const store_;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_REQUESTS_H_
