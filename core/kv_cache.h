@@ -85,6 +85,9 @@ class KvCache {
   absl::StatusOr<PageStats> Stats();
   // The ids of every page this cache holds (each layer's live blocks), for audits.
   std::vector<int32_t> HeldPages();
+  // Lengths, page ids and a hash of every held token's K/V bytes, for tests that check a
+  // refused request changed nothing.
+  std::string DebugState();
 
   // Local path, under the lock (see class comment).
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }

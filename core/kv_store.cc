@@ -408,6 +408,21 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   return absl::OkStatus();
 }
 
+std::string KvStore::TEST_DebugState() const {
+  const ArenaStats s = Stats();
+  std::string out = absl::StrCat("pages used=", s.pages.pages_used, " free=", s.pages.pages_free,
+                                 " seq=", s.pages.seq_len, " evicted=", s.pages.pages_evicted,
+                                 " committed=", s.bytes_committed, " caches=", s.num_caches,
+                                 " pools=", s.pools.size(), " sessions=", s.num_sessions, "\n");
+  std::map<std::string, std::shared_ptr<KvCache>> caches;
+  {
+    absl::ReaderMutexLock lock(&impl_->mu);
+    for (const auto& [id, c] : impl_->caches) caches.emplace(id, c);
+  }
+  for (const auto& [id, c] : caches) absl::StrAppend(&out, c->DebugState(), "\n");
+  return out;
+}
+
 const Region* KvStore::TEST_PoolRegion(uint64_t pool_id) const {
   absl::ReaderMutexLock lock(&impl_->mu);
   auto it = impl_->pools_by_id.find(pool_id);

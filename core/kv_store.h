@@ -177,6 +177,9 @@ class KvStore {
   // pool, each pool's pages_used equal to what its caches hold, quotas equal to what their
   // caches hold. INTERNAL naming the first discrepancy. Call while no operation runs.
   absl::Status TEST_CheckInvariants() const;
+  // Everything a client could observe — arena stats (refusal counters aside) and every
+  // cache's lengths, pages and a hash of its K/V — whoever owns it.
+  std::string TEST_DebugState() const;
 
  private:
   struct Impl;

@@ -4,12 +4,14 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/fast_div.h"
 #include "kernels/cuda/kernel_args.h"
+#include "kernels/cuda/kv_kernels_cuda.h"
 
 namespace kvarena::gpu {
 namespace {
@@ -131,6 +133,9 @@ TEST_F(KernelArgsTest, PlanRejectsBadShapes) {
   p.scale = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(Plan(layout_, p), cudaErrorInvalidValue);
   EXPECT_EQ(Plan(layout_, Params(32), 70000), cudaErrorInvalidValue);
+  p = Params(32);
+  p.n = int64_t{1} << 61;  // n * group once wrapped past the index bound
+  EXPECT_EQ(Plan(layout_, p), cudaErrorInvalidValue);
   PageLayout no_heads = layout_;
   no_heads.num_kv_heads = 0;
   EXPECT_EQ(Plan(no_heads, Params(32)), cudaErrorInvalidValue);
@@ -194,9 +199,34 @@ TEST_F(KernelArgsTest, AppendPicksTheWidestVector) {
   EXPECT_EQ(PrepareAppend(bad, 1, 5, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, -1, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, 5, int64_t{1} << 31, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
+  // Sums that once wrapped past the bound.
+  constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(PrepareAppend(layout_, 1, 5, kMax64 - 2, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAppend(layout_, 1, kMax64, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, 0, 10, &a, &vec, &grid, &launch), cudaSuccess);
   EXPECT_FALSE(launch);
 }
 
 }  // namespace
+// The single-cache launcher's position check runs on the host before any CUDA call, so
+// it is testable without a device: q_pos + n once wrapped past it.
+TEST(PagedAttentionLauncherTest, RejectsPositionsWhoseSumWraps) {
+  PagedKvView view;
+  view.layout = PageLayout{DType::kBFloat16, 16, 8, 128};
+  AttentionParams p;
+  p.num_q_heads = 32;
+  p.scale = 0.125f;
+  size_t bytes = 0;
+  for (auto [pos, n] : {std::pair<int64_t, int64_t>{std::numeric_limits<int64_t>::max(), 1},
+                        {std::numeric_limits<int64_t>::max() - 1, 2},
+                        {int64_t{1} << 31, 1},
+                        {(int64_t{1} << 31) - 1, 1},
+                        {0, int64_t{1} << 62}}) {
+    p.q_pos = pos;
+    p.n = n;
+    EXPECT_EQ(PagedAttentionWorkspaceSize(view, p, &bytes), cudaErrorInvalidValue) << pos << " + " << n;
+    EXPECT_EQ(PagedAttention(view, p, nullptr, nullptr, nullptr, 0), cudaErrorInvalidValue);
+  }
+}
+
 }  // namespace kvarena::gpu

@@ -21,7 +21,8 @@ cudaError_t PrepareAppend(const PageLayout& layout, int batch, int64_t n, int64_
   const int64_t row_bytes = int64_t(layout.head_dim) * int64_t(elem);
   if (elem == 0 || layout.head_dim <= 0 || layout.num_kv_heads <= 0 || layout.page_size <= 0 ||
       n < 0 || max_pos < 0 || batch < 0 || batch > 65535 || 2 * layout.num_kv_heads > 65535 ||
-      max_pos + n >= kMaxIndex || n * (row_bytes / 2) >= kMaxIndex) {
+      n >= kMaxIndex || max_pos >= kMaxIndex - n ||  // written so neither can wrap
+      (row_bytes >= 2 && n >= kMaxIndex / (row_bytes / 2))) {
     return cudaErrorInvalidValue;
   }
   if (n == 0 || batch == 0) return cudaSuccess;
@@ -52,7 +53,8 @@ cudaError_t PlanAttentionRequest(const PageLayout& layout, const AttentionParams
     return cudaErrorInvalidValue;
   }
   const int64_t group = p.num_q_heads / kv_heads;
-  if (p.n * group >= kMaxIndex || int64_t(batch) * p.num_q_heads * p.n >= kMaxIndex ||
+  const int64_t rows_per_query = std::max<int64_t>(1, int64_t(batch) * p.num_q_heads);  // <= 2^47
+  if (p.n >= kMaxIndex / group || p.n >= kMaxIndex / rows_per_query ||  // written not to wrap
       int64_t(kv_heads) * layout.head_dim >= kMaxIndex) {
     return cudaErrorInvalidValue;
   }

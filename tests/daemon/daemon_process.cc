@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -89,8 +90,11 @@ int PickUnusedPort() {
 DaemonProcess::DaemonProcess(std::vector<std::string> flags,
                              const std::function<void(const std::string&)>& before_start)
     : socket_path_(dir_.path() + "/kvarena.sock"), log_path_(dir_.path() + "/kvarenad.log") {
-  std::vector<std::string> argv = {KVARENAD_PATH, "--listen=unix:" + socket_path_,
-                                   "--backend=host"};
+  // $KVARENAD_UNDER_TEST runs the tests against another build (an older one, to show a
+  // regression test fails there).
+  const char* binary = std::getenv("KVARENAD_UNDER_TEST");
+  std::vector<std::string> argv = {binary != nullptr ? binary : KVARENAD_PATH,
+                                   "--listen=unix:" + socket_path_, "--backend=host"};
   for (const std::string& flag : flags) {
     absl::string_view listen = flag;
     if (absl::ConsumePrefix(&listen, "--listen=unix:")) {

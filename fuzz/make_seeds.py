@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of fuzz/requests_fuzzer.cc: short programs in its input format
+(see the comment at the top of that file) that walk the paths a worker takes — allocate,
+append, attend, popn, the local path's reserve/commit, shared slices, sessions that
+detach and are reaped — so the fuzzer starts from requests that get deep into the store.
+Run from the repository root: python3 fuzz/make_seeds.py"""
+import os
+import struct
+
+OUT = os.path.join(os.path.dirname(__file__), "corpus", "requests_fuzzer")
+OPS = {"allocate": 0, "append": 1, "attend": 2, "popn": 3, "reset": 4, "release": 5,
+       "reserve": 6, "commit": 7, "get_kv": 8, "describe": 9, "stats": 10,
+       "open_session": 11, "detach": 12, "reap": 13, "list": 14}
+IDS = {"a": 0, "b": 1, "c": 2, "d": 3}
+F32, F16, BF16 = 1, 2, 3
+NO_SESSION = 0  # with no session open, index 0 is "" (sessions + 0)
+
+
+def u8(v):
+    return bytes([v & 0xFF])
+
+
+def integer(v, width, small):
+    if 0 <= v <= small and v < 32:
+        return u8(v)
+    return u8(200) + struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF)[:width]
+
+
+def u32(v, small=3):
+    return integer(v, 4, small)
+
+
+def u64(v, small=40):
+    return integer(v, 8, small)
+
+
+def i64(v, small=3):
+    return integer(v, 8, small)
+
+
+def step(op, session=NO_SESSION):
+    return u8(OPS[op]) + u8(session)
+
+
+def cache(name):
+    return u8(IDS[name])
+
+
+def tensor(dtype, heads, tokens, dim, seed=1):
+    out = u8(dtype) + u8(4)
+    for d, small in ((1, 3), (heads, 3), (tokens, 3), (dim, 8)):
+        out += i64(d, small)
+    return out + u8(2) + u8(seed)  # exactly the shape's bytes
+
+
+def spec(layers=2, kv=2, dim=8, dtype=F32, page=4, windows=(), max_tokens=None):
+    out = u32(layers) + u32(kv) + u32(dim, 8) + u8(dtype) + u32(page, 5) + u8(len(windows))
+    for w in windows:
+        out += u32(w, 9)
+    return out + (u8(1) + u64(max_tokens) if max_tokens is not None else u8(0))
+
+
+def allocate(name, session=NO_SESSION, **kw):
+    return step("allocate", session) + spec(**kw) + cache(name)
+
+
+def append(name, layer, pos, tokens, session=NO_SESSION, kv=2, dim=8, dtype=F32):
+    return (step("append", session) + cache(name) + u32(layer) + u64(pos) +
+            tensor(dtype, kv, tokens, dim, seed=pos + 1) + u8(1))
+
+
+def attend(name, layer, pos, tokens, q_heads=4, with_kv=False, window=0, session=NO_SESSION):
+    out = step("attend", session) + cache(name) + u32(layer) + u64(pos) + tensor(F32, q_heads, tokens, 8, 3)
+    out += u8(3 if with_kv else 0)
+    if with_kv:
+        out += tensor(F32, 2, tokens, 8, 4) + tensor(F32, 2, tokens, 8, 5)
+    return out + u32(window, 9)
+
+
+def items(op, pairs, session=NO_SESSION):
+    out = step(op, session) + u8(len(pairs))
+    for name, n in pairs:
+        out += cache(name) + u64(n, 20)
+    return out
+
+
+SEEDS = {
+    "served_path": allocate("a", windows=(0, 3)) + append("a", 0, 0, 5) + append("a", 1, 0, 5) +
+        attend("a", 0, 3, 2) + attend("a", 1, 5, 1, with_kv=True) + attend("a", 1, 4, 1, window=2) +
+        step("popn") + cache("a") + u64(2, 8) + step("get_kv") + cache("a") + u32(0) + u64(0) + u64(0) +
+        step("describe") + cache("a") + step("reset") + cache("a") + u8(1) + append("a", 0, 0, 3) +
+        step("release") + cache("a"),
+    "local_path": allocate("b", layers=3, windows=(0, 5, 0)) + items("reserve", [("b", 9)]) +
+        items("commit", [("b", 9)]) + items("reserve", [("b", 20)]) + items("commit", [("b", 7)]) +
+        step("get_kv") + cache("b") + u32(1) + u64(0) + u64(0) + step("popn") + cache("b") + u64(3, 8),
+    "many_caches": allocate("a") + allocate("b", dtype=F16) + allocate("c", page=1) +
+        allocate("d", dim=4, kv=1) + append("a", 0, 0, 17) + append("b", 0, 0, 3, dtype=F16) +
+        items("reserve", [("a", 3), ("b", 5), ("c", 2)]) + items("commit", [("c", 2)]) +
+        step("stats") + u8(0) + step("list") + step("release") + cache("b") + step("release") + cache("c"),
+    "sessions": step("open_session") + u8(2) + b"w1" + step("open_session", 1) + u8(2) + b"w2" +
+        allocate("a", session=0) + allocate("b", session=1) + append("a", 0, 0, 4, session=0) +
+        append("a", 0, 4, 1, session=1) + step("detach", 0) + u8(3) + step("reap") + u8(5) +
+        allocate("a", session=1) + step("reap") + u8(30),
+    "max_tokens": allocate("a", max_tokens=6) + append("a", 0, 0, 4) + append("a", 0, 4, 4) +
+        items("reserve", [("a", 3)]) + append("a", 1, 0, 6),
+    "shared_slices": step("open_session") + u8(1) + b"s" + allocate("a", session=0) +
+        step("append", 0) + cache("a") + u32(0) + u64(0) +
+        u8(F32) + u8(4) + i64(1) + i64(2) + i64(2) + i64(8, 8) + u8(0) + u8(0) + u64(0, 255) + u64(0, 255) +
+        u8(1),
+}
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    for name, program in SEEDS.items():
+        with open(os.path.join(OUT, name), "wb") as f:
+            f.write(program)
+    print(f"wrote {len(SEEDS)} seeds to {OUT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+// libFuzzer target: any sequence of wire requests, read from the input bytes, applied to
+// a KvStore through the daemon's own decode-and-dispatch path (daemon/requests.h), with
+// sessions, shared slices, reaping and a fake clock. After every request it checks that
+// the page accounting is whole (KvStore::TEST_CheckInvariants: every page owned once,
+// pools and quotas equal to what caches hold) and that a refused request changed
+// nothing a client can observe (KvStore::TEST_DebugState). Any violation aborts, which
+// libFuzzer reports as a crash. KVARENA_FUZZ_TRACE=1 prints every step's status.
+//
+// The input is read front to back as a program (fuzz/make_seeds.py writes seeds in it):
+//   step    := op:u8 session:u8 fields...        (op % 15; session % (sessions + 2))
+//   int     := s:u8 [...]   s < 32: s % (small + 1); s < 48: an edge value (next u8);
+//                           else the next sizeof(T) bytes, little-endian
+//   id      := b:u8 [len:u8 bytes]   b < 224: one of a few ids; else a string of len bytes
+//   tensor  := dtype:u8 ndims:u8 dims:int... payload:u8 [...]
+//              payload % 4: 0 a scratch slice (region:u8 [int] offset:int length:int),
+//              1 none, 2 exactly the shape's bytes (generated from seed:u8), 3 len:u8 bytes
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/clock.h"
+#include "core/kv_store.h"
+#include "daemon/requests.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+namespace {
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "requests_fuzzer: %s\n", what.c_str());
+  std::abort();
+}
+
+// The input as a program; reads past the end give zeros.
+class Program {
+ public:
+  Program(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  bool done() const { return at_ >= size_; }
+  uint8_t Byte() { return at_ < size_ ? data_[at_++] : 0; }
+  bool Bool() { return Byte() & 1; }
+  template <typename T>
+  T Raw() {
+    uint64_t v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) v |= uint64_t(Byte()) << (8 * i);
+    T t;
+    std::memcpy(&t, &v, sizeof(T));
+    return t;
+  }
+  // Integers a caller may send: mostly small, often at the edges of their types.
+  template <typename T>
+  T Int(uint64_t small = 24) {
+    static constexpr uint64_t kEdges[] = {0, 1, 2, 3, 4, 5, 15, 16, 17, 63, 64, 65, 1023, 1024, 4096,
+                                          (uint64_t{1} << 31) - 1, uint64_t{1} << 31,
+                                          (uint64_t{1} << 32) - 1, uint64_t{1} << 32,
+                                          uint64_t{1} << 62, (uint64_t{1} << 63) - 1,
+                                          uint64_t{1} << 63, ~uint64_t{0}};
+    const uint8_t s = Byte();
+    if (s < 32) return T(s % (small + 1));
+    if (s < 48) return T(kEdges[Byte() % std::size(kEdges)]);
+    return Raw<T>();
+  }
+  std::string Bytes(size_t n) {
+    std::string out;
+    while (n-- > 0) out.push_back(char(Byte()));
+    return out;
+  }
+
+ private:
+  const uint8_t* const data_;
+  const size_t size_;
+  size_t at_ = 0;
+};
+
+class Harness {
+ public:
+  Harness() {
+    StoreOptions o;
+    o.arena_bytes = size_t{24} << 20;
+    o.default_page_size = 4;
+    o.num_threads = 0;
+    o.scratch_bytes = size_t{2} << 20;
+    o.max_pools = 3;
+    o.max_sessions = 3;
+    o.max_caches = 12;
+    o.max_caches_per_session = 6;
+    o.session_max_pages = 64;
+    o.max_request_tokens = 48;
+    o.max_reply_bytes = 1 << 16;
+    o.idle_ttl = absl::Seconds(30);
+    o.clock = &clock_;
+    auto store = KvStore::Create(o, NewHostBackend());
+    if (!store.ok()) Fail(std::string(store.status().message()));
+    store_ = *std::move(store);
+    requests_ = std::make_unique<Requests>(store_.get());
+  }
+
+  void Run(Program& in) {
+    for (int steps = 0; !in.done() && steps < 256; ++steps) Step(in);
+    Check("end", absl::OkStatus(), "");
+  }
+
+ private:
+  std::string Session(Program& in) {
+    const size_t i = in.Byte() % (sessions_.size() + 2);
+    if (i < sessions_.size()) return sessions_[i];
+    return i == sessions_.size() ? "" : "not-a-session";
+  }
+  std::string CacheId(Program& in) {
+    static const char* kIds[] = {"a", "b", "c", "d", "", "cache-1", "cache-2"};
+    const uint8_t b = in.Byte();
+    if (b < 224) return kIds[b % std::size(kIds)];
+    return in.Bytes(b == 255 ? 300 : in.Byte());
+  }
+  void FillSpec(Program& in, v1::CacheSpec* s) {
+    s->set_num_layers(in.Int<uint32_t>(3));
+    s->set_num_kv_heads(in.Int<uint32_t>(3));
+    s->set_head_dim(in.Int<uint32_t>(8));
+    s->set_dtype(v1::DType(in.Byte() % 5));
+    s->set_page_size(in.Int<uint32_t>(5));
+    const int windows = in.Byte() % 5;
+    for (int i = 0; i < windows; ++i) s->add_layer_windows(in.Int<uint32_t>(9));
+    if (in.Bool()) s->set_max_tokens(in.Int<uint64_t>(40));
+  }
+  void FillTensor(Program& in, v1::Tensor* t) {
+    t->set_dtype(v1::DType(in.Byte() % 5));
+    const int dims = in.Byte() % 6;
+    int64_t count = 1;
+    for (int d = 0; d < dims; ++d) {
+      const int64_t v = in.Int<int64_t>(d == 3 ? 8 : 3);
+      t->add_shape(v);
+      count = (v >= 0 && v < 4096 && count < 4096) ? count * v : int64_t{1} << 20;
+    }
+    const int64_t elem = t->dtype() == v1::FLOAT32 ? 4 : 2;
+    switch (in.Byte() % 4) {
+      case 0: {
+        v1::SharedSlice* s = t->mutable_shared();
+        const uint8_t r = in.Byte();
+        s->set_region_id(r < 128 ? (uint64_t{1} << 32) + r % 4 : in.Int<uint64_t>());
+        s->set_offset(in.Int<uint64_t>(255) * 64);
+        const uint64_t length = in.Int<uint64_t>(255);
+        s->set_length(length == 0 && count < 4096 ? uint64_t(count * elem) : length);
+        break;
+      }
+      case 1: break;
+      case 2: {
+        std::string data(count < 4096 ? size_t(count * elem) : 0, '\0');
+        uint32_t x = in.Byte() * 2654435761u + 1;  // finite values as raw bits don't matter
+        for (char& c : data) c = char((x = x * 1103515245u + 12345u) >> 24);
+        t->set_data(std::move(data));
+        break;
+      }
+      default: t->set_data(in.Bytes(in.Byte()));
+    }
+  }
+
+  void Check(const char* op, const absl::Status& status, const std::string& before) {
+    if (trace_) std::fprintf(stderr, "%s: %s\n", op, status.ToString().c_str());
+    if (absl::Status s = store_->TEST_CheckInvariants(); !s.ok()) {
+      Fail(absl::StrCat("after ", op, " (", status.ToString(), "): ", s.message()));
+    }
+    if (!status.ok() && store_->TEST_DebugState() != before) {
+      Fail(absl::StrCat(op, " was refused (", status.ToString(), ") but changed the store:\n",
+                        before, "---\n", store_->TEST_DebugState()));
+    }
+  }
+
+  void Step(Program& in);
+
+  FakeClock clock_;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Requests> requests_;
+  std::vector<std::string> sessions_;
+  const bool trace_ = std::getenv("KVARENA_FUZZ_TRACE") != nullptr;
+};
+
+void Harness::Step(Program& in) {
+  const int op = in.Byte() % 15;
+  const std::string session = Session(in);
+  const std::string before = store_->TEST_DebugState();
+  absl::Status status;
+  const char* name = "";
+  switch (op) {
+    case 0: {
+      name = "Allocate";
+      v1::AllocateRequest req;
+      FillSpec(in, req.mutable_spec());
+      req.set_cache_id(CacheId(in));
+      v1::AllocateResponse resp;
+      status = requests_->Allocate(session, req, &resp);
+      break;
+    }
+    case 1: {
+      name = "Append";
+      v1::AppendRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_layer(in.Int<uint32_t>(3));
+      req.set_pos(in.Int<uint64_t>(40));
+      FillTensor(in, req.mutable_k());
+      if (in.Bool()) {
+        *req.mutable_v() = req.k();
+      } else {
+        FillTensor(in, req.mutable_v());
+      }
+      v1::AppendResponse resp;
+      status = requests_->Append(session, req, &resp);
+      break;
+    }
+    case 2: {
+      name = "Attend";
+      v1::AttendRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_layer(in.Int<uint32_t>(3));
+      req.set_pos(in.Int<uint64_t>(40));
+      FillTensor(in, req.mutable_q());
+      const uint8_t kv = in.Byte();
+      if (kv & 1) FillTensor(in, req.mutable_k());
+      if (kv & 2) FillTensor(in, req.mutable_v());
+      if (kv & 4) req.set_scale(in.Raw<double>());
+      req.set_window(in.Int<uint32_t>(9));
+      if (kv & 8) {
+        v1::Tensor t;
+        FillTensor(in, &t);
+        if (t.has_shared()) *req.mutable_out() = t.shared();
+      }
+      v1::AttendResponse resp;
+      status = requests_->Attend(session, req, &resp);
+      break;
+    }
+    case 3: {
+      name = "Popn";
+      v1::PopnRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_n(in.Int<uint64_t>(8));
+      v1::PopnResponse resp;
+      status = requests_->Popn(session, req, &resp);
+      break;
+    }
+    case 4: {
+      name = "Reset";
+      v1::ResetRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_keep_pages(in.Bool());
+      v1::ResetResponse resp;
+      status = requests_->Reset(session, req, &resp);
+      break;
+    }
+    case 5: {
+      name = "Release";
+      v1::ReleaseRequest req;
+      req.set_cache_id(CacheId(in));
+      v1::ReleaseResponse resp;
+      status = requests_->Release(session, req, &resp);
+      break;
+    }
+    case 6:
+    case 7: {
+      name = op == 6 ? "Reserve" : "Commit";
+      google::protobuf::RepeatedPtrField<v1::CacheTokens> items;
+      const int n = in.Byte() % 5;
+      for (int i = 0; i < n; ++i) {
+        v1::CacheTokens* t = items.Add();
+        t->set_cache_id(CacheId(in));
+        t->set_tokens(in.Int<uint64_t>(20));
+      }
+      if (op == 6) {
+        v1::ReserveRequest req;
+        *req.mutable_items() = items;
+        v1::ReserveResponse resp;
+        status = requests_->Reserve(session, req, &resp);
+      } else {
+        v1::CommitRequest req;
+        *req.mutable_items() = items;
+        v1::CommitResponse resp;
+        status = requests_->Commit(session, req, &resp);
+      }
+      break;
+    }
+    case 8: {
+      name = "GetKv";
+      v1::GetKvRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_layer(in.Int<uint32_t>(3));
+      req.set_from_pos(in.Int<uint64_t>(40));
+      req.set_max_tokens(in.Int<uint64_t>(40));
+      v1::GetKvResponse resp;
+      status = requests_->GetKv(session, req, &resp);
+      break;
+    }
+    case 9: {
+      name = "Describe";
+      v1::DescribeRequest req;
+      req.set_cache_id(CacheId(in));
+      v1::DescribeResponse resp;
+      status = requests_->Describe(session, req, &resp);
+      break;
+    }
+    case 10: {
+      name = "Stats";
+      v1::StatsRequest req;
+      if (in.Bool()) req.set_cache_id(CacheId(in));
+      v1::StatsResponse resp;
+      status = requests_->Stats(req, &resp);
+      break;
+    }
+    case 11: {
+      name = "OpenSession";  // a new session changes the stats: only the invariants apply
+      absl::StatusOr<std::string> s = store_->OpenSession(in.Bytes(in.Byte() % 8));
+      if (s.ok()) sessions_.push_back(*s);
+      return Check(name, absl::OkStatus(), before);
+    }
+    case 12: {
+      name = "DetachSession";
+      if (!session.empty()) store_->DetachSession(session, absl::Seconds(in.Byte() % 10));
+      return Check(name, absl::OkStatus(), before);
+    }
+    case 13: {
+      name = "Reap";
+      clock_.Advance(absl::Seconds(in.Byte() % 40));
+      store_->Reap();
+      return Check(name, absl::OkStatus(), before);
+    }
+    default: {
+      name = "ListCaches";
+      v1::ListCachesResponse resp;
+      status = requests_->ListCaches(v1::ListCachesRequest(), &resp);
+    }
+  }
+  Check(name, status, before);
+}
+
+}  // namespace
+}  // namespace kvarena
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvarena::Program in(data, size);
+  kvarena::Harness harness;
+  harness.Run(in);
+  return 0;
+}
