@@ -1,13 +1,20 @@
 // The fd socket end to end in one process (plus a forked child for the credential check):
-// a KvStore, the daemon's FdServer and a worker's RegionClient.
+// a KvStore, the daemon's FdServer and a worker's RegionClient; the accept loop's answers
+// to failing accept4 calls (injected).
 #include <grp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "arena/fd_passing.h"
 #include "client/region_client.h"
 #include "core/kv_store.h"
@@ -27,9 +34,31 @@ class FdSocketTest : public ::testing::Test {
     o.arena_bytes = size_t{64} << 20;
     o.num_threads = 0;
     store_ = *KvStore::Create(o, NewHostBackend());
-    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get());
+    Restart({});
+  }
+  void Restart(FdServerOptions options) {
+    server_.reset();
+    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get(), std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
+  }
+  // An accept that fails with `errors` in turn (counting every call), then accepts.
+  std::function<int(int)> FailingAccept(std::vector<int> errors) {
+    return [this, errors](int listen_fd) {
+      const size_t call = size_t(accept_calls_.fetch_add(1));
+      if (call < errors.size()) {
+        errno = errors[call];
+        return -1;
+      }
+      return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    };
+  }
+  // True once the server answered a ListRegions on a new connection.
+  bool Served() {
+    v1::FdRequest req;
+    req.set_session_id(*store_->OpenSession("probe"));
+    req.mutable_list_regions();
+    return RawCode(req) == 0;
   }
   void TearDown() override {
     server_.reset();
@@ -56,6 +85,7 @@ class FdSocketTest : public ::testing::Test {
   std::filesystem::path dir_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> server_;
+  std::atomic<int> accept_calls_{0};
 };
 
 TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
@@ -136,6 +166,37 @@ TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
   // Even with the file mode opened up, the credential check refuses the other user.
   ASSERT_EQ(chmod(server_->path().c_str(), 0666), 0);
   EXPECT_EQ(ask_as_nobody(), 3);
+}
+
+TEST_F(FdSocketTest, AcceptRetriesAtOnceWhenAConnectionWentAway) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Hours(1);  // a back-off here would hang the test
+  o.accept = FailingAccept({EINTR, ECONNABORTED, EPROTO});
+  Restart(std::move(o));
+  EXPECT_TRUE(Served());
+  EXPECT_EQ(accept_calls_.load(), 4);
+}
+
+TEST_F(FdSocketTest, AcceptBacksOffInsteadOfSpinningWhenOutOfFds) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Hours(1);
+  o.accept = FailingAccept(std::vector<int>(1000, EMFILE));
+  Restart(std::move(o));
+  const int sock = *ConnectUnix(server_->path());  // stays queued: accept keeps failing
+  for (int i = 0; i < 1000 && accept_calls_.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(100));  // room for the retries a spinning loop would make
+  EXPECT_EQ(accept_calls_.load(), 1);
+  server_.reset();  // wakes the back-off
+  close(sock);
+}
+
+TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Milliseconds(1);
+  o.accept = FailingAccept({EMFILE, ENFILE, ENOBUFS, ENOMEM, EMFILE});
+  Restart(std::move(o));
+  EXPECT_TRUE(Served());
+  EXPECT_EQ(accept_calls_.load(), 6);
 }
 
 }  // namespace
