@@ -1,9 +1,10 @@
 // The fd socket end to end in one process (plus a forked child for the credential check):
 // a KvStore, the daemon's FdServer and a worker's RegionClient; the accept loop's answers
-// to failing accept4 calls (injected).
+// to failing accept4 calls (injected); a RegionClient whose connection the server closed.
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,12 +13,14 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "arena/fd_passing.h"
 #include "client/region_client.h"
 #include "core/kv_store.h"
+#include "daemon/fd_requests.h"
 #include "daemon/fd_server.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.pb.h"
@@ -197,6 +200,66 @@ TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
   Restart(std::move(o));
   EXPECT_TRUE(Served());
   EXPECT_EQ(accept_calls_.load(), 6);
+}
+
+// A server that answers one request per connection and then closes it, as the daemon
+// does to a connection that idled past --fd_idle_timeout.
+class OneRequestPerConnection {
+ public:
+  OneRequestPerConnection(const std::string& path, const KvStore* store) : store_(store) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(listen_fd_, 8), 0);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~OneRequestPerConnection() {
+    shutdown(listen_fd_, SHUT_RDWR);  // wakes accept
+    thread_.join();
+    close(listen_fd_);
+  }
+  int connections() const { return connections_.load(); }
+
+ private:
+  void Run() {
+    for (int conn; (conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0; close(conn)) {
+      connections_.fetch_add(1);
+      absl::StatusOr<Message> in = RecvMessage(conn);
+      if (!in.ok()) continue;
+      std::vector<SharedPiece> pieces;
+      const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, true, &pieces);
+      std::vector<int> fds;
+      for (const SharedPiece& p : pieces) fds.push_back(p.fd);
+      EXPECT_TRUE(SendMessage(conn, reply.SerializeAsString(), fds).ok());
+      for (int fd : fds) close(fd);
+    }
+  }
+
+  const KvStore* const store_;
+  int listen_fd_ = -1;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
+  const std::string path = (dir_ / "one.fds").string();
+  OneRequestPerConnection server(path, store_.get());
+  const std::string s = *store_->OpenSession("w");
+  auto client = RegionClient::Connect(path, s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Lists the regions, then exports the scratch region: the second exchange finds the
+  // first connection closed.
+  auto scratch = (*client)->GetScratch();
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  std::memcpy(scratch->base, "kv", 2);
+  EXPECT_EQ(std::memcmp(store_->ResolveSlice(s, scratch->region_id, 0, 2)->data, "kv", 2), 0);
+  // A pool that appears later is mapped over yet another connection.
+  auto info = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE((*client)->GetPool(info->pool_id).ok());
+  EXPECT_EQ(server.connections(), 4);
 }
 
 }  // namespace
