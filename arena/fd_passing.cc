@@ -20,7 +20,9 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
 }
 
-// Reads exactly n bytes; collects any fds that ride along.
+// Reads exactly n bytes; collects any fds that ride along, at most kMaxFdsPerMessage in
+// all (INVALID_ARGUMENT beyond, the extras closed): a peer cannot make a receiver hold
+// more fds than one message may carry by sending its bytes in many fd-laden pieces.
 absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds) {
   size_t got = 0;
   while (got < n) {
@@ -39,6 +41,10 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds) {
       const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
       fds->insert(fds->end(), p, p + count);
+    }
+    if (fds->size() > kMaxFdsPerMessage) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recvmsg: ", fds->size(), " fds came with one message; at most ", kMaxFdsPerMessage));
     }
     if (r == 0) return absl::UnavailableError("recvmsg: peer closed the socket");
     if (msg.msg_flags & MSG_CTRUNC) return absl::InternalError("recvmsg: fds truncated");

@@ -30,7 +30,8 @@ struct Message {
   std::string bytes;
   std::vector<int> fds;  // owned by the receiver: close them
 };
-// Receives one message. UNAVAILABLE when the peer closed the socket.
+// Receives one message. UNAVAILABLE when the peer closed the socket; INVALID_ARGUMENT
+// when it is too large or more than kMaxFdsPerMessage fds came with it (none are kept).
 absl::StatusOr<Message> RecvMessage(int sock);
 
 struct PeerCred {

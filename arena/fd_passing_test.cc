@@ -4,6 +4,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace kvarena {
@@ -15,6 +20,11 @@ class FdPassingTest : public ::testing::Test {
   void TearDown() override {
     close(sv_[0]);
     close(sv_[1]);
+  }
+  // This process's open fds.
+  static int OpenFds() {
+    namespace fs = std::filesystem;
+    return int(std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator()));
   }
   int sv_[2];
 };
@@ -61,6 +71,37 @@ TEST_F(FdPassingTest, PeerCredentialsNameThisProcess) {
 TEST_F(FdPassingTest, TooManyFdsAreRefused) {
   std::vector<int> fds(kMaxFdsPerMessage + 1, 0);
   EXPECT_EQ(SendMessage(sv_[0], "x", fds).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// One message sent in two pieces, each carrying fds: the receiver holds none of them.
+TEST_F(FdPassingTest, ReceiverRefusesMoreFdsThanOneMessageCarries) {
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const uint32_t len = 1;
+  const char body = 'x';
+  auto send_piece = [&](const void* bytes, size_t n, size_t num_fds) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
+    std::vector<int> fds(num_fds, pipefd[0]);
+    iovec iov{const_cast<void*>(bytes), n};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * num_fds);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * num_fds);
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * num_fds);
+    return sendmsg(sv_[0], &msg, 0) == ssize_t(n);
+  };
+  ASSERT_TRUE(send_piece(&len, sizeof(len), kMaxFdsPerMessage));
+  ASSERT_TRUE(send_piece(&body, 1, 10));
+  const int open_before = OpenFds();
+  EXPECT_EQ(RecvMessage(sv_[1]).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenFds(), open_before);
+  close(pipefd[0]);
+  close(pipefd[1]);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "arena/piece_page.h"
 #include "arena/region.h"
 
 namespace kvarena {
@@ -55,11 +56,16 @@ class HostRegion final : public Region {
   std::string share_kind() const override { return "host_memfd"; }
 
   // One piece, the whole memfd, of generation 1 for the region's life.
-  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation) const override {
-    if (generation >= 1) return std::vector<SharedPiece>{};
-    const int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return ErrnoStatus("dup(memfd)", errno);
-    return std::vector<SharedPiece>{{0, size_, fd, 1}};
+  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation, size_t first,
+                                                             size_t max_pieces,
+                                                             size_t* total) const override {
+    std::vector<SharedPiece> out;
+    for (const PieceRef& r : PageOfPieces({{1, 0, size_}}, generation, first, max_pieces, total)) {
+      const int fd = fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) return ErrnoStatus("dup(memfd)", errno);
+      out.push_back({r.offset, r.bytes, fd, r.generation});
+    }
+    return out;
   }
 
   absl::StatusOr<size_t> ResidentBytes() const override {

@@ -90,14 +90,21 @@ TEST_F(HostRegionTest, ImportedMappingSharesBytesBothWays) {
 TEST_F(HostRegionTest, IsOnePieceOfOneGenerationOnTheHost) {
   auto r = Reserve(2 * kChunkGranularity);
   ASSERT_TRUE(r->Commit(kChunkGranularity, kChunkGranularity).ok());
-  auto all = r->ExportPiecesAfter(0);
+  size_t total = 0;
+  auto all = r->ExportPiecesAfter(0, 0, 250, &total);
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(total, 1u);
   EXPECT_EQ((*all)[0].generation, 1u);
   close((*all)[0].fd);
-  auto newer = r->ExportPiecesAfter(1);  // the memfd grows by itself: nothing to add
+  auto past = r->ExportPiecesAfter(0, 1, 250, &total);  // a second page holds nothing
+  ASSERT_TRUE(past.ok());
+  EXPECT_TRUE(past->empty());
+  EXPECT_EQ(total, 1u);
+  auto newer = r->ExportPiecesAfter(1, 0, 250, &total);  // the memfd grows by itself: nothing to add
   ASSERT_TRUE(newer.ok());
   EXPECT_TRUE(newer->empty());
+  EXPECT_EQ(total, 0u);
   auto m = ImportRegion("host_memfd", r->size(), "");
   ASSERT_TRUE(m.ok());
   EXPECT_EQ((*m)->device(), -1);

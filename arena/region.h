@@ -71,10 +71,17 @@ class Region {
   virtual std::string share_kind() const = 0;
   // The pieces a peer maps to see [0, size()), each with a new fd the caller owns (host:
   // one piece, the memfd; CUDA VMM: one per committed allocation). Empty for cuda_ipc.
-  absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const { return ExportPiecesAfter(0); }
-  // Only the pieces whose generation is greater than `generation`: what a peer that has
-  // mapped everything up to it lacks (memory committed since).
-  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation) const = 0;
+  absl::StatusOr<std::vector<SharedPiece>> ExportPieces() const {
+    return ExportPiecesAfter(0, 0, SIZE_MAX, nullptr);
+  }
+  // One page of the pieces whose generation is greater than `generation` (what a peer
+  // that has mapped everything up to it lacks: memory committed since), sorted by
+  // generation, oldest first: without the first `first` of them, at most `max_pieces`.
+  // *total (when given) is how many pieces are after `generation` in all. Creates fds
+  // (each owned by the caller) for the returned pieces only (arena/piece_page.h).
+  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation, size_t first,
+                                                                     size_t max_pieces,
+                                                                     size_t* total) const = 0;
   // cuda_ipc only: the cudaIpcMemHandle_t bytes.
   virtual std::string ipc_handle() const { return ""; }
 };

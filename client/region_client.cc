@@ -11,10 +11,8 @@
 namespace kvarena {
 namespace {
 
-// One request / reply exchange; the reply's fds are returned in *fds.
-absl::StatusOr<v1::FdReply> Exchange(int sock, const v1::FdRequest& req, std::vector<int>* fds) {
-  if (absl::Status s = SendMessage(sock, req.SerializeAsString()); !s.ok()) return s;
-  absl::StatusOr<Message> m = RecvMessage(sock);
+// The reply to a round trip; its fds go to *fds (closed on any error).
+absl::StatusOr<v1::FdReply> Decode(absl::StatusOr<Message> m, std::vector<int>* fds) {
   if (!m.ok()) return m.status();
   v1::FdReply reply;
   if (!reply.ParseFromString(m->bytes)) {
@@ -35,10 +33,34 @@ absl::StatusOr<std::unique_ptr<RegionClient>> RegionClient::Connect(const std::s
                                                                      const std::string& session_id) {
   absl::StatusOr<int> sock = ConnectUnix(fd_socket);
   if (!sock.ok()) return sock.status();
-  return std::unique_ptr<RegionClient>(new RegionClient(*sock, session_id));
+  return std::unique_ptr<RegionClient>(new RegionClient(fd_socket, *sock, session_id));
 }
 
-RegionClient::~RegionClient() { close(sock_); }
+RegionClient::~RegionClient() {
+  if (sock_ >= 0) close(sock_);
+}
+
+absl::StatusOr<Message> RegionClient::RoundTripLocked(const std::string& request) {
+  absl::Status failed;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (sock_ < 0) {
+      absl::StatusOr<int> sock = ConnectUnix(fd_socket_);
+      if (!sock.ok()) return sock.status();
+      sock_ = *sock;
+    }
+    failed = SendMessage(sock_, request);
+    if (failed.ok()) {
+      absl::StatusOr<Message> reply = RecvMessage(sock_);
+      if (reply.ok()) return reply;
+      failed = reply.status();
+    }
+    // Anything but a closed socket leaves the stream in an unknown state: give up on it too.
+    close(sock_);
+    sock_ = -1;
+    if (!absl::IsUnavailable(failed)) break;
+  }
+  return absl::Status(failed.code(), absl::StrCat("fd socket ", fd_socket_, ": ", failed.message()));
+}
 
 absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
                                      const std::string& ipc_handle, Mapped* out) {
@@ -62,7 +84,7 @@ absl::Status RegionClient::FetchPiecesLocked(Mapped* m) {
     req.mutable_export_region()->set_region_id(m->region_id);
     req.mutable_export_region()->set_after_generation(m->generation);
     std::vector<int> fds;
-    absl::StatusOr<v1::FdReply> reply = Exchange(sock_, req, &fds);
+    absl::StatusOr<v1::FdReply> reply = Decode(RoundTripLocked(req.SerializeAsString()), &fds);
     if (!reply.ok()) return reply.status();
     if (fds.size() != size_t(reply->pieces_size())) {
       for (int fd : fds) close(fd);
@@ -91,7 +113,7 @@ absl::Status RegionClient::RefreshLocked() {
   req.set_session_id(session_id_);
   req.mutable_list_regions();
   std::vector<int> fds;
-  absl::StatusOr<v1::FdReply> reply = Exchange(sock_, req, &fds);
+  absl::StatusOr<v1::FdReply> reply = Decode(RoundTripLocked(req.SerializeAsString()), &fds);
   if (!reply.ok()) return reply.status();
   for (const v1::RegionDescriptor& r : reply->regions()) {
     const bool have = r.scratch() ? scratch_.region != nullptr : pools_.contains(r.pool_id());

@@ -5,6 +5,9 @@
 // piece per allocation the daemon committed, so SyncPools fetches and maps the pieces
 // committed since (by generation) whenever the daemon may have grown a pool.
 //
+// The daemon closes an fd-socket connection that idles past --fd_idle_timeout; an
+// exchange that finds the socket closed reconnects to the same path and is retried once.
+//
 // Thread-safety: safe for concurrent use (one mutex; a request/reply is one exchange).
 #ifndef KVARENA_CLIENT_REGION_CLIENT_H_
 #define KVARENA_CLIENT_REGION_CLIENT_H_
@@ -16,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "arena/fd_passing.h"
 #include "arena/region.h"
 
 namespace kvarena {
@@ -60,16 +64,21 @@ class RegionClient {
     std::unique_ptr<MappedRegion> region;
     uint64_t generation = 0;  // every piece up to this generation is mapped
   };
-  RegionClient(int sock, std::string session_id) : sock_(sock), session_id_(std::move(session_id)) {}
+  RegionClient(std::string fd_socket, int sock, std::string session_id)
+      : fd_socket_(std::move(fd_socket)), session_id_(std::move(session_id)), sock_(sock) {}
+  // Sends one serialized request and receives its reply. On a socket the daemon closed
+  // (UNAVAILABLE: send EPIPE or ECONNRESET, recv EOF) it reconnects and tries once more.
+  absl::StatusOr<Message> RoundTripLocked(const std::string& request);
   absl::Status RefreshLocked();  // lists the regions, maps the ones not mapped yet
   absl::Status MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
                          const std::string& ipc_handle, Mapped* out);
   // Maps the pieces of m's region newer than m->generation.
   absl::Status FetchPiecesLocked(Mapped* m);
 
-  const int sock_;
+  const std::string fd_socket_;
   const std::string session_id_;
   std::mutex mu_;
+  int sock_;  // -1 after a failed reconnect; guarded by mu_
   std::map<uint64_t, Mapped> pools_;  // by pool id
   Mapped scratch_;
 };

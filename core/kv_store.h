@@ -157,13 +157,15 @@ class KvStore {
   // geometries appear); FAILED_PRECONDITION for no or an unknown session.
   absl::StatusOr<std::vector<RegionInfo>> SessionRegions(const std::string& session) const;
   // The fds a peer maps to see one region (new fds the caller owns); with
-  // after_generation, only the pieces committed since (Region::ExportPiecesAfter).
+  // after_generation, only the pieces committed since. One page of them, as
+  // Region::ExportPiecesAfter: the oldest generations first, without the first `first`,
+  // at most max_pieces, fds created for those only; *total (when given) is how many there
+  // are after after_generation in all.
   // PERMISSION_DENIED for another session's scratch region, NOT_FOUND for an unknown id.
-  // At most max_pieces pieces, the oldest generations first; *total (when given) is how
-  // many there are after after_generation in all.
   absl::StatusOr<std::vector<SharedPiece>> ExportRegion(
       const std::string& session, uint64_t region_id, uint64_t after_generation = 0,
-      size_t max_pieces = std::numeric_limits<size_t>::max(), size_t* total = nullptr) const;
+      size_t first = 0, size_t max_pieces = std::numeric_limits<size_t>::max(),
+      size_t* total = nullptr) const;
   // [offset, offset + length) of the session's own scratch region. INVALID_ARGUMENT when
   // outside it; PERMISSION_DENIED for any other region.
   absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,

@@ -91,8 +91,9 @@ class FaultyRegion : public Region {
   }
   absl::StatusOr<size_t> ResidentBytes() const override { return real_->ResidentBytes(); }
   std::string share_kind() const override { return real_->share_kind(); }
-  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t g) const override {
-    return real_->ExportPiecesAfter(g);
+  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t g, size_t first, size_t max,
+                                                              size_t* total) const override {
+    return real_->ExportPiecesAfter(g, first, max, total);
   }
   int committed = 0;  // chunks committed and not decommitted
 

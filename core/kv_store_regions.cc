@@ -1,9 +1,5 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
-#include <unistd.h>
-
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
@@ -46,7 +42,7 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
 absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string& session,
                                                                uint64_t region_id,
                                                                uint64_t after_generation,
-                                                               size_t max_pieces,
+                                                               size_t first, size_t max_pieces,
                                                                size_t* total) const {
   if (session.empty() || !impl_->sessions.Contains(session)) {
     return absl::FailedPreconditionError("export: no attached session (Attach first)");
@@ -68,17 +64,7 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     // The pool may be dropped meanwhile; its region lives while we export.
     region = std::shared_ptr<const Region>(it->second, &it->second->region());
   }
-  absl::StatusOr<std::vector<SharedPiece>> pieces = region->ExportPiecesAfter(after_generation);
-  if (!pieces.ok()) return pieces.status();
-  std::stable_sort(pieces->begin(), pieces->end(), [](const SharedPiece& a, const SharedPiece& b) {
-    return a.generation < b.generation;
-  });
-  if (total != nullptr) *total = pieces->size();
-  while (pieces->size() > max_pieces) {
-    close(pieces->back().fd);
-    pieces->pop_back();
-  }
-  return pieces;
+  return region->ExportPiecesAfter(after_generation, first, max_pieces, total);
 }
 
 absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, uint64_t region_id,

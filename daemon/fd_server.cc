@@ -4,36 +4,74 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <exception>
+#include <iostream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
+#include "daemon/fd_requests.h"
 #include "kvarena/v1/kvarena.pb.h"
-#include "proto/wire.h"
 
 namespace kvarena {
 namespace {
 
-v1::FdReply Error(const absl::Status& s) {
-  v1::FdReply r;
-  r.set_code(int(s.code()));
-  r.set_message(std::string(s.message()));
-  return r;
-}
+// The longest a request may take to arrive, or a reply to leave, once under way.
+constexpr absl::Duration kIoTimeout = absl::Seconds(5);
 
 bool PeerAllowed(int conn) {
   absl::StatusOr<PeerCred> c = PeerCredentials(conn);
   return c.ok() && (c->uid == geteuid() || c->uid == 0);
 }
 
+// A poll(2) timeout: -1 for an infinite duration, else at least 1 ms.
+int PollMillis(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return -1;
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
+  return int(std::clamp<int64_t>(ms, 1, INT_MAX));
+}
+
+// Cuts off a peer that stalls mid-request or does not read its reply.
+void SetIoTimeouts(int conn, absl::Duration idle_timeout) {
+  const timeval tv = absl::ToTimeval(std::max(std::min(kIoTimeout, idle_timeout), absl::Milliseconds(1)));
+  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+void Log(absl::string_view what) { std::cerr << "kvarenad: fd socket: " << what << std::endl; }
+
+absl::Status CheckOptions(const FdServerOptions& o) {
+  if (o.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_fd_connections=", o.max_connections, " must be at least 1"));
+  }
+  if (o.idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fd_idle_timeout=", absl::FormatDuration(o.idle_timeout), " must be positive"));
+  }
+  if (o.accept_backoff <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fd socket: accept_backoff=", absl::FormatDuration(o.accept_backoff), " must be positive"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, KvStore* store) {
+absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, KvStore* store,
+                                                          FdServerOptions options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (!options.accept) {
+    options.accept = [](int listen_fd) { return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC); };
+  }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -54,16 +92,22 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
     close(fd);
     return s;
   }
-  std::unique_ptr<FdServer> server(new FdServer(path, fd, store));
+  std::unique_ptr<FdServer> server(new FdServer(path, fd, store, std::move(options)));
   if (pipe2(server->stop_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
-  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  try {
+    server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  } catch (const std::exception& e) {  // std::system_error: no thread to be had now
+    return absl::ResourceExhaustedError(absl::StrCat("fd socket: cannot start its thread: ", e.what()));
+  }
   return server;
 }
 
-FdServer::FdServer(std::string path, int listen_fd, KvStore* store)
-    : path_(std::move(path)), listen_fd_(listen_fd), store_(store) {}
+FdServer::FdServer(std::string path, int listen_fd, KvStore* store, FdServerOptions options)
+    : path_(std::move(path)), listen_fd_(listen_fd), store_(store), options_(std::move(options)) {
+  conns_.reserve(size_t(options_.max_connections));
+}
 
 FdServer::~FdServer() {
   if (stop_pipe_[1] >= 0) {
@@ -73,7 +117,7 @@ FdServer::~FdServer() {
   if (acceptor_.joinable()) acceptor_.join();
   {
     std::unique_lock<std::mutex> lock(mu_);
-    for (int c : conns_) shutdown(c, SHUT_RDWR);  // wakes a worker blocked in recv
+    for (int c : conns_) shutdown(c, SHUT_RDWR);  // wakes a worker blocked in poll, recv or send
     idle_.wait(lock, [this] { return conns_.empty(); });
   }
   close(listen_fd_);
@@ -83,79 +127,103 @@ FdServer::~FdServer() {
   unlink(path_.c_str());
 }
 
+bool FdServer::WaitForStop(absl::Duration timeout) const {
+  pollfd stop = {stop_pipe_[0], POLLIN, 0};
+  return poll(&stop, 1, PollMillis(timeout)) > 0;
+}
+
+// Throws nothing: Admit catches what starting a thread throws.
 void FdServer::AcceptLoop() {
+  bool backing_off = false;  // logged once per run of failures
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_pipe_[0], POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
+    pollfd fds[2] = {{stop_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0 && errno != EINTR) {
+      if (WaitForStop(options_.accept_backoff)) return;
+      continue;
     }
-    if (fds[1].revents) return;
-    const int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    conns_.push_back(conn);
-    std::thread([this, conn] { Serve(conn); }).detach();
+    if (fds[0].revents != 0) return;
+    if (fds[1].revents == 0) continue;
+    const int conn = options_.accept(listen_fd_);
+    if (conn >= 0) {
+      backing_off = false;
+      Admit(conn);
+      continue;
+    }
+    const int err = errno;
+    // A connection that went away, or an interrupted call: the next one may be fine.
+    if (err == EINTR || err == ECONNABORTED || err == EPROTO || err == EAGAIN) continue;
+    // Out of fds or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) or worse: the connection
+    // stays queued, so retrying at once would spin. Wait, then try again.
+    if (!backing_off) {
+      Log(absl::StrCat("accept: ", std::strerror(err), "; retrying every ",
+                       absl::FormatDuration(options_.accept_backoff)));
+      backing_off = true;
+    }
+    if (WaitForStop(options_.accept_backoff)) return;
   }
 }
 
-void FdServer::Serve(int conn) {
-  const bool allowed = PeerAllowed(conn);
-  for (;;) {
-    absl::StatusOr<Message> in = RecvMessage(conn);
-    if (!in.ok()) break;
-    for (int fd : in->fds) close(fd);  // clients send none
-    v1::FdRequest req;
-    v1::FdReply reply;
-    std::vector<SharedPiece> pieces;
-    if (!allowed) {
-      reply = Error(absl::PermissionDeniedError("fd socket: peer runs as another user"));
-    } else if (!req.ParseFromString(in->bytes)) {
-      reply = Error(absl::InvalidArgumentError("fd socket: request does not parse as FdRequest"));
-    } else if (req.has_list_regions()) {
-      absl::StatusOr<std::vector<RegionInfo>> regions = store_->SessionRegions(req.session_id());
-      if (!regions.ok()) reply = Error(regions.status());
-      for (const RegionInfo& r : regions.ok() ? *regions : std::vector<RegionInfo>{}) {
-        ToProto(r, reply.add_regions());
-      }
-    } else if (req.has_export_region()) {
-      absl::StatusOr<std::vector<SharedPiece>> all =
-          store_->ExportRegion(req.session_id(), req.export_region().region_id(),
-                               req.export_region().after_generation());
-      if (!all.ok()) {
-        reply = Error(all.status());
-      } else {
-        std::stable_sort(all->begin(), all->end(), [](const SharedPiece& a, const SharedPiece& b) {
-          return a.generation < b.generation;
-        });
-        const size_t first = std::min<size_t>(req.export_region().first_piece(), all->size());
-        const size_t end = std::min(all->size(), first + kMaxFdsPerMessage);
-        reply.set_total_pieces(uint32_t(all->size()));
-        for (size_t i = 0; i < all->size(); ++i) {
-          if (i < first || i >= end) {
-            close((*all)[i].fd);
-            continue;
-          }
-          v1::RegionPiece* p = reply.add_pieces();
-          p->set_offset((*all)[i].offset);
-          p->set_bytes((*all)[i].bytes);
-          p->set_generation((*all)[i].generation);
-          pieces.push_back((*all)[i]);
-        }
-      }
-    } else {
-      reply = Error(absl::InvalidArgumentError("fd socket: request names no operation"));
+void FdServer::Admit(int conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (conns_.size() >= size_t(options_.max_connections)) {
+    close(conn);  // the peer reads EOF at once; everyone already connected is still served
+    if (!refusing_) {
+      Log(absl::StrCat("closing new connections: ", conns_.size(), " are open (--max_fd_connections=",
+                       options_.max_connections, ")"));
+      refusing_ = true;
     }
-    std::vector<int> fds;
-    for (const SharedPiece& p : pieces) fds.push_back(p.fd);
-    const absl::Status sent = SendMessage(conn, reply.SerializeAsString(), fds);
-    for (int fd : fds) close(fd);
-    if (!sent.ok() || !allowed) break;
+    return;
+  }
+  refusing_ = false;
+  conns_.push_back(conn);  // within the reserved capacity: cannot throw
+  try {
+    std::thread([this, conn] { RunConnection(conn); }).detach();
+  } catch (const std::exception& e) {  // std::system_error: no thread to be had now
+    conns_.pop_back();
+    close(conn);
+    Log(absl::StrCat("closing a connection: cannot start its thread: ", e.what()));
+  }
+}
+
+void FdServer::RunConnection(int conn) {
+  try {
+    Serve(conn);
+  } catch (const std::exception& e) {
+    Log(absl::StrCat("closing a connection: ", e.what()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   close(conn);
   std::erase(conns_, conn);
   if (conns_.empty()) idle_.notify_all();
+}
+
+bool FdServer::AwaitRequest(int conn) const {
+  const absl::Time deadline = absl::Now() + options_.idle_timeout;
+  for (;;) {
+    pollfd p = {conn, POLLIN, 0};
+    const int n = poll(&p, 1, PollMillis(deadline - absl::Now()));
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return false;
+  }
+}
+
+void FdServer::Serve(int conn) {
+  const bool allowed = PeerAllowed(conn);
+  SetIoTimeouts(conn, options_.idle_timeout);
+  while (AwaitRequest(conn)) {
+    // Fails when the peer closed, stalled past the I/O timeout or sent a bad frame.
+    absl::StatusOr<Message> in = RecvMessage(conn);
+    if (!in.ok()) return;
+    for (int fd : in->fds) close(fd);  // clients send none
+    std::vector<SharedPiece> pieces;
+    absl::Cleanup close_pieces = [&pieces] {
+      for (const SharedPiece& p : pieces) close(p.fd);
+    };
+    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, allowed, &pieces);
+    std::vector<int> fds;
+    for (const SharedPiece& p : pieces) fds.push_back(p.fd);
+    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok() || !allowed) return;
+  }
 }
 
 }  // namespace kvarena

@@ -101,7 +101,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (absl::Status s = PrepareUnixSocket(a.unix_path); !s.ok()) return s;
   }
   if (!fd_path.empty()) {
-    absl::StatusOr<std::unique_ptr<FdServer>> fd_server = FdServer::Start(fd_path, d->store_.get());
+    FdServerOptions fd_options;
+    fd_options.max_connections = options.max_fd_connections;
+    fd_options.idle_timeout = options.fd_idle_timeout;
+    absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
+        FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {
       return absl::Status(fd_server.status().code(),
                           absl::StrCat("--fd_socket: ", fd_server.status().message()));

@@ -41,7 +41,10 @@ class CudaIpcRegion final : public Region {
   absl::Status Decommit(size_t offset, size_t bytes) override { return CheckRange("decommit", offset, bytes); }
   absl::StatusOr<size_t> ResidentBytes() const override { return size_; }
   std::string share_kind() const override { return "cuda_ipc"; }
-  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t) const override {
+  // Mapped whole through ipc_handle(): no pieces.
+  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t, size_t, size_t,
+                                                             size_t* total) const override {
+    if (total != nullptr) *total = 0;
     return std::vector<SharedPiece>{};
   }
   std::string ipc_handle() const override { return handle_; }

@@ -24,6 +24,7 @@ namespace kvarena {
 namespace {
 
 constexpr size_t kChunk = kChunkGranularity;
+constexpr size_t kAll = SIZE_MAX;  // ExportPiecesAfter: no page bound
 
 #define SKIP_WITHOUT_GPU() \
   if (!CudaDevicePresent()) GTEST_SKIP() << "no CUDA device"
@@ -193,7 +194,7 @@ TEST_F(CudaRegionTest, ExportPiecesAfterGivesOnlyNewerAllocations) {
   if (!Vmm()) GTEST_SKIP() << "device without VMM + POSIX fd handles";
   auto r = Reserve(8 * kChunk);
   ASSERT_TRUE(r->Commit(0, kChunk).ok());
-  auto first = r->ExportPiecesAfter(0);
+  auto first = r->ExportPiecesAfter(0, 0, kAll, nullptr);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_EQ(first->size(), 1u);
   const uint64_t g0 = (*first)[0].generation;
@@ -203,7 +204,7 @@ TEST_F(CudaRegionTest, ExportPiecesAfterGivesOnlyNewerAllocations) {
   ASSERT_TRUE((*m)->MapPieces(*std::move(first)).ok());
 
   ASSERT_TRUE(r->Commit(3 * kChunk, kChunk).ok());
-  auto grown = r->ExportPiecesAfter(g0);
+  auto grown = r->ExportPiecesAfter(g0, 0, kAll, nullptr);
   ASSERT_TRUE(grown.ok());
   ASSERT_EQ(grown->size(), 1u);
   EXPECT_EQ((*grown)[0].offset, 3 * kChunk);
@@ -213,7 +214,7 @@ TEST_F(CudaRegionTest, ExportPiecesAfterGivesOnlyNewerAllocations) {
 
   ASSERT_TRUE(r->Decommit(0, kChunk).ok());
   ASSERT_TRUE(r->Commit(0, kChunk).ok());
-  auto again = r->ExportPiecesAfter(g1);
+  auto again = r->ExportPiecesAfter(g1, 0, kAll, nullptr);
   ASSERT_TRUE(again.ok());
   ASSERT_EQ(again->size(), 1u);
   EXPECT_EQ((*again)[0].offset, 0u);
@@ -224,9 +225,33 @@ TEST_F(CudaRegionTest, ExportPiecesAfterGivesOnlyNewerAllocations) {
   Fill(r->base() + 3 * kChunk, 0x22, kChunk);
   EXPECT_TRUE(AllEqual((*m)->base(), 0x11, kChunk));  // the mapping sees the new memory
   EXPECT_TRUE(AllEqual((*m)->base() + 3 * kChunk, 0x22, kChunk));
-  auto none = r->ExportPiecesAfter(g2);
+  auto none = r->ExportPiecesAfter(g2, 0, kAll, nullptr);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());
+}
+
+// A page holds the pieces after `first` in generation order, not offset order, and only
+// they are exported; the total counts every piece after the generation.
+TEST_F(CudaRegionTest, ExportPiecesAfterPagesInGenerationOrder) {
+  SKIP_WITHOUT_GPU();
+  if (!Vmm()) GTEST_SKIP() << "device without VMM + POSIX fd handles";
+  auto r = Reserve(8 * kChunk);
+  for (size_t chunk : {6, 2, 4, 0}) ASSERT_TRUE(r->Commit(chunk * kChunk, kChunk).ok());
+  size_t total = 0;
+  auto page = r->ExportPiecesAfter(0, 1, 2, &total);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(total, 4u);
+  ASSERT_EQ(page->size(), 2u);
+  EXPECT_EQ((*page)[0].offset, 2 * kChunk);
+  EXPECT_EQ((*page)[1].offset, 4 * kChunk);
+  EXPECT_LT((*page)[0].generation, (*page)[1].generation);
+  for (const SharedPiece& p : *page) close(p.fd);
+  auto newest = r->ExportPiecesAfter((*page)[1].generation, 0, kAll, &total);
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(total, 1u);
+  ASSERT_EQ(newest->size(), 1u);
+  EXPECT_EQ((*newest)[0].offset, 0u);
+  close((*newest)[0].fd);
 }
 
 TEST_F(CudaRegionTest, ImportRejectsPiecesOffTheGranularity) {

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
+#include "arena/piece_page.h"
 
 namespace kvarena::cuda_internal {
 namespace {
@@ -114,21 +115,28 @@ class CudaVmmRegion final : public Region {
     return mapped_;
   }
 
-  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation) const override {
+  // Lists every allocation, picks the page, and exports only the page's allocations.
+  absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation, size_t first,
+                                                             size_t max_pieces,
+                                                             size_t* total) const override {
     ScopedDevice scope(device_);
     if (!scope.status().ok()) return scope.status();
     absl::MutexLock lock(&mu_);
+    std::vector<PieceRef> refs;
+    refs.reserve(allocs_.size());
+    for (const auto& [first_granule, alloc] : allocs_) {
+      refs.push_back({alloc.generation, first_granule * granule_, alloc.granules * granule_});
+    }
     std::vector<SharedPiece> pieces;
-    for (const auto& [first, alloc] : allocs_) {
-      if (alloc.generation <= generation) continue;
+    for (const PieceRef& r : PageOfPieces(std::move(refs), generation, first, max_pieces, total)) {
       int fd = -1;
-      const CUresult r = api_->MemExportToShareableHandle(&fd, alloc.handle,
-                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      if (r != CUDA_SUCCESS) {
+      const CUresult e = api_->MemExportToShareableHandle(
+          &fd, allocs_.at(r.offset / granule_).handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (e != CUDA_SUCCESS) {
         for (const SharedPiece& p : pieces) close(p.fd);
-        return DriverStatus("cuMemExportToShareableHandle", r);
+        return DriverStatus("cuMemExportToShareableHandle", e);
       }
-      pieces.push_back(SharedPiece{first * granule_, alloc.granules * granule_, fd, alloc.generation});
+      pieces.push_back(SharedPiece{r.offset, r.bytes, fd, r.generation});
     }
     return pieces;
   }

@@ -1,16 +1,26 @@
 // The fd socket end to end in one process (plus a forked child for the credential check):
-// a KvStore, the daemon's FdServer and a worker's RegionClient.
+// a KvStore, the daemon's FdServer and a worker's RegionClient; the accept loop's answers
+// to failing accept4 calls (injected); a RegionClient whose connection the server closed.
 #include <grp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <thread>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "arena/fd_passing.h"
 #include "client/region_client.h"
 #include "core/kv_store.h"
+#include "daemon/fd_requests.h"
 #include "daemon/fd_server.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.pb.h"
@@ -27,9 +37,31 @@ class FdSocketTest : public ::testing::Test {
     o.arena_bytes = size_t{64} << 20;
     o.num_threads = 0;
     store_ = *KvStore::Create(o, NewHostBackend());
-    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get());
+    Restart({});
+  }
+  void Restart(FdServerOptions options) {
+    server_.reset();
+    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get(), std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
+  }
+  // An accept that fails with `errors` in turn (counting every call), then accepts.
+  std::function<int(int)> FailingAccept(std::vector<int> errors) {
+    return [this, errors](int listen_fd) {
+      const size_t call = size_t(accept_calls_.fetch_add(1));
+      if (call < errors.size()) {
+        errno = errors[call];
+        return -1;
+      }
+      return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    };
+  }
+  // True once the server answered a ListRegions on a new connection.
+  bool Served() {
+    v1::FdRequest req;
+    req.set_session_id(*store_->OpenSession("probe"));
+    req.mutable_list_regions();
+    return RawCode(req) == 0;
   }
   void TearDown() override {
     server_.reset();
@@ -56,6 +88,7 @@ class FdSocketTest : public ::testing::Test {
   std::filesystem::path dir_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> server_;
+  std::atomic<int> accept_calls_{0};
 };
 
 TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
@@ -136,6 +169,97 @@ TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
   // Even with the file mode opened up, the credential check refuses the other user.
   ASSERT_EQ(chmod(server_->path().c_str(), 0666), 0);
   EXPECT_EQ(ask_as_nobody(), 3);
+}
+
+TEST_F(FdSocketTest, AcceptRetriesAtOnceWhenAConnectionWentAway) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Hours(1);  // a back-off here would hang the test
+  o.accept = FailingAccept({EINTR, ECONNABORTED, EPROTO});
+  Restart(std::move(o));
+  EXPECT_TRUE(Served());
+  EXPECT_EQ(accept_calls_.load(), 4);
+}
+
+TEST_F(FdSocketTest, AcceptBacksOffInsteadOfSpinningWhenOutOfFds) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Hours(1);
+  o.accept = FailingAccept(std::vector<int>(1000, EMFILE));
+  Restart(std::move(o));
+  const int sock = *ConnectUnix(server_->path());  // stays queued: accept keeps failing
+  for (int i = 0; i < 1000 && accept_calls_.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  absl::SleepFor(absl::Milliseconds(100));  // room for the retries a spinning loop would make
+  EXPECT_EQ(accept_calls_.load(), 1);
+  server_.reset();  // wakes the back-off
+  close(sock);
+}
+
+TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
+  FdServerOptions o;
+  o.accept_backoff = absl::Milliseconds(1);
+  o.accept = FailingAccept({EMFILE, ENFILE, ENOBUFS, ENOMEM, EMFILE});
+  Restart(std::move(o));
+  EXPECT_TRUE(Served());
+  EXPECT_EQ(accept_calls_.load(), 6);
+}
+
+// A server that answers one request per connection and then closes it, as the daemon
+// does to a connection that idled past --fd_idle_timeout.
+class OneRequestPerConnection {
+ public:
+  OneRequestPerConnection(const std::string& path, const KvStore* store) : store_(store) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(listen(listen_fd_, 8), 0);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~OneRequestPerConnection() {
+    shutdown(listen_fd_, SHUT_RDWR);  // wakes accept
+    thread_.join();
+    close(listen_fd_);
+  }
+  int connections() const { return connections_.load(); }
+
+ private:
+  void Run() {
+    for (int conn; (conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0; close(conn)) {
+      connections_.fetch_add(1);
+      absl::StatusOr<Message> in = RecvMessage(conn);
+      if (!in.ok()) continue;
+      std::vector<SharedPiece> pieces;
+      const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, true, &pieces);
+      std::vector<int> fds;
+      for (const SharedPiece& p : pieces) fds.push_back(p.fd);
+      EXPECT_TRUE(SendMessage(conn, reply.SerializeAsString(), fds).ok());
+      for (int fd : fds) close(fd);
+    }
+  }
+
+  const KvStore* const store_;
+  int listen_fd_ = -1;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
+  const std::string path = (dir_ / "one.fds").string();
+  OneRequestPerConnection server(path, store_.get());
+  const std::string s = *store_->OpenSession("w");
+  auto client = RegionClient::Connect(path, s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Lists the regions, then exports the scratch region: the second exchange finds the
+  // first connection closed.
+  auto scratch = (*client)->GetScratch();
+  ASSERT_TRUE(scratch.ok()) << scratch.status();
+  std::memcpy(scratch->base, "kv", 2);
+  EXPECT_EQ(std::memcmp(store_->ResolveSlice(s, scratch->region_id, 0, 2)->data, "kv", 2), 0);
+  // A pool that appears later is mapped over yet another connection.
+  auto info = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE((*client)->GetPool(info->pool_id).ok());
+  EXPECT_EQ(server.connections(), 4);
 }
 
 }  // namespace

@@ -1,0 +1,32 @@
+// HandleFdRequest: the fd socket's request logic (daemon/fd_server.h does the framing):
+// parses one FdRequest, lists the session's regions or exports one page of a region's
+// pieces from the store, and builds the FdReply. No I/O, so a fuzzer can drive it with
+// arbitrary bytes.
+//
+// Thread-safety: safe to call concurrently (it only calls KvStore's const methods).
+#ifndef KVARENA_DAEMON_FD_REQUESTS_H_
+#define KVARENA_DAEMON_FD_REQUESTS_H_
+
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "arena/region.h"
+#include "core/kv_store.h"
+#include "kvarena/v1/kvarena.pb.h"
+
+namespace kvarena {
+
+// The reply to `request` (a serialized FdRequest). Errors travel in the reply's code and
+// message: PERMISSION_DENIED when !peer_allowed (the peer runs as another user),
+// INVALID_ARGUMENT for bytes that do not parse or name no operation, and the store's
+// codes otherwise. ExportRegion answers one page: the pieces after after_generation in
+// generation order, without the first first_piece, at most kMaxFdsPerMessage, with
+// total_pieces = how many there are after after_generation in all.
+// *pieces_out receives the page's pieces in reply.pieces() order; the caller owns their
+// fds (send them with the reply, then close them). It is left empty on any error.
+v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request, bool peer_allowed,
+                            std::vector<SharedPiece>* pieces_out);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_FD_REQUESTS_H_
