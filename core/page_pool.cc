@@ -113,6 +113,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count) {
     chunk.committed = true;
     chunk.used = 0;
     chunk.free.resize(pages_per_chunk_);
+    chunk.taken.assign(size_t(pages_per_chunk_), false);
     const int32_t first = c * pages_per_chunk_;
     for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
     OpenLocked(c);
@@ -128,6 +129,8 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   chunk.committed = false;
   chunk.free.clear();
   chunk.free.shrink_to_fit();
+  chunk.taken.clear();
+  chunk.taken.shrink_to_fit();
   // A failed punch leaves the memory resident but the chunk reusable; nothing to undo.
   (void)region_->Decommit(size_t(c) * chunk_bytes_, chunk_bytes_);
   uncommitted_.push_back(c);
@@ -152,8 +155,10 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out) {
     const int32_t c = open_chunks_.back();
     Chunk& chunk = chunks_[c];
     if (chunk.used == 0) --empty_committed_;
-    out->push_back(chunk.free.back());
+    const int32_t id = chunk.free.back();
+    out->push_back(id);
     chunk.free.pop_back();
+    chunk.taken[size_t(id - c * pages_per_chunk_)] = true;
     ++chunk.used;
     if (chunk.free.empty()) CloseLocked(c);
   }
@@ -168,6 +173,7 @@ void PagePool::Free(absl::Span<const int32_t> ids) {
     Chunk& chunk = chunks_[c];
     if (chunk.free.empty()) OpenLocked(c);
     chunk.free.push_back(id);
+    chunk.taken[size_t(id - c * pages_per_chunk_)] = false;
     if (--chunk.used == 0) {
       ++empty_committed_;
       if (empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
@@ -200,9 +206,10 @@ PoolStats PagePool::Stats() const {
 
 bool PagePool::TEST_IsAllocated(int32_t id) const {
   absl::MutexLock lock(&mu_);
-  const Chunk& chunk = chunks_[id / pages_per_chunk_];
+  if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size()) return false;
+  const Chunk& chunk = chunks_[size_t(id / pages_per_chunk_)];
   if (!chunk.committed) return false;
-  return std::find(chunk.free.begin(), chunk.free.end(), id) == chunk.free.end();
+  return chunk.taken[size_t(id % pages_per_chunk_)];
 }
 
 }  // namespace kvarena

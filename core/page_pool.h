@@ -89,6 +89,7 @@ class PagePool {
     int32_t used = 0;
     int32_t open_index = -1;      // position in open_chunks_, -1 when full or uncommitted
     std::vector<int32_t> free;    // free page ids, popped from the back
+    std::vector<bool> taken;      // by page index in the chunk: allocated now
   };
 
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,

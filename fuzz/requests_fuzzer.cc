@@ -80,7 +80,7 @@ class Harness {
  public:
   Harness() {
     StoreOptions o;
-    o.arena_bytes = size_t{24} << 20;
+    o.arena_bytes = size_t{12} << 20;
     o.default_page_size = 4;
     o.num_threads = 0;
     o.scratch_bytes = size_t{2} << 20;
