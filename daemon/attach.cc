@@ -6,6 +6,8 @@
 
 #include <grpcpp/server_context.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -38,10 +40,11 @@ class RefusedAttach final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 // Its state is guarded by mu_; gRPC is called under mu_ (it runs no reaction inline).
 class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
-  AttachStream(AttachHub* hub, std::string session)
-      : hub_(hub), session_(std::move(session)) {}
+  AttachStream(AttachHub* hub, std::string session, std::string peer_host)
+      : hub_(hub), session_(std::move(session)), peer_host_(std::move(peer_host)) {}
 
   const std::string& session() const { return session_; }
+  const std::string& peer_host() const { return peer_host_; }
 
   // Sends the session's current region list, now or after the write in flight.
   void SendRegions() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -104,6 +107,7 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 
   AttachHub* const hub_;
   const std::string session_;
+  const std::string peer_host_;
 
   absl::Mutex mu_;
   v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);  // the last one sent; gRPC reads it while writing_
@@ -114,23 +118,40 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
 };
 
+std::string PeerHost(absl::string_view peer) {
+  if (absl::ConsumePrefix(&peer, "ipv4:")) return std::string(peer.substr(0, peer.rfind(':')));
+  if (!absl::ConsumePrefix(&peer, "ipv6:")) return "";
+  // "[::1]:5555", or percent-encoded as gRPC's URIs have it: "%5B::1%5D:5555".
+  for (auto [open, close] : {std::pair("[", "]"), std::pair("%5B", "%5D")}) {
+    if (absl::ConsumePrefix(&peer, open)) return std::string(peer.substr(0, peer.find(close)));
+  }
+  return std::string(peer);
+}
+
 AttachHub::AttachHub(KvStore* store, RpcCounters* rpcs, Options options)
     : store_(store), rpcs_(rpcs), options_(std::move(options)) {}
 
 AttachHub::~AttachHub() = default;
 
-grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServerContext*,
+grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServerContext* ctx,
                                                             const v1::AttachRequest& request) {
+  const std::string host = PeerHost(ctx->peer());
   absl::Status refused;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) {
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
+  } else if (auto it = per_peer_.find(host);
+             !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
+    refused = absl::ResourceExhaustedError(
+        absl::StrCat("attach: peer ", host, " holds ", it->second,
+                     " Attach streams; max_attach_per_peer=", options_.max_per_peer));
   } else if (absl::StatusOr<std::string> session = store_->OpenSession(request.client_name());
              !session.ok()) {
     refused = session.status();
   } else {
-    auto* stream = new AttachStream(this, *std::move(session));
+    auto* stream = new AttachStream(this, *std::move(session), host);
     streams_.insert(stream);
+    if (!host.empty()) ++per_peer_[host];
     // Under mu_, so no change of the regions slips between this list and the next event.
     stream->SendRegions();
     return stream;
@@ -156,6 +177,9 @@ void AttachHub::Done(AttachStream* stream) {
   {
     absl::MutexLock lock(&mu_);
     streams_.erase(stream);
+    if (auto it = per_peer_.find(stream->peer_host()); it != per_peer_.end() && --it->second == 0) {
+      per_peer_.erase(it);
+    }
   }
   store_->DetachSession(stream->session(), options_.session_grace);
 }

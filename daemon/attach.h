@@ -5,7 +5,9 @@
 // (RegionsChanged). When the stream ends — the client cancels or goes away, a write fails,
 // or the daemon shuts down — its session is detached with the grace, exactly once.
 //
-// Bounds: the store's max_sessions (its RESOURCE_EXHAUSTED passes through).
+// Bounds: the store's max_sessions (its RESOURCE_EXHAUSTED passes through), and at most
+// max_per_peer live streams from one TCP peer address (Unix-socket peers are not counted:
+// gRPC cannot tell them apart).
 //
 // Lifetime: gRPC owns each stream's reactor from Start() until its OnDone, which removes it
 // from the hub and deletes it. BeginShutdown() finishes every stream, and the server's
@@ -21,7 +23,9 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
@@ -34,6 +38,10 @@ class CallbackServerContext;
 
 namespace kvarena {
 
+// The address part of a gRPC peer string: "127.0.0.1" for "ipv4:127.0.0.1:5555", "::1" for
+// "ipv6:[::1]:5555"; "" for a Unix-socket (or any other) peer.
+std::string PeerHost(absl::string_view peer);
+
 class AttachStream;
 
 class AttachHub {
@@ -41,6 +49,7 @@ class AttachHub {
   struct Options {
     absl::Duration session_grace;  // how long a detached session's caches live on
     std::string fd_socket;         // named in every event; "" when none is served
+    int max_per_peer = 64;         // live streams from one TCP peer address
   };
   // store and rpcs must outlive the hub.
   AttachHub(KvStore* store, RpcCounters* rpcs, Options options);
@@ -76,6 +85,7 @@ class AttachHub {
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<AttachStream*> streams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);  // TCP peers only
 };
 
 }  // namespace kvarena

@@ -87,8 +87,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!store.ok()) return store.status();
   d->store_ = std::move(*store);
   const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);
-  d->attach_ = std::make_unique<AttachHub>(d->store_.get(), &d->rpcs_,
-                                           AttachHub::Options{options.session_grace, fd_path});
+  d->attach_ = std::make_unique<AttachHub>(
+      d->store_.get(), &d->rpcs_,
+      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer});
   d->service_ =
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {

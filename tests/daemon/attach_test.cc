@@ -1,6 +1,6 @@
 // Attach streams against a real kvarenad: many held streams take no thread and burn no CPU
 // while unary calls go on; every stream hears of each pool created or destroyed, once; the
-// session bound refuses with its numbers; shutdown ends every stream.
+// session and per-peer bounds refuse with their numbers; shutdown ends every stream.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/attach.h"
 #include "tests/daemon/rpc_test_util.h"
 
 namespace kvarena {
@@ -110,6 +111,14 @@ class AttachTest : public KvarenadTest {
 
 v1::CacheSpec Geometry(int head_dim) { return Spec(1, 1, head_dim); }
 
+TEST(PeerHostTest, StripsThePortAndNamesNoUnixPeer) {
+  EXPECT_EQ(PeerHost("ipv4:127.0.0.1:5555"), "127.0.0.1");
+  EXPECT_EQ(PeerHost("ipv6:[::1]:5555"), "::1");
+  EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:5555"), "::1");
+  EXPECT_EQ(PeerHost("unix:/tmp/kvarena.sock"), "");
+  EXPECT_EQ(PeerHost("unix:"), "");
+}
+
 // 300 streams on 3 connections: a sync server would hold a thread for each.
 TEST_F(AttachTest, HeldStreamsTakeNoThreadsAndUnaryCallsGoOn) {
   constexpr int kStreams = 300;
@@ -198,6 +207,39 @@ TEST_F(AttachTest, MaxSessionsRefusesTheFourthAndKeepsTheFirstThree) {
     EXPECT_TRUE(AppendF32(id, 0, 0, 2, 1, 4, 1, s.first.session_id()).ok());
   }
   ExpectNextEventListsPools({0});  // the first Allocate made the pool
+}
+
+TEST_F(AttachTest, MaxAttachPerPeerBoundsTcpPeersOnly) {
+  TempDir dir;
+  const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
+  StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=64Mi",
+               "--scratch_bytes=0", "--max_attach_per_peer=2"});
+  const auto tcp_channel = [&tcp] {
+    static int next = 0;
+    grpc::ChannelArguments args;
+    args.SetInt("kvarena.test.tcp_channel", next++);  // its own connection (and port)
+    return grpc::CreateCustomChannel(tcp, grpc::InsecureChannelCredentials(), args);
+  };
+  ASSERT_NO_FATAL_FAILURE(OpenMany(2, {tcp_channel(), tcp_channel()}));
+  const auto third = tcp_channel();
+  EXPECT_THAT(TryOpen(third), StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                                       "peer 127.0.0.1 holds 2 Attach streams; "
+                                       "max_attach_per_peer=2"));
+  v1::PingResponse pong;
+  EXPECT_TRUE(v1::KvCacheService::NewStub(third)->Ping(Ctx().get(), v1::PingRequest(), &pong)
+                  .ok());
+  // Unix-socket peers count against max_sessions only.
+  ASSERT_NO_FATAL_FAILURE(OpenMany(3, Channels(1)));
+
+  // A stream that ends gives its slot back, once the daemon has seen it end.
+  streams_[1].context->TryCancel();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  grpc::Status reopened = TryOpen(third);
+  while (!reopened.ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    reopened = TryOpen(third);
+  }
+  EXPECT_TRUE(reopened.ok()) << ::testing::PrintToString(reopened);
 }
 
 TEST_F(AttachTest, SigtermEndsEveryStreamWithUnavailableAndExitsZero) {
