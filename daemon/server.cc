@@ -18,7 +18,8 @@ namespace kvarena {
 namespace {
 
 constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
-// Each held Attach stream owns a sync-server thread; this bounds the whole server.
+// Sync handlers run on pooled threads (held Attach streams, on the callback API, take
+// none); this bounds them.
 constexpr int kMaxThreads = 4096;
 
 // --fd_socket resolved: "" = beside the first unix: address (none without one), "none" =
@@ -45,7 +46,7 @@ void ConfigureBuilder(int max_message_bytes, grpc::ServerBuilder* builder) {
   grpc::ResourceQuota quota("kvarenad");
   quota.SetMaxThreads(kMaxThreads);
   builder->SetResourceQuota(quota);
-  // Pollers pick up new calls while attached workers hold their threads.
+  // Pollers pick up new calls while long handlers (prefill appends, big GetKv) run.
   builder->SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 2);
   builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 8);
 }
@@ -60,6 +61,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.max_message_bytes < (uint64_t{1} << 16) || options.max_message_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=", options.max_message_bytes,
                                                    " must be in [64Ki, 1Gi]"));
+  }
+  if (options.max_attach_per_peer < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_attach_per_peer=", options.max_attach_per_peer,
+                                                   " must be at least 1"));
   }
   if (options.metrics_port < 0 || options.metrics_port > 65535) {
     return absl::InvalidArgumentError(
@@ -82,13 +87,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_request_tokens = options.max_request_tokens;
   store_options.max_reply_bytes = options.max_message_bytes;
   store_options.idle_ttl = options.idle_ttl;
+  // The store calls it only from served calls and the reaper, which start after attach_.
+  Daemon* self = d.get();
+  store_options.on_regions_changed = [self] { self->attach_->RegionsChanged(); };
   absl::StatusOr<std::unique_ptr<KvStore>> store =
       KvStore::Create(store_options, std::move(backend->backend));
   if (!store.ok()) return store.status();
   d->store_ = std::move(*store);
   const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);
-  d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_,
-                                                     options.session_grace, fd_path);
+  d->attach_ = std::make_unique<AttachHub>(
+      d->store_.get(), &d->rpcs_,
+      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer});
+  d->service_ =
+      std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_port, d->store_.get(), &d->rpcs_);
@@ -143,7 +154,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   health->SetServingStatus("", true);
   health->SetServingStatus(v1::KvCacheService::service_full_name(), true);
 
-  Daemon* self = d.get();
   d->reaper_ = std::thread([self] {
     while (!self->stop_reaper_.WaitForNotificationWithTimeout(kReapInterval)) {
       self->store_->Reap();
@@ -157,14 +167,17 @@ Daemon::~Daemon() {
     stop_reaper_.Notify();
     reaper_.join();
   }
-  if (server_ != nullptr) server_->Shutdown();  // no-op after Shutdown(deadline)
+  if (server_ != nullptr) {  // both no-ops after Shutdown(deadline)
+    attach_->BeginShutdown();  // else Shutdown() would wait for attached workers forever
+    server_->Shutdown();
+  }
 }
 
 void Daemon::Shutdown(absl::Duration deadline) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(false);  // Watch streams see NOT_SERVING ...
   health->Shutdown();               // ... and then end, so they do not hold up the drain
-  service_->BeginShutdown();
+  attach_->BeginShutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   fd_server_.reset();  // no session is attached any more
 }

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/attach.h"
 #include "daemon/fd_server.h"
 #include "daemon/listen.h"
 #include "daemon/metrics.h"
@@ -81,6 +82,9 @@ class Daemon {
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
   RpcCounters rpcs_;
+  // The store tells it when pools change; it outlives server_, whose Shutdown waits for
+  // every stream it serves to finish.
+  std::unique_ptr<AttachHub> attach_;
   std::unique_ptr<KvCacheServiceImpl> service_;
   std::unique_ptr<MetricsServer> metrics_;
   std::unique_ptr<grpc::Server> server_;

@@ -10,32 +10,13 @@
 namespace kvarena {
 namespace {
 
-// How often a held Attach stream looks at its client and at shutdown.
-constexpr absl::Duration kAttachPoll = absl::Milliseconds(50);
-
 std::string SessionOf(const grpc::ServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   const auto it = md.find(kSessionMetadataKey);
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
 }
 
-// The session's regions as an AttachEvent (the id and the fd socket included).
-absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const std::string& session,
-                                             const std::string& fd_socket) {
-  absl::StatusOr<std::vector<RegionInfo>> regions = store.SessionRegions(session);
-  if (!regions.ok()) return regions.status();
-  v1::AttachEvent event;
-  event.set_session_id(session);
-  event.set_fd_socket(fd_socket);
-  for (const RegionInfo& r : *regions) ToProto(r, event.add_regions());
-  return event;
-}
-
 }  // namespace
-
-void KvCacheServiceImpl::BeginShutdown() {
-  if (!shutting_down_.HasBeenNotified()) shutting_down_.Notify();
-}
 
 grpc::Status KvCacheServiceImpl::Done(Rpc rpc, const absl::Status& status) {
   rpcs_->Count(rpc, status.code());
@@ -102,31 +83,9 @@ grpc::Status KvCacheServiceImpl::ListCaches(Ctx*, const v1::ListCachesRequest* r
   return Done(Rpc::kListCaches, requests_.ListCaches(*req, resp));
 }
 
-// Held for the worker's lifetime: the first event names the session and its regions; a
-// further event follows whenever a pool appears (checked every kAttachPoll). The stream
-// then waits for the client to go away (or the daemon to stop) and starts the grace.
-grpc::Status KvCacheServiceImpl::Attach(Ctx* ctx, const v1::AttachRequest* req,
-                                        grpc::ServerWriter<v1::AttachEvent>* writer) {
-  if (shutting_down_.HasBeenNotified()) {
-    return Done(Rpc::kAttach, absl::UnavailableError("attach: kvarenad is shutting down"));
-  }
-  const absl::StatusOr<std::string> opened = store_->OpenSession(req->client_name());
-  if (!opened.ok()) return Done(Rpc::kAttach, opened.status());
-  const std::string& session = *opened;
-  const absl::StatusOr<v1::AttachEvent> first = RegionsEvent(*store_, session, fd_socket_);
-  if (first.ok() && writer->Write(*first)) {
-    int sent_regions = first->regions_size();
-    while (!ctx->IsCancelled() && !shutting_down_.WaitForNotificationWithTimeout(kAttachPoll)) {
-      absl::StatusOr<v1::AttachEvent> next = RegionsEvent(*store_, session, fd_socket_);
-      if (!next.ok() || next->regions_size() == sent_regions) continue;
-      sent_regions = next->regions_size();
-      if (!writer->Write(*next)) break;
-    }
-  }
-  store_->DetachSession(session, session_grace_);
-  return Done(Rpc::kAttach, shutting_down_.HasBeenNotified()
-                                ? absl::UnavailableError("attach: kvarenad is shutting down")
-                                : first.status());
+grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
+    grpc::CallbackServerContext* ctx, const v1::AttachRequest* req) {
+  return attach_->Start(ctx, *req);
 }
 
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {

@@ -1,18 +1,15 @@
 // KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each unary one passes the
 // caller's session (metadata `kvarena-session`, "" when absent) and the request to
 // Requests (daemon/requests.h: decode -> KvStore -> encode), counts the call and maps the
-// status (ToGrpcStatus). No rules and no locks live here: the store owns both.
+// status (ToGrpcStatus). No rules and no locks live here: the store owns both. Attach
+// alone is on gRPC's callback API (a held stream takes no thread): the AttachHub serves it.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
 #define KVARENA_DAEMON_SERVICE_H_
 
-#include <string>
-#include <utility>
-
-#include "absl/synchronization/notification.h"
-#include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/attach.h"
 #include "daemon/requests.h"
 #include "daemon/rpc_counters.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -20,19 +17,12 @@
 
 namespace kvarena {
 
-class KvCacheServiceImpl final : public v1::KvCacheService::Service {
+class KvCacheServiceImpl final
+    : public v1::KvCacheService::WithCallbackMethod_Attach<v1::KvCacheService::Service> {
  public:
-  // store and rpcs must outlive the service. A broken Attach stream detaches its session
-  // with `session_grace` before its caches are released. fd_socket is the FdServer's path
-  // that every AttachEvent names ("" when the daemon serves none).
-  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, absl::Duration session_grace,
-                     std::string fd_socket = "")
-      : store_(store), requests_(store), rpcs_(rpcs), session_grace_(session_grace),
-        fd_socket_(std::move(fd_socket)) {}
-
-  // Ends every Attach stream promptly (UNAVAILABLE) and refuses new ones; call before
-  // grpc::Server::Shutdown so the drain does not wait for attached workers.
-  void BeginShutdown();
+  // store, rpcs and attach must outlive the service.
+  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, AttachHub* attach)
+      : store_(store), requests_(store), rpcs_(rpcs), attach_(attach) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
@@ -47,8 +37,8 @@ class KvCacheServiceImpl final : public v1::KvCacheService::Service {
   grpc::Status Describe(Ctx*, const v1::DescribeRequest*, v1::DescribeResponse*) override;
   grpc::Status Stats(Ctx*, const v1::StatsRequest*, v1::StatsResponse*) override;
   grpc::Status ListCaches(Ctx*, const v1::ListCachesRequest*, v1::ListCachesResponse*) override;
-  grpc::Status Attach(Ctx*, const v1::AttachRequest*,
-                      grpc::ServerWriter<v1::AttachEvent>*) override;
+  grpc::ServerWriteReactor<v1::AttachEvent>* Attach(grpc::CallbackServerContext*,
+                                                    const v1::AttachRequest*) override;
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
 
  private:
@@ -58,9 +48,7 @@ class KvCacheServiceImpl final : public v1::KvCacheService::Service {
   KvStore* const store_;
   Requests requests_;
   RpcCounters* const rpcs_;
-  const absl::Duration session_grace_;
-  const std::string fd_socket_;
-  absl::Notification shutting_down_;
+  AttachHub* const attach_;
 };
 
 }  // namespace kvarena
