@@ -1,22 +1,23 @@
 // RemoteTransport: kvarenad over gRPC. One channel; unary calls carry a deadline and the
-// session metadata; with options.attach an Attach stream is held open by a reader thread,
+// session metadata; with options.attach an Attach stream (AttachStream) is held open,
 // and its end marks the transport disconnected for good. Over a unix: address it also
 // connects to the daemon's fd socket (AttachEvent.fd_socket): pools map into this process
 // (MapPool: views and the local path; brought up to date after every Reserve and
 // Describe, whose pages may lie in memory the daemon committed since) and q/k/v/out
 // travel through the session's scratch region (ScratchLanes) unless
 // options.inline_tensors.
-#include <chrono>
+#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/attach_stream.h"
 #include "client/grpc_status.h"
 #include "client/zero_copy.h"
 #include "client/transport.h"
@@ -53,32 +54,18 @@ class RemoteTransport final : public Transport {
     stubs_ = std::move(stubs);
   }
 
-  ~RemoteTransport() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
-    }
-    if (reader_thread_.joinable()) reader_thread_.join();
-  }
+  // The stream goes first: its end runs OnAttachEnd, which uses mu_ and stubs_.
+  ~RemoteTransport() override { attach_.reset(); }
 
   // Opens the Attach stream and waits for its first event (the session id).
   absl::Status Attach() {
-    v1::AttachRequest req;
-    req.set_client_name(options_.client_name);
-    absl::MutexLock lock(&mu_);
-    attach_ctx_ = std::make_unique<grpc::ClientContext>();
-    reader_ = stubs_->kv->Attach(attach_ctx_.get(), req);
-    reader_thread_ = std::thread([this] { ReadEvents(); });
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !session_.empty() || stream_done_;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.connect_timeout)) {
-      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
-      return absl::UnavailableError(absl::StrCat(
-          kUnavailablePrefix, "no session from ", address_, " within ",
-          absl::FormatDuration(options_.connect_timeout), " (Attach sent no event)"));
+    std::shared_ptr<const Stubs> stubs = GetStubs();
+    attach_ = std::make_unique<AttachStream>(
+        stubs->channel, [this](const absl::Status& why) { OnAttachEnd(why); });
+    if (auto s = attach_->Open(options_.client_name, options_.connect_timeout, address_); !s.ok()) {
+      return s;
     }
-    if (session_.empty()) return end_status_;
+    attached_session_ = attach_->session_id();
     return absl::OkStatus();
   }
 
@@ -88,9 +75,8 @@ class RemoteTransport final : public Transport {
       zero_copy_ = std::make_unique<ZeroCopy>("the client has no session (attach=false)");
       return;
     }
-    absl::MutexLock lock(&mu_);
-    zero_copy_ =
-        ZeroCopy::Connect(address_, fd_socket_, attached_session_, options_.inline_tensors);
+    zero_copy_ = ZeroCopy::Connect(address_, attach_->fd_socket(), attached_session_,
+                                   options_.inline_tensors);
   }
 
   // The backend's name, as Stats reports it, turned into a device name.
@@ -103,10 +89,7 @@ class RemoteTransport final : public Transport {
   }
 
   const std::string& address() const override { return address_; }
-  std::string session_id() const override {
-    absl::MutexLock lock(&mu_);
-    return session_;
-  }
+  std::string session_id() const override { return attached_session_; }
   bool is_inproc() const override { return false; }
   std::string device() override {
     {
@@ -123,7 +106,8 @@ class RemoteTransport final : public Transport {
     absl::MutexLock lock(&mu_);
     return absl::UnavailableError(absl::StrCat(
         kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
-        absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ", session_,
+        absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
+        attached_session_,
         " and its caches are gone; connect a new Client"));
   }
 
@@ -333,7 +317,7 @@ class RemoteTransport final : public Transport {
 
   void Prepare(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-    // session_ is written once, before Connect returns.
+    // attached_session_ is written once, before Connect returns.
     if (!attached_session_.empty()) ctx->AddMetadata(kSessionMetadataKey, attached_session_);
   }
 
@@ -345,59 +329,31 @@ class RemoteTransport final : public Transport {
     return s;
   }
 
-  // The reader thread: the only user of reader_ once Attach() started it.
-  void ReadEvents() {
-    grpc::ClientReader<v1::AttachEvent>* reader;
-    {
-      absl::MutexLock lock(&mu_);
-      reader = reader_.get();
-    }
-    v1::AttachEvent event;
-    while (reader->Read(&event)) {
-      absl::MutexLock lock(&mu_);
-      if (session_.empty()) {
-        session_ = event.session_id();
-        attached_session_ = session_;
-        fd_socket_ = event.fd_socket();
-      }
-      // Later events announce new pools; RegionClient maps a pool on its first use.
-    }
-    grpc::Status end = reader->Finish();
+  // The Attach stream ended (on its reader thread).
+  void OnAttachEnd(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
-    // Drop the finished call now: while it exists the connection stays open, and a
-    // draining daemon waits for its connections to close.
-    reader_.reset();
-    attach_ctx_.reset();
     stubs_.reset();  // closes the channel once no call holds it
-    end_status_ = end.ok() ? absl::UnavailableError(absl::StrCat(
-                                 kUnavailablePrefix, "the daemon closed the Attach stream"))
-                           : FromGrpcStatus(end);
-    stream_done_ = true;
+    end_status_ = why;
     connected_.store(false);
   }
 
   const std::string address_;
   const ClientOptions options_;
 
-  std::thread reader_thread_;
-  std::string attached_session_;  // set once by the first event, before Attach() returns
+  std::string attached_session_;  // set once by Attach(), before the transport is shared
   std::atomic<bool> connected_{true};
 
   mutable absl::Mutex mu_;
-  std::string session_ ABSL_GUARDED_BY(mu_);
-  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   // Reset when the Attach stream ends: the connection closes and a draining daemon is
   // not kept waiting for it (it waits for its connections, not only for calls).
   std::shared_ptr<const Stubs> stubs_ ABSL_GUARDED_BY(mu_);
-  // The Attach call; reset by the reader thread when the stream ends.
-  std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader_ ABSL_GUARDED_BY(mu_);
   std::string device_ ABSL_GUARDED_BY(mu_);
-  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
 
   // Set once by ConnectRegions, before the transport is shared.
   std::unique_ptr<ZeroCopy> zero_copy_;
+  // Set once by Attach(); null without a session.
+  std::unique_ptr<AttachStream> attach_;
 };
 
 }  // namespace
