@@ -96,4 +96,6 @@ absl::Status Client::Ping() {
   return transport_->Ping();
 }
 
+int Client::TEST_QuarantinedLanes() const { return transport_->TEST_QuarantinedLanes(); }
+
 }  // namespace kvarena

@@ -78,6 +78,8 @@ class InprocTransport final : public Transport {
     return MappedPool{*base, "host_memfd", -1};  // the store's backend is NewHostBackend()
   }
 
+  int TEST_QuarantinedLanes() const override { return 0; }  // tensors never leave the process
+
  private:
   const std::string address_ = kInprocAddress;
   std::unique_ptr<KvStore> store_;

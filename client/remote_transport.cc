@@ -5,7 +5,8 @@
 // (MapPool: views and the local path; brought up to date after every Reserve and
 // Describe, whose pages may lie in memory the daemon committed since) and q/k/v/out
 // travel through the session's scratch region (ScratchLanes) unless
-// options.inline_tensors.
+// options.inline_tensors. Each call settles its lane with its status, so a lane whose
+// handler may still run is quarantined (scratch_lanes.h).
 #include <atomic>
 #include <memory>
 #include <string>
@@ -130,7 +131,9 @@ class RemoteTransport final : public Transport {
     ZeroCopy::EncodeTensor(k, &lease, req.mutable_k());
     ZeroCopy::EncodeTensor(v, &lease, req.mutable_v());
     v1::AppendResponse resp;
-    if (auto s = Call(&Stub::Append, req, &resp); !s.ok()) return s;
+    absl::Status s = Call(&Stub::Append, req, &resp);
+    lease.Settle(s);
+    if (!s.ok()) return s;
     AppendResult r;
     r.layer_len = int64_t(resp.layer_len());
     r.seq_len = int64_t(resp.seq_len());
@@ -155,7 +158,9 @@ class RemoteTransport final : public Transport {
     req.set_scale(args.scale);
     req.set_window(args.window);
     v1::AttendResponse resp;
-    if (auto s = Call(&Stub::Attend, req, &resp); !s.ok()) return s;
+    absl::Status s = Call(&Stub::Attend, req, &resp);
+    lease.Settle(s);
+    if (!s.ok()) return s;
     *out = TensorOutFromProto(resp.out());
     if (shared_out != nullptr) out->data.assign(reinterpret_cast<const char*>(shared_out), args.q.bytes);
     AttendResult r;
@@ -297,6 +302,8 @@ class RemoteTransport final : public Transport {
     if (!p.ok()) return p.status();
     return MappedPool{p->base, p->kind, p->device};
   }
+
+  int TEST_QuarantinedLanes() const override { return zero_copy_->QuarantinedLanes(); }
 
  private:
   template <typename Req, typename Resp>

@@ -95,6 +95,8 @@ class Transport {
     return local_kernels_.For(pool.kind, pool.device);
   }
   CallCounters& counters() { return counters_; }
+  // Scratch lanes quarantined after calls that did not provably finish (scratch_lanes.h).
+  virtual int TEST_QuarantinedLanes() const = 0;
 
  private:
   LocalKernels local_kernels_;

@@ -131,6 +131,9 @@ class Client {
   absl::Status Commit(const CacheTokenList& items);
   CallCounts call_counts() const;
 
+  // Tests: scratch lanes quarantined so far (a remote client with zero-copy; else 0).
+  int TEST_QuarantinedLanes() const;
+
  private:
   explicit Client(std::shared_ptr<client_internal::Transport> transport);
   std::shared_ptr<client_internal::Transport> transport_;
