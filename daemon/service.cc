@@ -163,12 +163,15 @@ grpc::Status KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
 
 grpc::Status KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
                                        v1::GetKvResponse* resp) {
+  const GetKvRange range{static_cast<int64_t>(req->from_pos()),
+                         static_cast<int64_t>(req->max_tokens())};
   absl::StatusOr<GetKvResult> r =
-      store_->GetKv(SessionOf(ctx), req->cache_id(), static_cast<int>(req->layer()));
+      store_->GetKv(SessionOf(ctx), req->cache_id(), static_cast<int>(req->layer()), range);
   if (r.ok()) {
     ToProto(std::move(r->k), resp->mutable_k());
     ToProto(std::move(r->v), resp->mutable_v());
     resp->set_first_pos(static_cast<uint64_t>(r->first_pos));
+    resp->set_layer_len(static_cast<uint64_t>(r->layer_len));
   }
   return Done(Rpc::kGetKv, r.status());
 }
