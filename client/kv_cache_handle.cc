@@ -281,12 +281,4 @@ absl::Status GenericKvCacheHandle::release() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv(int layer) const {
-  if (auto s = CheckUsable("get_kv"); !s.ok()) return s;
-  if (auto s = CheckLayer("get_kv", layer); !s.ok()) return s;
-  auto r = transport_->GetKv(cache_id(), layer);
-  if (!r.ok()) return Observe(r.status());
-  return r;
-}
-
 }  // namespace kvarena

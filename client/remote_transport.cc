@@ -1,12 +1,12 @@
-// RemoteTransport: kvarenad over gRPC. One channel; unary calls carry a deadline and the
-// session metadata; with options.attach an Attach stream (AttachStream) is held open,
-// and its end marks the transport disconnected for good. Over a unix: address it also
-// connects to the daemon's fd socket (AttachEvent.fd_socket): pools map into this process
-// (MapPool: views and the local path; brought up to date after every Reserve and
-// Describe, whose pages may lie in memory the daemon committed since) and q/k/v/out
-// travel through the session's scratch region (ScratchLanes) unless
-// options.inline_tensors. Each call settles its lane with its status, so a lane whose
-// handler may still run is quarantined (scratch_lanes.h).
+// RemoteTransport: kvarenad over gRPC. One channel, whose message limits both ways are
+// options.max_message_bytes; unary calls carry a deadline and the session metadata; with
+// options.attach an Attach stream (AttachStream) is held open, and its end marks the
+// transport disconnected for good. Over a unix: address it also connects to the daemon's
+// fd socket (AttachEvent.fd_socket): pools map into this process (MapPool: views and the
+// local path; brought up to date after every Reserve and Describe, whose pages may lie in
+// memory the daemon committed since) and q/k/v/out travel through the session's scratch
+// region (ScratchLanes) unless options.inline_tensors. Each call settles its lane with
+// its status, so a lane whose handler may still run is quarantined (scratch_lanes.h).
 #include <atomic>
 #include <memory>
 #include <string>
@@ -43,10 +43,11 @@ struct Stubs {
 class RemoteTransport final : public Transport {
  public:
   RemoteTransport(std::string address, const ClientOptions& options)
-      : Transport(options.num_threads), address_(std::move(address)), options_(options) {
+      : Transport(options), address_(std::move(address)), options_(options) {
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);  // GetKv of a long cache is large
-    args.SetMaxSendMessageSize(-1);
+    // Connect checked the bound; get_kv pages its replies below it.
+    args.SetMaxReceiveMessageSize(int(options.max_message_bytes));
+    args.SetMaxSendMessageSize(int(options.max_message_bytes));
     auto stubs = std::make_shared<Stubs>();
     stubs->channel =
         grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
@@ -201,16 +202,25 @@ class RemoteTransport final : public Transport {
     return Call(&Stub::Release, req, &resp);
   }
 
-  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) override {
+  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer,
+                                    const GetKvRange& range) override {
+    if (range.from_pos < 0 || range.max_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("get_kv: from_pos=", range.from_pos,
+                                                     " and max_tokens=", range.max_tokens,
+                                                     " must be >= 0"));
+    }
     v1::GetKvRequest req;
     req.set_cache_id(cache_id);
     req.set_layer(layer);
+    req.set_from_pos(uint64_t(range.from_pos));
+    req.set_max_tokens(uint64_t(range.max_tokens));
     v1::GetKvResponse resp;
     if (auto s = Call(&Stub::GetKv, req, &resp); !s.ok()) return s;
     GetKvResult r;
     r.k = TensorOutFromProto(resp.k());
     r.v = TensorOutFromProto(resp.v());
     r.first_pos = int64_t(resp.first_pos());
+    r.layer_len = int64_t(resp.layer_len());
     return r;
   }
 

@@ -62,6 +62,11 @@ struct ClientOptions {
   // CPU threads of the local path's kernels (attention_local), and of the in-process
   // store for inproc:. -1: one per core.
   int num_threads = -1;
+  // The largest gRPC message this client sends or receives (for inproc:, the largest
+  // GetKv reply its store gives, as kvarenad's --max_message_bytes does). Keep it at most
+  // the daemon's --max_message_bytes: get_kv pages a layer in GetKv calls of at most
+  // min(4 MiB, half of this) of K and V. Connect takes 64 KiB .. 2 GiB - 1.
+  size_t max_message_bytes = size_t{64} << 20;
 
   // inproc: only — the in-process store's budget and default page size.
   size_t arena_bytes = size_t{256} << 20;
@@ -88,7 +93,8 @@ const char* ServingStatusName(ServingStatus s);
 class Client {
  public:
   // address: "unix:PATH", "HOST:PORT" or "inproc:". Fails with UNAVAILABLE when the
-  // daemon cannot be reached within options.connect_timeout.
+  // daemon cannot be reached within options.connect_timeout, INVALID_ARGUMENT for an
+  // options.max_message_bytes out of range.
   static absl::StatusOr<std::shared_ptr<Client>> Connect(const std::string& address,
                                                          const ClientOptions& options = {});
   ~Client();

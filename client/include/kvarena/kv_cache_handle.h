@@ -153,7 +153,13 @@ class GenericKvCacheHandle {
   absl::Status reset(bool keep_pages = false);
   // Frees the cache; this handle and every clone become invalid.
   absl::Status release();
-  // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos.
+  // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos, to the
+  // layer's length when the call began. Paged: one GetKv per chunk of at most
+  // min(4 MiB, max_message_bytes / 2) of K+V (at least one token), concatenated per head,
+  // so a layer of any size passes the daemon's --max_message_bytes. ABORTED when the
+  // layer lost tokens between chunks (popn, reset, window eviction by another thread);
+  // a rewrite that leaves the lengths as they were (popn then append) goes unseen, so
+  // serialise get_kv with such writers.
   absl::StatusOr<GetKvResult> get_kv(int layer) const;
   // get_kv read through this process's mapping of the pool with the local kernels
   // (the K/V bytes never cross the RPC; one Describe for the pages). Needs the pool
