@@ -82,6 +82,9 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
 
 absl::Status Client::Release(const std::string& cache_id) {
   if (!connected()) return transport_->DisconnectedStatus();
+  if (absl::Status s = transport_->SynchronizeLocalKernels(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("release: cache ", cache_id, ": ", s.message()));
+  }
   return transport_->Release(cache_id);
 }
 
@@ -108,6 +111,11 @@ absl::StatusOr<ServingStatus> Client::Health(const std::string& service) {
 absl::Status Client::Ping() {
   if (!connected()) return transport_->DisconnectedStatus();
   return transport_->Ping();
+}
+
+void Client::TEST_WrapLocalKernels(
+    std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap) {
+  transport_->TEST_WrapLocalKernels(std::move(wrap));
 }
 
 int Client::TEST_QuarantinedLanes() const { return transport_->TEST_QuarantinedLanes(); }

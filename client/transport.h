@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -104,6 +105,11 @@ class Transport {
   // CPU kernels with num_threads threads for host memory, CUDA kernels for a device pool).
   absl::StatusOr<KvKernels*> LocalKernelsFor(const MappedPool& pool) {
     return local_kernels_.For(pool.kind, pool.device);
+  }
+  // Waits for every local kernel this client started (LocalKernels::SynchronizeAll).
+  absl::Status SynchronizeLocalKernels() { return local_kernels_.SynchronizeAll(); }
+  void TEST_WrapLocalKernels(LocalKernels::Wrapper wrap) {
+    local_kernels_.TEST_Wrap(std::move(wrap));
   }
   CallCounters& counters() { return counters_; }
   // The K+V bytes one GetKv of get_kv's asks for at most: kGetKvChunkBytes, or half of

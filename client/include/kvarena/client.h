@@ -25,6 +25,7 @@
 #define KVARENA_CLIENT_INCLUDE_KVARENA_CLIENT_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -113,7 +114,8 @@ class Client {
       const CacheSpec& spec, const std::string& cache_id = "");
   // A handle to an existing cache (one this session owns, or one with no session).
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> OpenCache(const std::string& cache_id);
-  // Releases a cache by id (what handle->release() does, without a handle).
+  // Releases a cache by id (what handle->release() does, without a handle; it too first
+  // waits for this client's local kernels: see "Page lifetime" in kv_cache_handle.h).
   absl::Status Release(const std::string& cache_id);
 
   // The whole arena: pages totals, per-pool rows, bytes, caches, sessions.
@@ -133,10 +135,15 @@ class Client {
   // INVALID_ARGUMENT for a handle of another client or a cache listed twice.
   absl::Status Reserve(const CacheTokenList& items);
   // Commits n tokens written through the mapping on every layer of each cache, in one
-  // Commit RPC; the handles drop the pages a sliding window evicted.
+  // Commit RPC; the handles drop the pages a sliding window evicted (so, when a listed
+  // cache has a sliding layer, it first waits for this client's local kernels).
   absl::Status Commit(const CacheTokenList& items);
   CallCounts call_counts() const;
 
+  // Tests: every local kernel set this client creates from now on (one per kind of pool
+  // memory, on first use) is wrap(the real one). REQUIRES: no local-path call made yet.
+  void TEST_WrapLocalKernels(
+      std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap);
   // Tests: scratch lanes quarantined so far (a remote client with zero-copy; else 0).
   int TEST_QuarantinedLanes() const;
 
