@@ -1,8 +1,9 @@
 // The remote client against a real kvarenad with --max_message_bytes=1Mi: get_kv pages a
 // layer of several MiB through GetKv ranges and returns it bit for bit, while one GetKv of
 // the whole layer is refused; a client whose limit is above the daemon's is told how to
-// page.
+// page. Popn beyond seq_len comes back as a refusal, not an error.
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -126,6 +127,28 @@ TEST_F(RemoteClientTest, AClientLimitAboveTheDaemonsSaysWhichOptionToSet) {
   auto kv = (*opened)->get_kv(0);
   EXPECT_THAT(kv, StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_THAT(std::string(kv.status().message()), HasSubstr("max_message_bytes"));
+}
+
+TEST_F(RemoteClientTest, PopnBeyondSeqLenIsARefusal) {
+  auto h = Fill({0, 0}, 5);
+  ASSERT_NE(h, nullptr);
+  for (int64_t n : {int64_t{6}, int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    SCOPED_TRACE(n);
+    auto r = h->popn(n);
+    ASSERT_THAT(r, IsOk());
+    EXPECT_EQ(r->popped, 0);
+    EXPECT_EQ(r->seq_len, 5);
+    EXPECT_THAT(r->refusal, HasSubstr("5"));
+    EXPECT_EQ(h->num_tokens(), 5);
+  }
+  EXPECT_THAT(h->popn(-1), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto st = h->stats();
+  ASSERT_THAT(st, IsOk());
+  EXPECT_EQ(st->seq_len, 5);
+  auto r = h->popn(5);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->popped, 5);
+  EXPECT_EQ(h->num_tokens(), 0);
 }
 
 }  // namespace
