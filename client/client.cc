@@ -1,5 +1,6 @@
 #include "kvarena/client.h"
 
+#include <climits>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -11,6 +12,13 @@ namespace kvarena {
 
 using client_internal::CacheState;
 using client_internal::Transport;
+
+namespace {
+// ClientOptions::max_message_bytes: below 64 KiB even small calls stop fitting; gRPC
+// takes the limit as an int.
+constexpr size_t kMinMessageBytes = size_t{64} << 10;
+constexpr size_t kMaxMessageBytes = size_t{INT_MAX};
+}  // namespace
 
 const char* ServingStatusName(ServingStatus s) {
   switch (s) {
@@ -27,6 +35,12 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
   if (address.empty()) {
     return absl::InvalidArgumentError(
         "Connect: empty address; want unix:PATH, HOST:PORT or inproc:");
+  }
+  const size_t limit = options.max_message_bytes;
+  if (limit < kMinMessageBytes || limit > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Connect: max_message_bytes=", limit, " is outside [",
+        kMinMessageBytes, ", ", kMaxMessageBytes, "]"));
   }
   absl::StatusOr<std::shared_ptr<Transport>> t =
       (address == kInprocAddress || address == "inproc")
@@ -68,6 +82,9 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
 
 absl::Status Client::Release(const std::string& cache_id) {
   if (!connected()) return transport_->DisconnectedStatus();
+  if (absl::Status s = transport_->SynchronizeLocalKernels(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("release: cache ", cache_id, ": ", s.message()));
+  }
   return transport_->Release(cache_id);
 }
 
@@ -95,5 +112,12 @@ absl::Status Client::Ping() {
   if (!connected()) return transport_->DisconnectedStatus();
   return transport_->Ping();
 }
+
+void Client::TEST_WrapLocalKernels(
+    std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap) {
+  transport_->TEST_WrapLocalKernels(std::move(wrap));
+}
+
+int Client::TEST_QuarantinedLanes() const { return transport_->TEST_QuarantinedLanes(); }
 
 }  // namespace kvarena

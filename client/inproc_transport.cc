@@ -14,8 +14,9 @@ namespace {
 
 class InprocTransport final : public Transport {
  public:
-  InprocTransport(std::unique_ptr<KvStore> store, std::string session, int num_threads)
-      : Transport(num_threads), store_(std::move(store)), session_(std::move(session)) {}
+  InprocTransport(std::unique_ptr<KvStore> store, std::string session,
+                  const ClientOptions& options)
+      : Transport(options), store_(std::move(store)), session_(std::move(session)) {}
 
   const std::string& address() const override { return address_; }
   std::string session_id() const override { return session_; }
@@ -47,8 +48,9 @@ class InprocTransport final : public Transport {
   absl::Status Release(const std::string& cache_id) override {
     return store_->Release(session_, cache_id);
   }
-  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) override {
-    return store_->GetKv(session_, cache_id, layer);
+  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer,
+                                    const GetKvRange& range) override {
+    return store_->GetKv(session_, cache_id, layer, range);
   }
   absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) override {
     ++counters().describe;
@@ -78,6 +80,8 @@ class InprocTransport final : public Transport {
     return MappedPool{*base, "host_memfd", -1};  // the store's backend is NewHostBackend()
   }
 
+  int TEST_QuarantinedLanes() const override { return 0; }  // tensors never leave the process
+
  private:
   const std::string address_ = kInprocAddress;
   std::unique_ptr<KvStore> store_;
@@ -91,6 +95,7 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
   so.arena_bytes = options.arena_bytes;
   so.default_page_size = options.page_size;
   so.num_threads = options.num_threads;
+  so.max_reply_bytes = options.max_message_bytes;  // as a daemon with --max_message_bytes
   auto store = KvStore::Create(so, NewHostBackend());
   if (!store.ok()) return store.status();
   std::string session;
@@ -100,7 +105,7 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
     session = *std::move(s);
   }
   return std::shared_ptr<Transport>(
-      new InprocTransport(*std::move(store), std::move(session), options.num_threads));
+      new InprocTransport(*std::move(store), std::move(session), options));
 }
 
 }  // namespace kvarena::client_internal

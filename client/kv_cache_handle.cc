@@ -90,6 +90,17 @@ absl::Status GenericKvCacheHandle::Observe(const absl::Status& s) const {
   return s;
 }
 
+absl::Status GenericKvCacheHandle::FinishLocalKernels(const char* op) const {
+  absl::Status s = transport_->SynchronizeLocalKernels();
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(op, ": cache ", cache_id(), ": ", s.message()));
+}
+
+bool GenericKvCacheHandle::HasSlidingLayer() const {
+  const std::vector<int>& w = info_.spec.layer_windows;
+  return std::any_of(w.begin(), w.end(), [](int window) { return window > 0; });
+}
+
 absl::Status GenericKvCacheHandle::refresh() {
   auto d = describe();
   return d.ok() ? absl::OkStatus() : d.status();
@@ -201,6 +212,9 @@ absl::StatusOr<AppendResult> GenericKvCacheHandle::append(int layer, int64_t pos
                                                           const TensorArg& k, const TensorArg& v) {
   if (auto s = CheckUsable("append"); !s.ok()) return s;
   if (auto s = CheckLayer("append", layer); !s.ok()) return s;
+  if (HasSlidingLayer()) {  // the window may evict pages
+    if (auto s = FinishLocalKernels("append"); !s.ok()) return s;
+  }
   auto r = transport_->Append(cache_id(), layer, pos, k, v);
   if (!r.ok()) return Observe(r.status());
   state_->UpdateLayer(layer, r->layer_len, r->seq_len);
@@ -235,6 +249,9 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::Attend(int layer, int64_t pos, c
                                                        const AttentionOptions& opts) {
   if (auto s = CheckUsable("attention"); !s.ok()) return s;
   if (auto s = CheckLayer("attention", layer); !s.ok()) return s;
+  if (k != nullptr && HasSlidingLayer()) {  // appending: the window may evict pages
+    if (auto s = FinishLocalKernels("attention"); !s.ok()) return s;
+  }
   AttendArgs args;
   args.cache_id = cache_id();
   args.layer = layer;
@@ -256,6 +273,7 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::Attend(int layer, int64_t pos, c
 
 absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
   if (auto s = CheckUsable("popn"); !s.ok()) return s;
+  if (auto s = FinishLocalKernels("popn"); !s.ok()) return s;
   auto r = transport_->Popn(cache_id(), n);
   if (!r.ok()) return Observe(r.status());
   if (r->popped > 0) {
@@ -267,6 +285,7 @@ absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
 
 absl::Status GenericKvCacheHandle::reset(bool keep_pages) {
   if (auto s = CheckUsable("reset"); !s.ok()) return s;
+  if (auto s = FinishLocalKernels("reset"); !s.ok()) return s;
   auto info = transport_->Reset(cache_id(), keep_pages);
   if (!info.ok()) return Observe(info.status());
   state_->Update(*info);
@@ -276,17 +295,10 @@ absl::Status GenericKvCacheHandle::reset(bool keep_pages) {
 
 absl::Status GenericKvCacheHandle::release() {
   if (auto s = CheckUsable("release"); !s.ok()) return s;
+  if (auto s = FinishLocalKernels("release"); !s.ok()) return s;
   if (auto s = transport_->Release(cache_id()); !s.ok()) return Observe(s);
   state_->released.store(true);
   return absl::OkStatus();
-}
-
-absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv(int layer) const {
-  if (auto s = CheckUsable("get_kv"); !s.ok()) return s;
-  if (auto s = CheckLayer("get_kv", layer); !s.ok()) return s;
-  auto r = transport_->GetKv(cache_id(), layer);
-  if (!r.ok()) return Observe(r.status());
-  return r;
 }
 
 }  // namespace kvarena

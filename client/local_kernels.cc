@@ -2,6 +2,9 @@
 // CMake found the toolkit (KVARENA_CLIENT_CUDA); cuda_kv_kernels.h is a plain C++ header.
 #include "client/local_kernels.h"
 
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #if defined(KVARENA_CLIENT_CUDA)
 #include "kernels/cuda/cuda_kv_kernels.h"
@@ -26,7 +29,10 @@ absl::StatusOr<std::unique_ptr<KvKernels>> NewDeviceKernels(int device) {
 absl::StatusOr<KvKernels*> LocalKernels::For(const std::string& kind, int device) {
   std::lock_guard<std::mutex> lock(mu_);
   if (kind == "host_memfd") {
-    if (cpu_ == nullptr) cpu_ = NewCpuKvKernels(num_threads_);
+    if (cpu_ == nullptr) {
+      cpu_ = NewCpuKvKernels(num_threads_);
+      if (wrap_) cpu_ = wrap_(std::move(cpu_));
+    }
     return cpu_.get();
   }
   if (kind != "cuda_vmm" && kind != "cuda_ipc") {
@@ -41,8 +47,30 @@ absl::StatusOr<KvKernels*> LocalKernels::For(const std::string& kind, int device
                           absl::StrCat("local kernels for a ", kind, " pool: ", made.status().message()));
     }
     k = *std::move(made);
+    if (wrap_) k = wrap_(std::move(k));
   }
   return k.get();
+}
+
+absl::Status LocalKernels::SynchronizeAll() {
+  std::vector<KvKernels*> sets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cpu_ != nullptr) sets.push_back(cpu_.get());
+    for (const auto& [device, k] : cuda_) sets.push_back(k.get());
+  }
+  for (KvKernels* k : sets) {  // a set lives as long as this object once created
+    if (absl::Status s = k->Synchronize(); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("synchronizing the ", k->name(),
+                                                 " local kernels: ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LocalKernels::TEST_Wrap(Wrapper wrap) {
+  std::lock_guard<std::mutex> lock(mu_);
+  wrap_ = std::move(wrap);
 }
 
 }  // namespace kvarena::client_internal

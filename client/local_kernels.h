@@ -10,10 +10,14 @@
 // call. (A device-tensor API for workers whose activations already live on the GPU is
 // future work.)
 //
+// SynchronizeAll waits for every kernel set created so far: the client runs it before any
+// call that may free pages (kvarena/kv_cache_handle.h, "Page lifetime").
+//
 // Thread-safe.
 #ifndef KVARENA_CLIENT_LOCAL_KERNELS_H_
 #define KVARENA_CLIENT_LOCAL_KERNELS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -36,9 +40,18 @@ class LocalKernels {
   // build or no usable device; INVALID_ARGUMENT for an unknown kind.
   absl::StatusOr<KvKernels*> For(const std::string& kind, int device);
 
+  // KvKernels::Synchronize on every set created so far (none: OK at once); the first
+  // failure, its code kept and the set named. Holds no lock while a set synchronizes.
+  absl::Status SynchronizeAll();
+
+  // Tests: every set created from now on is wrap(the real one).
+  using Wrapper = std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)>;
+  void TEST_Wrap(Wrapper wrap);
+
  private:
   const int num_threads_;
   std::mutex mu_;
+  Wrapper wrap_;                                    // guarded by mu_
   std::unique_ptr<KvKernels> cpu_;                  // guarded by mu_
   std::map<int, std::unique_ptr<KvKernels>> cuda_;  // by device; guarded by mu_
 };

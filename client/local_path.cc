@@ -180,6 +180,12 @@ absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
     }
     commit.push_back({h->cache_id(), tokens});
   }
+  // A sliding window evicts pages as the commit advances the lengths ("Page lifetime").
+  const bool evicts = std::any_of(items.begin(), items.end(),
+                                  [](const auto& item) { return item.first->HasSlidingLayer(); });
+  if (evicts) {
+    if (auto s = items.front().first->FinishLocalKernels("commit"); !s.ok()) return s;
+  }
   auto infos = transport->Commit(commit);
   if (!infos.ok()) {
     return items.size() == 1 ? items.front().first->Observe(infos.status()) : infos.status();

@@ -1,22 +1,24 @@
-// RemoteTransport: kvarenad over gRPC. One channel; unary calls carry a deadline and the
-// session metadata; with options.attach an Attach stream is held open by a reader thread,
-// and its end marks the transport disconnected for good. Over a unix: address it also
-// connects to the daemon's fd socket (AttachEvent.fd_socket): pools map into this process
-// (MapPool: views and the local path; brought up to date after every Reserve and
-// Describe, whose pages may lie in memory the daemon committed since) and q/k/v/out
-// travel through the session's scratch region (ScratchLanes) unless
-// options.inline_tensors.
-#include <chrono>
+// RemoteTransport: kvarenad over gRPC. One channel, whose message limits both ways are
+// options.max_message_bytes; unary calls carry a deadline and the session metadata; with
+// options.attach an Attach stream (AttachStream) is held open, and its end marks the
+// transport disconnected for good. Over a unix: address it also connects to the daemon's
+// fd socket (AttachEvent.fd_socket): pools map into this process (MapPool: views and the
+// local path; brought up to date after every Reserve and Describe, whose pages may lie in
+// memory the daemon committed since) and q/k/v/out travel through the session's scratch
+// region (ScratchLanes) unless options.inline_tensors. Each call settles its lane with
+// its status, so a lane whose handler may still run is quarantined (scratch_lanes.h).
+#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/attach_stream.h"
 #include "client/grpc_status.h"
 #include "client/zero_copy.h"
 #include "client/transport.h"
@@ -41,10 +43,11 @@ struct Stubs {
 class RemoteTransport final : public Transport {
  public:
   RemoteTransport(std::string address, const ClientOptions& options)
-      : Transport(options.num_threads), address_(std::move(address)), options_(options) {
+      : Transport(options), address_(std::move(address)), options_(options) {
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);  // GetKv of a long cache is large
-    args.SetMaxSendMessageSize(-1);
+    // Connect checked the bound; get_kv pages its replies below it.
+    args.SetMaxReceiveMessageSize(int(options.max_message_bytes));
+    args.SetMaxSendMessageSize(int(options.max_message_bytes));
     auto stubs = std::make_shared<Stubs>();
     stubs->channel =
         grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
@@ -53,32 +56,18 @@ class RemoteTransport final : public Transport {
     stubs_ = std::move(stubs);
   }
 
-  ~RemoteTransport() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
-    }
-    if (reader_thread_.joinable()) reader_thread_.join();
-  }
+  // The stream goes first: its end runs OnAttachEnd, which uses mu_ and stubs_.
+  ~RemoteTransport() override { attach_.reset(); }
 
   // Opens the Attach stream and waits for its first event (the session id).
   absl::Status Attach() {
-    v1::AttachRequest req;
-    req.set_client_name(options_.client_name);
-    absl::MutexLock lock(&mu_);
-    attach_ctx_ = std::make_unique<grpc::ClientContext>();
-    reader_ = stubs_->kv->Attach(attach_ctx_.get(), req);
-    reader_thread_ = std::thread([this] { ReadEvents(); });
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !session_.empty() || stream_done_;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), options_.connect_timeout)) {
-      if (attach_ctx_ != nullptr) attach_ctx_->TryCancel();
-      return absl::UnavailableError(absl::StrCat(
-          kUnavailablePrefix, "no session from ", address_, " within ",
-          absl::FormatDuration(options_.connect_timeout), " (Attach sent no event)"));
+    std::shared_ptr<const Stubs> stubs = GetStubs();
+    attach_ = std::make_unique<AttachStream>(
+        stubs->channel, [this](const absl::Status& why) { OnAttachEnd(why); });
+    if (auto s = attach_->Open(options_.client_name, options_.connect_timeout, address_); !s.ok()) {
+      return s;
     }
-    if (session_.empty()) return end_status_;
+    attached_session_ = attach_->session_id();
     return absl::OkStatus();
   }
 
@@ -88,9 +77,8 @@ class RemoteTransport final : public Transport {
       zero_copy_ = std::make_unique<ZeroCopy>("the client has no session (attach=false)");
       return;
     }
-    absl::MutexLock lock(&mu_);
-    zero_copy_ =
-        ZeroCopy::Connect(address_, fd_socket_, attached_session_, options_.inline_tensors);
+    zero_copy_ = ZeroCopy::Connect(address_, attach_->fd_socket(), attached_session_,
+                                   options_.inline_tensors);
   }
 
   // The backend's name, as Stats reports it, turned into a device name.
@@ -103,10 +91,7 @@ class RemoteTransport final : public Transport {
   }
 
   const std::string& address() const override { return address_; }
-  std::string session_id() const override {
-    absl::MutexLock lock(&mu_);
-    return session_;
-  }
+  std::string session_id() const override { return attached_session_; }
   bool is_inproc() const override { return false; }
   std::string device() override {
     {
@@ -123,7 +108,8 @@ class RemoteTransport final : public Transport {
     absl::MutexLock lock(&mu_);
     return absl::UnavailableError(absl::StrCat(
         kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
-        absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ", session_,
+        absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
+        attached_session_,
         " and its caches are gone; connect a new Client"));
   }
 
@@ -146,7 +132,9 @@ class RemoteTransport final : public Transport {
     ZeroCopy::EncodeTensor(k, &lease, req.mutable_k());
     ZeroCopy::EncodeTensor(v, &lease, req.mutable_v());
     v1::AppendResponse resp;
-    if (auto s = Call(&Stub::Append, req, &resp); !s.ok()) return s;
+    absl::Status s = Call(&Stub::Append, req, &resp);
+    lease.Settle(s);
+    if (!s.ok()) return s;
     AppendResult r;
     r.layer_len = int64_t(resp.layer_len());
     r.seq_len = int64_t(resp.seq_len());
@@ -171,7 +159,9 @@ class RemoteTransport final : public Transport {
     req.set_scale(args.scale);
     req.set_window(args.window);
     v1::AttendResponse resp;
-    if (auto s = Call(&Stub::Attend, req, &resp); !s.ok()) return s;
+    absl::Status s = Call(&Stub::Attend, req, &resp);
+    lease.Settle(s);
+    if (!s.ok()) return s;
     *out = TensorOutFromProto(resp.out());
     if (shared_out != nullptr) out->data.assign(reinterpret_cast<const char*>(shared_out), args.q.bytes);
     AttendResult r;
@@ -212,16 +202,25 @@ class RemoteTransport final : public Transport {
     return Call(&Stub::Release, req, &resp);
   }
 
-  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) override {
+  absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer,
+                                    const GetKvRange& range) override {
+    if (range.from_pos < 0 || range.max_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("get_kv: from_pos=", range.from_pos,
+                                                     " and max_tokens=", range.max_tokens,
+                                                     " must be >= 0"));
+    }
     v1::GetKvRequest req;
     req.set_cache_id(cache_id);
     req.set_layer(layer);
+    req.set_from_pos(uint64_t(range.from_pos));
+    req.set_max_tokens(uint64_t(range.max_tokens));
     v1::GetKvResponse resp;
     if (auto s = Call(&Stub::GetKv, req, &resp); !s.ok()) return s;
     GetKvResult r;
     r.k = TensorOutFromProto(resp.k());
     r.v = TensorOutFromProto(resp.v());
     r.first_pos = int64_t(resp.first_pos());
+    r.layer_len = int64_t(resp.layer_len());
     return r;
   }
 
@@ -314,6 +313,8 @@ class RemoteTransport final : public Transport {
     return MappedPool{p->base, p->kind, p->device};
   }
 
+  int TEST_QuarantinedLanes() const override { return zero_copy_->QuarantinedLanes(); }
+
  private:
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
@@ -333,7 +334,7 @@ class RemoteTransport final : public Transport {
 
   void Prepare(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-    // session_ is written once, before Connect returns.
+    // attached_session_ is written once, before Connect returns.
     if (!attached_session_.empty()) ctx->AddMetadata(kSessionMetadataKey, attached_session_);
   }
 
@@ -345,59 +346,31 @@ class RemoteTransport final : public Transport {
     return s;
   }
 
-  // The reader thread: the only user of reader_ once Attach() started it.
-  void ReadEvents() {
-    grpc::ClientReader<v1::AttachEvent>* reader;
-    {
-      absl::MutexLock lock(&mu_);
-      reader = reader_.get();
-    }
-    v1::AttachEvent event;
-    while (reader->Read(&event)) {
-      absl::MutexLock lock(&mu_);
-      if (session_.empty()) {
-        session_ = event.session_id();
-        attached_session_ = session_;
-        fd_socket_ = event.fd_socket();
-      }
-      // Later events announce new pools; RegionClient maps a pool on its first use.
-    }
-    grpc::Status end = reader->Finish();
+  // The Attach stream ended (on its reader thread).
+  void OnAttachEnd(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
-    // Drop the finished call now: while it exists the connection stays open, and a
-    // draining daemon waits for its connections to close.
-    reader_.reset();
-    attach_ctx_.reset();
     stubs_.reset();  // closes the channel once no call holds it
-    end_status_ = end.ok() ? absl::UnavailableError(absl::StrCat(
-                                 kUnavailablePrefix, "the daemon closed the Attach stream"))
-                           : FromGrpcStatus(end);
-    stream_done_ = true;
+    end_status_ = why;
     connected_.store(false);
   }
 
   const std::string address_;
   const ClientOptions options_;
 
-  std::thread reader_thread_;
-  std::string attached_session_;  // set once by the first event, before Attach() returns
+  std::string attached_session_;  // set once by Attach(), before the transport is shared
   std::atomic<bool> connected_{true};
 
   mutable absl::Mutex mu_;
-  std::string session_ ABSL_GUARDED_BY(mu_);
-  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   // Reset when the Attach stream ends: the connection closes and a draining daemon is
   // not kept waiting for it (it waits for its connections, not only for calls).
   std::shared_ptr<const Stubs> stubs_ ABSL_GUARDED_BY(mu_);
-  // The Attach call; reset by the reader thread when the stream ends.
-  std::unique_ptr<grpc::ClientContext> attach_ctx_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader_ ABSL_GUARDED_BY(mu_);
   std::string device_ ABSL_GUARDED_BY(mu_);
-  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
 
   // Set once by ConnectRegions, before the transport is shared.
   std::unique_ptr<ZeroCopy> zero_copy_;
+  // Set once by Attach(); null without a session.
+  std::unique_ptr<AttachStream> attach_;
 };
 
 }  // namespace

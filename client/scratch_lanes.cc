@@ -10,16 +10,35 @@ constexpr size_t kAlign = 64;
 
 size_t ScratchLanes::Footprint(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
+bool ScratchLanes::HandlerFinished(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnauthenticated:
+      return true;
+    default:
+      return false;
+  }
+}
+
 ScratchLanes::ScratchLanes(uint64_t region_id, uint8_t* base, size_t size, int num_lanes)
     : region_id_(region_id),
       base_(base),
       lane_bytes_(num_lanes > 0 ? size / size_t(num_lanes) / kAlign * kAlign : 0) {
+  absl::MutexLock lock(&mu_);
   for (int i = num_lanes - 1; i >= 0 && lane_bytes_ > 0; --i) free_.push_back(i);
 }
 
 ScratchLanes::Lease ScratchLanes::Acquire() {
   Lease lease;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (free_.empty()) return lease;
   lease.owner_ = this;
   lease.lane_ = free_.back();
@@ -29,35 +48,54 @@ ScratchLanes::Lease ScratchLanes::Acquire() {
   return lease;
 }
 
-void ScratchLanes::Release(int lane) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(lane);
+std::vector<int> ScratchLanes::quarantined() const {
+  absl::MutexLock lock(&mu_);
+  return quarantined_;
+}
+
+void ScratchLanes::Release(int lane, bool reuse) {
+  absl::MutexLock lock(&mu_);
+  (reuse ? free_ : quarantined_).push_back(lane);
+}
+
+void ScratchLanes::Lease::Return() {
+  if (owner_ == nullptr) return;
+  // Untouched, the lane was named by no request; else only a settled, finished call frees it.
+  const bool reuse = !taken_ || (settled_ && finished_);
+  std::exchange(owner_, nullptr)->Release(lane_, reuse);
 }
 
 ScratchLanes::Lease& ScratchLanes::Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
-    if (owner_ != nullptr) owner_->Release(lane_);
+    Return();
     owner_ = std::exchange(o.owner_, nullptr);
     lane_ = o.lane_;
     offset_ = o.offset_;
     size_ = o.size_;
     used_ = o.used_;
+    taken_ = o.taken_;
+    settled_ = o.settled_;
+    finished_ = o.finished_;
   }
   return *this;
 }
 
-ScratchLanes::Lease::~Lease() {
-  if (owner_ != nullptr) owner_->Release(lane_);
-}
+ScratchLanes::Lease::~Lease() { Return(); }
 
 uint8_t* ScratchLanes::Lease::Take(size_t bytes, v1::SharedSlice* slice) {
   if (owner_ == nullptr || bytes > room()) return nullptr;
   const size_t at = offset_ + used_;
   used_ += std::min(room(), Footprint(bytes));
+  taken_ = true;
   slice->set_region_id(owner_->region_id_);
   slice->set_offset(at);
   slice->set_length(bytes);
   return owner_->base_ + at;
+}
+
+void ScratchLanes::Lease::Settle(const absl::Status& call) {
+  settled_ = true;
+  finished_ = HandlerFinished(call.code());
 }
 
 }  // namespace kvarena::client_internal

@@ -8,11 +8,13 @@
 #ifndef KVARENA_CLIENT_TRANSPORT_H_
 #define KVARENA_CLIENT_TRANSPORT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,10 +42,17 @@ struct CallCounters {
   std::atomic<int64_t> describe{0};
 };
 
+// The most K+V bytes one GetKv asks for when get_kv pages a layer: far below any
+// sensible --max_message_bytes, and large enough that the RPCs cost little per byte.
+inline constexpr size_t kGetKvChunkBytes = size_t{4} << 20;
+
 class Transport {
  public:
-  // num_threads: the local path's CPU kernel threads (-1: one per core).
-  explicit Transport(int num_threads) : local_kernels_(num_threads) {}
+  // options.num_threads: the local path's CPU kernel threads (-1: one per core);
+  // options.max_message_bytes bounds get_kv_chunk_bytes().
+  explicit Transport(const ClientOptions& options)
+      : local_kernels_(options.num_threads),
+        get_kv_chunk_bytes_(std::min(kGetKvChunkBytes, options.max_message_bytes / 2)) {}
   virtual ~Transport() = default;
 
   virtual const std::string& address() const = 0;
@@ -66,7 +75,10 @@ class Transport {
   virtual absl::StatusOr<PopnResult> Popn(const std::string& cache_id, int64_t n) = 0;
   virtual absl::StatusOr<CacheInfo> Reset(const std::string& cache_id, bool keep_pages) = 0;
   virtual absl::Status Release(const std::string& cache_id) = 0;
-  virtual absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer) = 0;
+  // The range of the layer (core/types.h GetKvRange); RESOURCE_EXHAUSTED when its reply
+  // would pass the arena's limit (a daemon's --max_message_bytes).
+  virtual absl::StatusOr<GetKvResult> GetKv(const std::string& cache_id, int layer,
+                                            const GetKvRange& range) = 0;
   virtual absl::StatusOr<CacheDescription> Describe(const std::string& cache_id) = 0;
   // The local path: pages for the next tokens of every listed cache (all or nothing), and
   // the commit of tokens written through the mapping.
@@ -94,11 +106,22 @@ class Transport {
   absl::StatusOr<KvKernels*> LocalKernelsFor(const MappedPool& pool) {
     return local_kernels_.For(pool.kind, pool.device);
   }
+  // Waits for every local kernel this client started (LocalKernels::SynchronizeAll).
+  absl::Status SynchronizeLocalKernels() { return local_kernels_.SynchronizeAll(); }
+  void TEST_WrapLocalKernels(LocalKernels::Wrapper wrap) {
+    local_kernels_.TEST_Wrap(std::move(wrap));
+  }
   CallCounters& counters() { return counters_; }
+  // The K+V bytes one GetKv of get_kv's asks for at most: kGetKvChunkBytes, or half of
+  // options.max_message_bytes when that is less (so every reply fits the channel).
+  size_t get_kv_chunk_bytes() const { return get_kv_chunk_bytes_; }
+  // Scratch lanes quarantined after calls that did not provably finish (scratch_lanes.h).
+  virtual int TEST_QuarantinedLanes() const = 0;
 
  private:
   LocalKernels local_kernels_;
   CallCounters counters_;
+  const size_t get_kv_chunk_bytes_;
 };
 
 // "inproc:": a KvStore with the host backend, owned by the transport.

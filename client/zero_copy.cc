@@ -63,6 +63,10 @@ ScratchLanes::Lease ZeroCopy::Lease(std::initializer_list<size_t> sizes) {
   return lanes_->Acquire();
 }
 
+int ZeroCopy::QuarantinedLanes() const {
+  return lanes_ != nullptr ? int(lanes_->quarantined().size()) : 0;
+}
+
 bool ZeroCopy::EncodeTensor(const TensorArg& t, ScratchLanes::Lease* lease, v1::Tensor* p) {
   uint8_t* dst = nullptr;
   if (*lease && t.data != nullptr) dst = lease->Take(t.bytes, p->mutable_shared());

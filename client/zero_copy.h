@@ -42,7 +42,10 @@ class ZeroCopy {
   // OK when nothing is mapped.
   absl::Status SyncPools();
   // A scratch lane with room for tensors of these byte sizes, or an empty lease (inline).
+  // The caller settles it with the call's status (ScratchLanes::Lease::Settle).
   ScratchLanes::Lease Lease(std::initializer_list<size_t> sizes);
+  // Lanes quarantined so far (0 without lanes).
+  int QuarantinedLanes() const;
 
   // t into *p through the lease's scratch bytes when it has room and t has data, else
   // inline bytes. Returns whether it went through scratch.

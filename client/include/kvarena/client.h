@@ -25,6 +25,7 @@
 #define KVARENA_CLIENT_INCLUDE_KVARENA_CLIENT_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,11 @@ struct ClientOptions {
   // CPU threads of the local path's kernels (attention_local), and of the in-process
   // store for inproc:. -1: one per core.
   int num_threads = -1;
+  // The largest gRPC message this client sends or receives (for inproc:, the largest
+  // GetKv reply its store gives, as kvarenad's --max_message_bytes does). Keep it at most
+  // the daemon's --max_message_bytes: get_kv pages a layer in GetKv calls of at most
+  // min(4 MiB, half of this) of K and V. Connect takes 64 KiB .. 2 GiB - 1.
+  size_t max_message_bytes = size_t{64} << 20;
 
   // inproc: only — the in-process store's budget and default page size.
   size_t arena_bytes = size_t{256} << 20;
@@ -88,7 +94,8 @@ const char* ServingStatusName(ServingStatus s);
 class Client {
  public:
   // address: "unix:PATH", "HOST:PORT" or "inproc:". Fails with UNAVAILABLE when the
-  // daemon cannot be reached within options.connect_timeout.
+  // daemon cannot be reached within options.connect_timeout, INVALID_ARGUMENT for an
+  // options.max_message_bytes out of range.
   static absl::StatusOr<std::shared_ptr<Client>> Connect(const std::string& address,
                                                          const ClientOptions& options = {});
   ~Client();
@@ -107,7 +114,8 @@ class Client {
       const CacheSpec& spec, const std::string& cache_id = "");
   // A handle to an existing cache (one this session owns, or one with no session).
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> OpenCache(const std::string& cache_id);
-  // Releases a cache by id (what handle->release() does, without a handle).
+  // Releases a cache by id (what handle->release() does, without a handle; it too first
+  // waits for this client's local kernels: see "Page lifetime" in kv_cache_handle.h).
   absl::Status Release(const std::string& cache_id);
 
   // The whole arena: pages totals, per-pool rows, bytes, caches, sessions.
@@ -127,9 +135,17 @@ class Client {
   // INVALID_ARGUMENT for a handle of another client or a cache listed twice.
   absl::Status Reserve(const CacheTokenList& items);
   // Commits n tokens written through the mapping on every layer of each cache, in one
-  // Commit RPC; the handles drop the pages a sliding window evicted.
+  // Commit RPC; the handles drop the pages a sliding window evicted (so, when a listed
+  // cache has a sliding layer, it first waits for this client's local kernels).
   absl::Status Commit(const CacheTokenList& items);
   CallCounts call_counts() const;
+
+  // Tests: every local kernel set this client creates from now on (one per kind of pool
+  // memory, on first use) is wrap(the real one). REQUIRES: no local-path call made yet.
+  void TEST_WrapLocalKernels(
+      std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap);
+  // Tests: scratch lanes quarantined so far (a remote client with zero-copy; else 0).
+  int TEST_QuarantinedLanes() const;
 
  private:
   explicit Client(std::shared_ptr<client_internal::Transport> transport);

@@ -14,6 +14,19 @@
 // Both paths change the same cache: stats, popn, get_kv and the views see local writes
 // once committed. popn and reset discard uncommitted local writes.
 //
+// Page lifetime. The arena may hand a page to another cache (of any process) as soon as a
+// call frees it: popn, reset, release, commit (a sliding window evicts pages as tokens
+// advance), append / attention on a cache with a sliding layer (the same eviction), and
+// Client::Commit / Client::Release. Pages freed by these calls are not handed to anyone
+// else until the local kernels this client ran on them (append_local, attention_local,
+// get_kv_local, on any handle of the client) are done: before the RPC, each of these calls
+// waits for every local kernel set the client created (KvKernels::Synchronize; at once
+// for the synchronous CPU kernels, and when no local kernel ran yet). If that wait fails,
+// the call returns its error and sends nothing. A cache with no sliding layer frees
+// nothing on commit, append or attention, so those do not wait (a decode step's Commit
+// stays one RPC). Kernels the caller launched itself over views or block tables from this
+// handle are the caller's to finish before these calls.
+//
 // Handles are references, not owners: dropping one leaves the cache allocated;
 // release() frees it (and invalidates every clone); a session's caches are also freed when
 // its client goes away. clone_handle() and with_sequence_length() return new references
@@ -153,7 +166,13 @@ class GenericKvCacheHandle {
   absl::Status reset(bool keep_pages = false);
   // Frees the cache; this handle and every clone become invalid.
   absl::Status release();
-  // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos.
+  // The layer's K/V as contiguous [1, kv_heads, tokens, head_dim] from first_pos, to the
+  // layer's length when the call began. Paged: one GetKv per chunk of at most
+  // min(4 MiB, max_message_bytes / 2) of K+V (at least one token), concatenated per head,
+  // so a layer of any size passes the daemon's --max_message_bytes. ABORTED when the
+  // layer lost tokens between chunks (popn, reset, window eviction by another thread);
+  // a rewrite that leaves the lengths as they were (popn then append) goes unseen, so
+  // serialise get_kv with such writers.
   absl::StatusOr<GetKvResult> get_kv(int layer) const;
   // get_kv read through this process's mapping of the pool with the local kernels
   // (the K/V bytes never cross the RPC; one Describe for the pages). Needs the pool
@@ -196,6 +215,11 @@ class GenericKvCacheHandle {
   absl::Status CheckLayer(const char* op, int layer) const;
   // Notes NOT_FOUND (the cache is gone) and passes the status through.
   absl::Status Observe(const absl::Status& s) const;
+  // Waits for the client's local kernels before a call that may free pages ("Page
+  // lifetime"); the error names op and the cache.
+  absl::Status FinishLocalKernels(const char* op) const;
+  // Whether some layer has a window: its writes and commits may evict pages.
+  bool HasSlidingLayer() const;
   // The layer's pages from Describe, narrowed to limit_.
   absl::StatusOr<LayerPages> Pages(const char* op, int layer) const;
   absl::StatusOr<KvCacheRef> View(KvCacheRef::Part part, int layer) const;

@@ -1,0 +1,65 @@
+// AttachStream: the Attach call a remote client holds open for its lifetime (DESIGN.md
+// "Attach"). A reader thread reads its events: the first names the session and the fd
+// socket; later ones announce new pools (RegionClient maps a pool on its first use, so
+// they need no action). When the stream ends — the daemon went away, or this object is
+// destroyed — the reader drops the call and its channel reference (a draining daemon
+// waits for its connections to close, not only for calls) and runs on_end once.
+//
+// Thread-safety: Open once, before sharing; the accessors are safe for concurrent use.
+// on_end runs on the reader thread with no lock of this object held.
+#ifndef KVARENA_CLIENT_ATTACH_STREAM_H_
+#define KVARENA_CLIENT_ATTACH_STREAM_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvarena/v1/kvarena.grpc.pb.h"
+
+namespace kvarena::client_internal {
+
+class AttachStream {
+ public:
+  // on_end receives why the stream ended: UNAVAILABLE with kUnavailablePrefix, or the
+  // stream's own status.
+  AttachStream(std::shared_ptr<grpc::Channel> channel,
+               std::function<void(const absl::Status&)> on_end);
+  // Cancels the call and waits for the reader thread (which runs on_end first).
+  ~AttachStream();
+  AttachStream(const AttachStream&) = delete;
+  AttachStream& operator=(const AttachStream&) = delete;
+
+  // Opens the stream as client_name and waits up to `timeout` for its first event.
+  // UNAVAILABLE naming address when none came, or the stream's end status.
+  absl::Status Open(const std::string& client_name, absl::Duration timeout,
+                    const std::string& address);
+  // From the first event ("" before it).
+  std::string session_id() const;
+  std::string fd_socket() const;
+
+ private:
+  void ReadEvents();  // the reader thread: the only user of reader_ once Open started it
+
+  std::function<void(const absl::Status&)> on_end_;
+  std::thread reader_thread_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<v1::KvCacheService::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader_ ABSL_GUARDED_BY(mu_);
+  std::string session_ ABSL_GUARDED_BY(mu_);
+  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvarena::client_internal
+
+#endif  // KVARENA_CLIENT_ATTACH_STREAM_H_
