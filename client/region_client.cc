@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
@@ -115,6 +116,13 @@ absl::Status RegionClient::RefreshLocked() {
   std::vector<int> fds;
   absl::StatusOr<v1::FdReply> reply = Decode(RoundTripLocked(req.SerializeAsString()), &fds);
   if (!reply.ok()) return reply.status();
+  // A pool the daemon no longer lists was destroyed with its last cache: no handle of a
+  // live cache points into it, so its mapping goes (it would only pin address space).
+  std::set<uint64_t> listed;
+  for (const v1::RegionDescriptor& r : reply->regions()) {
+    if (!r.scratch()) listed.insert(r.pool_id());
+  }
+  std::erase_if(pools_, [&listed](const auto& entry) { return !listed.contains(entry.first); });
   for (const v1::RegionDescriptor& r : reply->regions()) {
     const bool have = r.scratch() ? scratch_.region != nullptr : pools_.contains(r.pool_id());
     if (have) continue;
@@ -144,13 +152,22 @@ absl::StatusOr<RegionClient::Pool> RegionClient::GetPool(uint64_t pool_id) {
 
 absl::Status RegionClient::SyncPools() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [pool_id, m] : pools_) {
+  for (auto it = pools_.begin(); it != pools_.end();) {
     // A memfd is one piece that grows with the file; cuda_ipc is mapped whole.
-    if (m.kind != "cuda_vmm") continue;
-    if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("mapping the pages pool ", pool_id,
+    if (it->second.kind != "cuda_vmm") {
+      ++it;
+      continue;
+    }
+    absl::Status s = FetchPiecesLocked(&it->second);
+    if (absl::IsNotFound(s)) {  // destroyed with its last cache (see RefreshLocked)
+      it = pools_.erase(it);
+      continue;
+    }
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("mapping the pages pool ", it->first,
                                                  " gained: ", s.message()));
     }
+    ++it;
   }
   return absl::OkStatus();
 }
@@ -162,6 +179,11 @@ absl::StatusOr<RegionClient::Scratch> RegionClient::GetScratch() {
   }
   if (scratch_.region == nullptr) return absl::FailedPreconditionError("the daemon gave this session no scratch region");
   return Scratch{scratch_.region_id, scratch_.region->base(), scratch_.region->size()};
+}
+
+size_t RegionClient::TEST_MappedPools() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pools_.size();
 }
 
 }  // namespace kvarena

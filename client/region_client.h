@@ -3,7 +3,8 @@
 // scratch region are visible in this process at the same offsets as in the daemon.
 // A host pool is one memfd, mapped once, that grows by itself; a CUDA VMM pool is one
 // piece per allocation the daemon committed, so SyncPools fetches and maps the pieces
-// committed since (by generation) whenever the daemon may have grown a pool.
+// committed since (by generation) whenever the daemon may have grown a pool. A pool the
+// daemon destroyed (with its last cache) is unmapped when a refresh no longer lists it.
 //
 // The daemon closes an fd-socket connection that idles past --fd_idle_timeout; an
 // exchange that finds the socket closed reconnects to the same path and is retried once.
@@ -56,6 +57,9 @@ class RegionClient {
   };
   // The session's scratch region, mapped on first use.
   absl::StatusOr<Scratch> GetScratch();
+
+  // How many pools are mapped here now (tests: destroyed pools are unmapped).
+  size_t TEST_MappedPools();
 
  private:
   struct Mapped {

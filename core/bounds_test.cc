@@ -229,6 +229,21 @@ TEST_F(BoundsTest, PagesHandedOutNeverShowAnotherCachesBytes) {
   }
 }
 
+// Found by the fuzzer: a Reserve over two pools whose second pool refused once left the
+// chunk the first committed for it in place (empty, but charged to the arena).
+TEST_F(BoundsTest, ARefusedReserveLeavesNoChunkCommitted) {
+  StoreOptions o = Options(size_t{4} << 20);  // two chunks
+  o.scratch_bytes = 0;
+  MakeStore(o);
+  Alloc(Spec(1, 2, 8), "a");                       // 256-byte pages: 8192 per chunk
+  Alloc(Spec(1, 2, 16), "b");                      // 512-byte pages: 4096 per chunk
+  const ArenaStats before = store_->Stats();
+  ExpectExhausted(store_->Reserve("", {{"a", 4}, {"b", 4 * 4096 * 2}}), "arena full");
+  EXPECT_EQ(store_->Stats().bytes_committed, before.bytes_committed);
+  EXPECT_EQ(store_->Stats().pages.pages_free, before.pages.pages_free);
+  EXPECT_TRUE(store_->Reserve("", {{"b", 4 * 4096}}).ok());  // the budget is all there
+}
+
 // The reaper once released by cache id: an id the expired session had released and
 // another session had taken since went too.
 TEST_F(BoundsTest, TheReaperReleasesOnlyWhatTheSessionStillOwns) {

@@ -60,8 +60,9 @@ void KvCache::PublishLocked(int64_t old_seq, int64_t old_mat) {
   ctx_.counters->layers_materialized += MaterializedLocked() - old_mat;
 }
 
-absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, int64_t n,
+absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* taken,
                                       std::vector<int32_t>* ids) {
+  const int64_t n = taken->blocks;
   if (n <= 0) return absl::OkStatus();
   Quota& quota = *ctx_.quota;
   if (!quota.TryChargePages(n)) {
@@ -69,7 +70,7 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, int64_t n
         op, ": layer ", layer, " needs ", n, " page(s) but the session's caches hold ",
         quota.pages(), " of session_max_pages=", quota.max_pages()));
   }
-  if (absl::Status s = ctx_.pool->Allocate(n, ids); !s.ok()) {
+  if (absl::Status s = ctx_.pool->Allocate(n, ids, &taken->chunks); !s.ok()) {
     quota.RefundPages(n);
     return absl::Status(s.code(), absl::StrCat(op, ": layer ", layer, ": ", s.message()));
   }
@@ -101,8 +102,8 @@ void KvCache::EvictLocked(int layer, int64_t block_start) {
   ReturnPagesLocked(freed);
 }
 
-absl::StatusOr<int64_t> KvCache::AppendLocked(absl::string_view op, int layer, int64_t pos,
-                                              const TensorArg& k, const TensorArg& v) {
+absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int layer, int64_t pos,
+                                                     const TensorArg& k, const TensorArg& v) {
   LayerTable& t = layers_[size_t(layer)];
   if (pos != t.len()) {
     return absl::InvalidArgumentError(
@@ -124,33 +125,36 @@ absl::StatusOr<int64_t> KvCache::AppendLocked(absl::string_view op, int layer, i
     return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ", pos + n,
                                                      " tokens but max_tokens=", spec_.max_tokens));
   }
-  const int64_t missing = t.BlocksMissing(pos + n, spec_.page_size);
+  Taken taken;
+  taken.blocks = t.BlocksMissing(pos + n, spec_.page_size);
   std::vector<int32_t> ids;
-  if (absl::Status s = TakePagesLocked(op, layer, missing, &ids); !s.ok()) {
+  if (absl::Status s = TakePagesLocked(op, layer, &taken, &ids); !s.ok()) {
     CountRefusal();
     return s;
   }
   // The new blocks start at or after pos, so the tokens fill all of them but the tail of
   // the last: clear that one before anything can read it.
-  absl::Status written = missing > 0 ? kernels().ClearPages(ctx_.pool->layout(), ctx_.pool->base(),
-                                                                &ids.back(), 1)
-                                     : absl::OkStatus();
+  absl::Status written = taken.blocks > 0 ? kernels().ClearPages(ctx_.pool->layout(), ctx_.pool->base(),
+                                                                 &ids.back(), 1)
+                                          : absl::OkStatus();
   t.AddBlocks(ids.data(), int64_t(ids.size()));
   if (written.ok()) written = kernels().AppendKv(ViewLocked(layer), pos, n, k.data, v.data);
   if (!written.ok()) {  // a device error: give back what this call took
-    UndoAppendLocked(layer, pos, missing);
+    UndoAppendLocked(layer, pos, taken);
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", written.message()));
   }
   t.set_len(pos + n);
-  return missing;
+  return taken;
 }
 
-void KvCache::UndoAppendLocked(int layer, int64_t old_len, int64_t added_blocks) {
+void KvCache::UndoAppendLocked(int layer, int64_t old_len, const Taken& taken) {
   LayerTable& t = layers_[size_t(layer)];
   std::vector<int32_t> added;
-  t.DropLastBlocks(added_blocks, &added);
+  t.DropLastBlocks(taken.blocks, &added);
   t.set_len(old_len);
-  ReturnPagesLocked(added);
+  ctx_.pool->Unallocate(added, taken.chunks);
+  ctx_.quota->RefundPages(int64_t(added.size()));
+  pages_held_ -= int64_t(added.size());
 }
 
 absl::StatusOr<AppendResult> KvCache::Append(int layer, int64_t pos, const TensorArg& k,
@@ -159,7 +163,7 @@ absl::StatusOr<AppendResult> KvCache::Append(int layer, int64_t pos, const Tenso
   KVARENA_RETURN_IF_ERROR(CheckLayerLocked("append", layer));
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  absl::StatusOr<int64_t> added = AppendLocked("append", layer, pos, k, v);
+  absl::StatusOr<Taken> added = AppendLocked("append", layer, pos, k, v);
   if (!added.ok()) return added.status();
   EvictLocked(layer, pos);
   PublishLocked(old_seq, old_mat);

@@ -110,19 +110,24 @@ class KvCache {
   int64_t SeqLenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MaterializedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Charges the quota and takes n pages from the pool, all or nothing; the refusal names
-  // op and layer. The pages are not cleared.
-  absl::Status TakePagesLocked(absl::string_view op, int layer, int64_t n, std::vector<int32_t>* ids)
+  // What an append took: blocks added to the layer, chunks the pool committed for them.
+  struct Taken {
+    int64_t blocks = 0;
+    std::vector<int32_t> chunks;
+  };
+  // Charges the quota and takes taken->blocks pages from the pool, all or nothing; the
+  // refusal names op and layer. The pages are not cleared.
+  absl::Status TakePagesLocked(absl::string_view op, int layer, Taken* taken, std::vector<int32_t>* ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives pages back to the pool and the quota.
   void ReturnPagesLocked(std::vector<int32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates an append of k/v at pos (== the layer's length), takes the pages it needs
-  // and writes the tokens; sets the length but neither evicts nor publishes. Returns the
-  // number of blocks it added (UndoAppendLocked takes them back).
-  absl::StatusOr<int64_t> AppendLocked(absl::string_view op, int layer, int64_t pos,
-                                       const TensorArg& k, const TensorArg& v)
+  // and writes the tokens; sets the length but neither evicts nor publishes. Returns what
+  // it took, which UndoAppendLocked gives back exactly.
+  absl::StatusOr<Taken> AppendLocked(absl::string_view op, int layer, int64_t pos,
+                                     const TensorArg& k, const TensorArg& v)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UndoAppendLocked(int layer, int64_t old_len, int64_t added_blocks)
+  void UndoAppendLocked(int layer, int64_t old_len, const Taken& taken)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the blocks of a sliding layer wholly below block_start - window + 1: what no query
   // at block_start or later can see. Evicting relative to the start of the latest block

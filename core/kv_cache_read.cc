@@ -29,15 +29,15 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   const int64_t window = EffectiveWindow(spec_.layer_windows[size_t(layer)], args.window);
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  int64_t added_blocks = 0;
+  Taken added;
   if (has_k) {
     if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
       return absl::InvalidArgumentError(
           absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
     }
-    absl::StatusOr<int64_t> added = AppendLocked("attend", layer, args.pos, args.k, args.v);
-    if (!added.ok()) return added.status();
-    added_blocks = *added;
+    absl::StatusOr<Taken> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
+    if (!appended.ok()) return appended.status();
+    added = *std::move(appended);
   } else {
     // Written so it cannot wrap: pos + n <= len.
     if (args.pos < 0 || args.pos > t.len() - *n) {
@@ -61,7 +61,7 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   p.window = window;
   if (absl::Status s = kernels().PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {
     // All or nothing: the tokens this call appended go too.
-    if (has_k) UndoAppendLocked(layer, args.pos, added_blocks);
+    if (has_k) UndoAppendLocked(layer, args.pos, added);
     return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
   }
   if (has_k) EvictLocked(layer, args.pos);

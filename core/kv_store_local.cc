@@ -76,8 +76,9 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   }
   std::vector<std::pair<Quota*, int64_t>> charged;
   absl::flat_hash_map<PagePool*, std::vector<int32_t>> taken;
+  absl::flat_hash_map<PagePool*, std::vector<int32_t>> committed;  // chunks, to undo exactly
   auto undo = [&](absl::Status s) {
-    for (auto& [pool, ids] : taken) pool->Free(ids);
+    for (auto& [pool, ids] : taken) pool->Unallocate(ids, committed[pool]);
     for (auto [quota, n] : charged) quota->RefundPages(n);
     if (!absl::IsInternal(s)) raw.front()->CountRefusal();
     return s;
@@ -92,7 +93,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   }
   for (const auto& [pool, n] : need) {
     std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = pool->Allocate(n, &ids); !s.ok()) {
+    if (absl::Status s = pool->Allocate(n, &ids, &committed[pool]); !s.ok()) {
       return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));
     }
     // No slot of a reserved page may show what its last owner wrote.

@@ -90,7 +90,7 @@ void PagePool::CloseLocked(int32_t c) {
   chunks_[c].open_index = -1;
 }
 
-absl::Status PagePool::CommitChunksLocked(int64_t count) {
+absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* out) {
   if (count > int64_t(uncommitted_.size()) ||
       !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -120,6 +120,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count) {
     ++chunks_committed_;
     ++empty_committed_;
   }
+  if (out != nullptr) out->insert(out->end(), committed.begin(), committed.end());
   return absl::OkStatus();
 }
 
@@ -139,13 +140,14 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   budget_->Refund(chunk_bytes_);
 }
 
-absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out) {
+absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
+                                std::vector<int32_t>* committed) {
   if (n <= 0) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   const int64_t missing = n - FreeCommittedLocked();
   if (missing > 0) {
     const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
-    if (absl::Status s = CommitChunksLocked(chunks); !s.ok()) {
+    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("allocate ", n, " page(s) of ", page_bytes_,
                                                  " bytes: ", s.message()));
     }
@@ -168,6 +170,10 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out) {
 
 void PagePool::Free(absl::Span<const int32_t> ids) {
   absl::MutexLock lock(&mu_);
+  FreeLocked(ids);
+}
+
+void PagePool::FreeLocked(absl::Span<const int32_t> ids) {
   for (const int32_t id : ids) {
     const int32_t c = id / pages_per_chunk_;
     Chunk& chunk = chunks_[c];
@@ -180,6 +186,16 @@ void PagePool::Free(absl::Span<const int32_t> ids) {
     }
   }
   pages_used_ -= int64_t(ids.size());
+}
+
+void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_t> committed) {
+  absl::MutexLock lock(&mu_);
+  FreeLocked(ids);
+  // Newest first, as CommitChunksLocked undoes; a chunk another call took pages from
+  // meanwhile stays.
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    if (chunks_[*it].committed && chunks_[*it].used == 0) DecommitChunkLocked(*it);
+  }
 }
 
 int64_t PagePool::pages_used() const {

@@ -64,9 +64,14 @@ class PagePool {
 
   // Appends n page ids to *out, all or nothing. RESOURCE_EXHAUSTED (naming the numbers)
   // when the arena budget cannot cover the chunks they need.
-  absl::Status Allocate(int64_t n, std::vector<int32_t>* out);
+  // *committed (when given) receives the chunks this call committed, for Unallocate.
+  absl::Status Allocate(int64_t n, std::vector<int32_t>* out,
+                        std::vector<int32_t>* committed = nullptr);
   // REQUIRES: every id was allocated from this pool and not yet freed.
   void Free(absl::Span<const int32_t> ids);
+  // Undoes an Allocate: frees ids and decommits the chunks it committed that are empty
+  // again, so a refused request leaves the pool's memory as it found it.
+  void Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_t> committed);
 
   uint64_t id() const { return id_; }
   const PageLayout& layout() const { return layout_; }
@@ -96,7 +101,9 @@ class PagePool {
            ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept);
 
   int64_t FreeCommittedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CommitChunksLocked(int64_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CommitChunksLocked(int64_t count, std::vector<int32_t>* committed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeLocked(absl::Span<const int32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecommitChunkLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OpenLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of fuzz/requests_fuzzer.cc: short programs in its input format
-(see the comment at the top of that file) that walk the paths a worker takes — allocate,
-append, attend, popn, the local path's reserve/commit, shared slices, sessions that
-detach and are reaped — so the fuzzer starts from requests that get deep into the store.
+"""Writes the seed corpora of fuzz/requests_fuzzer.cc and fuzz/fd_fuzzer.cc.
+
+requests_fuzzer: short programs in its input format (see the comment at the top of that
+file) that walk the paths a worker takes — allocate, append, attend, popn, the local
+path's reserve/commit, shared slices, sessions that detach and are reaped — so the fuzzer
+starts from requests that get deep into the store.
+fd_fuzzer: framed FdRequests (a 4-byte little-endian length, then the message, encoded by
+hand below) naming the placeholder sessions "s0" / "s1".
 Run from the repository root: python3 fuzz/make_seeds.py"""
 import os
 import struct
 
-OUT = os.path.join(os.path.dirname(__file__), "corpus", "requests_fuzzer")
+CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
 OPS = {"allocate": 0, "append": 1, "attend": 2, "popn": 3, "reset": 4, "release": 5,
        "reserve": 6, "commit": 7, "get_kv": 8, "describe": 9, "stats": 10,
        "open_session": 11, "detach": 12, "reap": 13, "list": 14}
@@ -110,12 +114,65 @@ SEEDS = {
 }
 
 
+# --- fd_fuzzer: protobuf by hand (field = key varint, then a varint or a length and bytes)
+
+def varint(v):
+    out = b""
+    while True:
+        low, v = v & 0x7F, v >> 7
+        if not v:
+            return out + bytes([low])
+        out += bytes([low | 0x80])
+
+
+def field(number, payload, length_delimited=True):
+    key = varint((number << 3) | (2 if length_delimited else 0))
+    return key + (varint(len(payload)) + payload if length_delimited else payload)
+
+
+def frame(message):
+    return struct.pack("<I", len(message)) + message
+
+
+def fd_request(session, op):  # FdRequest{session_id = 1, list_regions = 2 | export_region = 3}
+    return frame(field(1, session.encode()) + op)
+
+
+LIST = field(2, b"")
+
+
+def export(region, first=None, after=None):  # ExportRegion{region_id, first_piece, after_generation}
+    body = field(1, varint(region), False)
+    if first is not None:
+        body += field(2, varint(first), False)
+    if after is not None:
+        body += field(3, varint(after), False)
+    return field(3, body)
+
+
+ALLOWED, OTHER_USER = b"\0", b"\1"  # the first byte: whether the peer passed SO_PEERCRED
+FD_SEEDS = {
+    "list": ALLOWED + fd_request("s0", LIST),
+    "export_pool": ALLOWED + fd_request("s0", export(1)) + fd_request("s0", export(1, after=1)),
+    "export_scratch": ALLOWED + fd_request("s0", export(1 << 32)) + fd_request("s1", export(1 << 32)),
+    "paging": ALLOWED + fd_request("s1", export(1, first=1)) + fd_request("s1", export(7, first=2**31)),
+    "other_user": OTHER_USER + fd_request("s0", LIST),
+    "truncated": ALLOWED + struct.pack("<I", 1000) + b"abc",
+}
+
+
+def write(target, seeds):
+    out = os.path.join(CORPUS, target)
+    os.makedirs(out, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds)} seeds to {out}")
+
+
 def main():
-    os.makedirs(OUT, exist_ok=True)
-    for name, program in SEEDS.items():
-        with open(os.path.join(OUT, name), "wb") as f:
-            f.write(program)
-    print(f"wrote {len(SEEDS)} seeds to {OUT}")
+    write("requests_fuzzer", SEEDS)
+    write("fd_fuzzer", FD_SEEDS)
 
 
 if __name__ == "__main__":

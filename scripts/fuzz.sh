@@ -15,9 +15,11 @@ cmake --build "$BUILD" -j"$(nproc)" --target $targets
 for t in $targets; do
   work="$BUILD/corpus/$t"
   mkdir -p "$work" "$BUILD/artifacts/$t" "fuzz/corpus/$t"
+  seeds=("fuzz/corpus/$t")
+  [ -d "fuzz/regressions/$t" ] && seeds+=("fuzz/regressions/$t")  # every input that once crashed
   echo "fuzz: $t for ${SECONDS_PER_TARGET}s"
   "$BUILD/fuzz/$t" -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t/" "$work" "fuzz/corpus/$t" \
+    -print_final_stats=1 -artifact_prefix="$BUILD/artifacts/$t/" "$work" "${seeds[@]}" \
     2>"$BUILD/$t.log" || { tail -60 "$BUILD/$t.log"; echo "fuzz: $t FAILED"; exit 1; }
   echo "fuzz: $t $(grep -E 'stat::number_of_executed_units' "$BUILD/$t.log" | awk '{print $2}') executions," \
        "$(grep -E 'stat::new_units_added' "$BUILD/$t.log" | awk '{print $2}') new inputs"

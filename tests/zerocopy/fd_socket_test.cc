@@ -117,6 +117,23 @@ TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
   EXPECT_EQ(got, v[(1 * 5 + 4) * 8 + 2]);
 }
 
+// A pool goes with its last cache; a worker that mapped it drops the mapping at its next
+// refresh, so dead pools do not pile up in a long-lived worker's address space.
+TEST_F(FdSocketTest, AWorkerUnmapsPoolsTheDaemonDestroyed) {
+  const std::string s = *store_->OpenSession("w");
+  auto first = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+  ASSERT_TRUE(first.ok());
+  std::unique_ptr<RegionClient> client = Connect(s);
+  ASSERT_TRUE(client->GetPool(first->pool_id).ok());
+  ASSERT_TRUE(store_->Release(s, "a").ok());  // the pool goes with it
+  auto second = store_->Allocate(s, CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0}, "b");
+  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(client->GetPool(second->pool_id).ok());
+  EXPECT_EQ(client->TEST_MappedPools(), 1u);
+  EXPECT_EQ(client->GetPool(first->pool_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client->SyncPools().ok());
+}
+
 TEST_F(FdSocketTest, ScratchWritesReachTheStore) {
   const std::string s = *store_->OpenSession("w");
   std::unique_ptr<RegionClient> client = Connect(s);
