@@ -34,6 +34,23 @@ std::string RaiseOpenFileLimit() {
                       Limit(r.rlim_max), " (the hard limit)");
 }
 
+// The fds kvarenad itself may hold at its bounds: a memfd per host pool, a scratch memfd
+// per session, the fd-socket connections, and a few of its own. What is left of the soft
+// limit is for gRPC's connections — and gRPC 1.51 stops accepting for good once accept
+// runs out of fds (grpc/grpc#20418), so say so when the room is small.
+void WarnIfFewFdsLeft(const kvarena::DaemonOptions& o) {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
+  const uint64_t own = uint64_t(o.max_pools) + uint64_t(o.max_sessions) + uint64_t(o.max_fd_connections) + 64;
+  constexpr uint64_t kWantedConnections = 1024;
+  if (r.rlim_cur >= own + kWantedConnections) return;
+  std::cerr << "kvarenad: warning: RLIMIT_NOFILE=" << r.rlim_cur << " leaves room for "
+            << (r.rlim_cur > own ? r.rlim_cur - own : 0) << " gRPC connections after kvarenad's own "
+            << "bounds (--max_pools + --max_sessions + --max_fd_connections + 64 = " << own
+            << "); gRPC stops accepting for good when it runs out of fds: raise the hard limit "
+            << "(ulimit -Hn, LimitNOFILE=) or lower those flags" << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,8 +59,9 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::cerr << RaiseOpenFileLimit() << std::endl;
 
-  absl::StatusOr<std::unique_ptr<kvarena::Daemon>> daemon =
-      kvarena::Daemon::Start(kvarena::OptionsFromFlags());
+  const kvarena::DaemonOptions options = kvarena::OptionsFromFlags();
+  WarnIfFewFdsLeft(options);
+  absl::StatusOr<std::unique_ptr<kvarena::Daemon>> daemon = kvarena::Daemon::Start(options);
   if (!daemon.ok()) {
     std::cerr << "kvarenad: " << daemon.status().message() << std::endl;
     return 1;
