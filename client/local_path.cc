@@ -167,15 +167,16 @@ absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
     }
     // Layers written here must all have written exactly `tokens`: committing a layer that
     // was not written would publish whatever its pages held.
-    absl::MutexLock lock(&h->state_->mu);
-    const client_internal::LocalTable& t = h->state_->table;
+    client_internal::CacheState* state = h->state_.get();
+    absl::MutexLock lock(&state->mu);
     bool any = false;
-    for (int l = 0; l < t.num_layers(); ++l) any |= t.layer(l).pending != 0;
-    for (int l = 0; any && l < t.num_layers(); ++l) {
-      if (t.layer(l).pending != tokens) {
+    for (int l = 0; l < state->table.num_layers(); ++l) any |= state->table.layer(l).pending != 0;
+    for (int l = 0; any && l < state->table.num_layers(); ++l) {
+      const int64_t pending = state->table.layer(l).pending;
+      if (pending != tokens) {
         return absl::FailedPreconditionError(absl::StrCat(
             "commit: cache ", h->cache_id(), " tokens=", tokens, " but layer ", l, " wrote ",
-            t.layer(l).pending, " tokens locally since the last commit"));
+            pending, " tokens locally since the last commit"));
       }
     }
     commit.push_back({h->cache_id(), tokens});

@@ -181,7 +181,7 @@ TEST_F(BoundaryTest, CallerStringsAreEchoedOnlyAsAShortPrefix) {
 // INT32_MAX. The pool now stops at INT32_MAX pages, however large the budget.
 TEST_F(BoundaryTest, TinyPagesOnAHugeArenaKeepPageIdsInInt32) {
   MakeStore(Options(size_t{16} << 30));  // reserved, never committed: MAP_NORESERVE
-  CacheSpec tiny = Spec(1, 1, 1, DType::kFloat16, {}, 0, 1);  // 4-byte pages
+  CacheSpec tiny = Spec(1, 1, 1, DType::kBFloat16, {}, 0, 1);  // 4-byte pages
   const std::string c = Alloc(tiny);
   ASSERT_TRUE(AppendRandom(c, 0, 3).ok());
   const ArenaStats s = store_->Stats();

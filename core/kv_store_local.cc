@@ -12,7 +12,9 @@ namespace kvarena {
 namespace {
 
 // Holds the locks of several caches, taken in address order so two calls listing the
-// same caches in different orders cannot deadlock.
+// same caches in different orders cannot deadlock. The thread-safety analysis cannot
+// follow a set of locks, so code under a MultiLock states each one it relies on with
+// `c->mu().AssertHeld()` (absl's ABSL_ASSERT_EXCLUSIVE_LOCK) before a *Locked call.
 class MultiLock {
  public:
   explicit MultiLock(std::vector<KvCache*> caches) : caches_(std::move(caches)) {
@@ -61,6 +63,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   absl::flat_hash_map<PagePool*, int64_t> need;
   absl::flat_hash_map<Quota*, int64_t> charge;
   for (size_t i = 0; i < raw.size(); ++i) {
+    raw[i]->mu().AssertHeld();
     absl::StatusOr<int64_t> pages = raw[i]->PagesToReserveLocked(items[i].tokens);
     if (!pages.ok()) {
       if (absl::IsResourceExhausted(pages.status())) raw[i]->CountRefusal();
@@ -107,6 +110,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   std::vector<ReserveResult> out;
   for (size_t i = 0; i < raw.size(); ++i) {
     PagePool* pool = raw[i]->pool();
+    raw[i]->mu().AssertHeld();
     out.push_back(raw[i]->AddReservedLocked(items[i].tokens, taken[pool], &next[pool]));
   }
   return out;
@@ -120,10 +124,14 @@ absl::StatusOr<std::vector<CacheInfo>> KvStore::Commit(const std::string& sessio
   for (const auto& c : *caches) raw.push_back(c.get());
   MultiLock lock(raw);
   for (size_t i = 0; i < raw.size(); ++i) {
+    raw[i]->mu().AssertHeld();
     if (absl::Status s = raw[i]->CheckCommitLocked(items[i].tokens); !s.ok()) return s;
   }
   std::vector<CacheInfo> out;
-  for (size_t i = 0; i < raw.size(); ++i) out.push_back(raw[i]->CommitLocked(items[i].tokens));
+  for (size_t i = 0; i < raw.size(); ++i) {
+    raw[i]->mu().AssertHeld();
+    out.push_back(raw[i]->CommitLocked(items[i].tokens));
+  }
   return out;
 }
 

@@ -13,7 +13,9 @@
 namespace kvarena {
 namespace {
 
+#if defined(KVARENA_DAEMON_CUDA)
 constexpr int kCudaDevice = 0;
+#endif
 
 absl::Status CudaRefused(absl::string_view why) {
   return absl::FailedPreconditionError(

@@ -136,8 +136,11 @@ std::vector<MetricFamily> CollectMetrics(const KvStore& store, const RpcCounters
   out.push_back(std::move(info));
   out.push_back(Scalar("kvarena_arena_bytes", "The arena budget (--arena_bytes).",
                        double(s.arena_bytes)));
-  out.push_back(Scalar("kvarena_bytes_committed", "Physical bytes committed by every pool.",
+  out.push_back(Scalar("kvarena_bytes_committed",
+                       "Bytes charged to the budget: pools' committed chunks and sessions' scratch.",
                        double(s.bytes_committed)));
+  out.push_back(Scalar("kvarena_scratch_bytes", "Bytes of live sessions' scratch regions.",
+                       double(s.scratch_bytes)));
   out.push_back(Scalar("kvarena_bytes_used", "Bytes of pages held by caches.",
                        double(s.bytes_used)));
   out.push_back(Scalar("kvarena_pages_total", "Pages over every pool (used + free).",

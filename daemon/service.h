@@ -22,7 +22,7 @@ class KvCacheServiceImpl final
  public:
   // store, rpcs and attach must outlive the service.
   KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, AttachHub* attach)
-      : store_(store), requests_(store), rpcs_(rpcs), attach_(attach) {}
+      : requests_(store), rpcs_(rpcs), attach_(attach) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
@@ -45,7 +45,6 @@ class KvCacheServiceImpl final
   // Counts the call and maps its status.
   grpc::Status Done(Rpc rpc, const absl::Status& status);
 
-  KvStore* const store_;
   Requests requests_;
   RpcCounters* const rpcs_;
   AttachHub* const attach_;

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang-14, ASan + UBSan) into ${FUZZ_BUILD_DIR:-build-fuzz}
-# and runs each for ${FUZZ_SECONDS:-60} seconds from its seed corpus (fuzz/corpus/<target>;
+# Builds the libFuzzer targets (clang-14, ASan + UBSan) into ${ASAN_BUILD_DIR:-build-asan}
+# (the address build of scripts/sanitize.sh, whose objects it shares) and runs each for ${FUZZ_SECONDS:-60} seconds from its seed corpus (fuzz/corpus/<target>;
 # new inputs go to a scratch copy, the repository's corpus is never written). Prints each
 # target's executions; exits non-zero on the first crash, leaving the input under
-# ${FUZZ_BUILD_DIR}/artifacts/<target>/ (copy it to fuzz/regressions/<target>/ with a fix).
+# ${ASAN_BUILD_DIR}/artifacts/<target>/ (copy it to fuzz/regressions/<target>/ with a fix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
+BUILD=${ASAN_BUILD_DIR:-build-asan}
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-60}
 cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF -DKVARENA_FUZZ=ON >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF -DKVARENA_SANITIZE=address \
+  -DKVARENA_FUZZ=ON >/dev/null
 targets=$(cd fuzz && ls *_fuzzer.cc | sed 's/\.cc$//')
 cmake --build "$BUILD" -j"$(nproc)" --target $targets
 for t in $targets; do

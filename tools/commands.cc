@@ -51,7 +51,8 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
                                   p.num_pages, "  (page size ", PageSizeText(p.page_size),
                                   " tokens)")});
   t.AddRow({"bytes", absl::StrCat("used ", HumanBytes(s.bytes_used), "  committed ",
-                                  HumanBytes(s.bytes_committed), "  budget ",
+                                  HumanBytes(s.bytes_committed), " (scratch ",
+                                  HumanBytes(s.scratch_bytes), ")  budget ",
                                   HumanBytes(s.arena_bytes))});
   t.AddRow({"caches", absl::StrCat(s.num_caches, "  sessions ", s.num_sessions, "  tokens ",
                                    p.seq_len, "  layers ", p.layers_materialized, "/",

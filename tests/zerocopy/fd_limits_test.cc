@@ -96,12 +96,18 @@ class FdLimitsTest : public ::testing::Test {
   }
   // True when the daemon answers a ListRegions on sock (with OK).
   static bool Served(int sock, const std::string& session) {
-    if (!SendMessage(sock, ListRegionsRequest(session)).ok()) return false;
+    absl::StatusOr<v1::FdReply> reply = Answer(sock, session);
+    return reply.ok() && reply->code() == 0;
+  }
+  // The daemon's reply to a ListRegions on sock, whatever its code.
+  static absl::StatusOr<v1::FdReply> Answer(int sock, const std::string& session) {
+    if (absl::Status s = SendMessage(sock, ListRegionsRequest(session)); !s.ok()) return s;
     absl::StatusOr<Message> m = RecvMessage(sock);
-    if (!m.ok()) return false;
+    if (!m.ok()) return m.status();
     for (int fd : m->fds) close(fd);
     v1::FdReply reply;
-    return reply.ParseFromString(m->bytes) && reply.code() == 0;
+    if (!reply.ParseFromString(m->bytes)) return absl::InternalError("reply does not parse");
+    return reply;
   }
   // True once the daemon has closed its end of sock (within kBound). Reads nothing, so
   // replies the test left unread stay unread.
@@ -242,7 +248,10 @@ TEST_F(FdLimitsTest, AcceptBacksOffWhileTheDaemonIsOutOfFdsAndServesAfter) {
   const bool backed_off = LogShows("accept: Too many open files; retrying every 100ms");
   ASSERT_EQ(prlimit(daemon_->pid(), RLIMIT_NOFILE, &before, nullptr), 0);
   EXPECT_TRUE(backed_off) << daemon_->Log();
-  for (int sock : waiting) EXPECT_TRUE(Served(sock, s));
+  // Every queued connection is answered once fds are back. (Only that: while the daemon
+  // had none, gRPC itself may have failed the Attach stream, so the session may be gone:
+  // gRPC 1.51 does not recover everything from EMFILE, see README "Open files".)
+  for (int sock : waiting) EXPECT_TRUE(Answer(sock, s).ok());
 }
 
 TEST_F(FdLimitsTest, BoundsOutOfRangeStopTheDaemonAtStart) {

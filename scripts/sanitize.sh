@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the host code with clang-14 under a sanitizer and runs the tests under it:
+#   scripts/sanitize.sh address   ASan + UBSan in build-asan (also the fuzz build:
+#                                 scripts/fuzz.sh reuses it)
+#   scripts/sanitize.sh thread    TSan in build-tsan, which also compiles everything with
+#                                 -Wthread-safety -Werror=thread-safety
+# It builds the test binaries of core, arena, daemon, client, the zero-copy and the
+# multi-process tests (and the binaries they start) and runs all of their tests; with
+# SANITIZE_ALL=1 also kernels/cpu's (slow under TSan). Exits non-zero on any failure or
+# sanitizer report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:?usage: scripts/sanitize.sh address|thread}
+case "$mode" in
+  address) build=${ASAN_BUILD_DIR:-build-asan}; extra=(-DKVARENA_SANITIZE=address -DKVARENA_FUZZ=ON) ;;
+  thread)  build=${TSAN_BUILD_DIR:-build-tsan}; extra=(-DKVARENA_SANITIZE=thread -DKVARENA_THREAD_SAFETY=ON) ;;
+  *) echo "sanitize.sh: mode $mode: use address or thread" >&2; exit 2 ;;
+esac
+cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF "${extra[@]}" >/dev/null
+# The tests, the binaries they start, and nothing else (no benches, no fuzzers here).
+targets=(core_test arena_test client_test daemon_test mp_test zerocopy_test fd_socket_test
+         fd_limits_test remote_client_test kvarenad kvarena_worker kvarena)
+[ "${SANITIZE_ALL:-0}" = 1 ] && targets+=(kernels_test)
+# Without libFuzzer (the thread build) the fuzz targets replay their corpora in ctest.
+[ "$mode" = thread ] && targets+=(requests_fuzzer decode_fuzzer fd_fuzzer)
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
+cd "$build"
+# ctest knows the tests of the binaries built above (gtest discovery runs at build time);
+# the Node client and the CUDA tests are not sanitizer business, and ScratchQuarantine
+# needs a call to time out while short ones meet the same deadline, which a sanitizer's
+# slowdown on a loaded machine does not leave room for (it runs in the ordinary build).
+ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT"
