@@ -251,10 +251,13 @@ TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
 }
 
 // A server that answers one request per connection and then closes it, as the daemon
-// does to a connection that idled past --fd_idle_timeout.
+// does to a connection that idled past --fd_idle_timeout. before_reply, when given, runs
+// with each request before it is answered (a test changes the store there).
 class OneRequestPerConnection {
  public:
-  OneRequestPerConnection(const std::string& path, const KvStore* store) : store_(store) {
+  OneRequestPerConnection(const std::string& path, const KvStore* store,
+                          std::function<void(const v1::FdRequest&)> before_reply = {})
+      : store_(store), before_reply_(std::move(before_reply)) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.data(), path.size());
@@ -276,6 +279,10 @@ class OneRequestPerConnection {
       connections_.fetch_add(1);
       absl::StatusOr<Message> in = RecvMessage(conn);
       if (!in.ok()) continue;
+      if (before_reply_) {
+        v1::FdRequest req;
+        if (req.ParseFromString(in->bytes)) before_reply_(req);
+      }
       std::vector<SharedPiece> pieces;
       const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, true, &pieces);
       std::vector<int> fds;
@@ -286,6 +293,7 @@ class OneRequestPerConnection {
   }
 
   const KvStore* const store_;
+  const std::function<void(const v1::FdRequest&)> before_reply_;
   int listen_fd_ = -1;
   std::atomic<int> connections_{0};
   std::thread thread_;
@@ -308,6 +316,30 @@ TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE((*client)->GetPool(info->pool_id).ok());
   EXPECT_EQ(server.connections(), 4);
+}
+
+// Found by the kill storm (tests/stress): another process's last cache of another pool
+// goes between the client's ListRegions and that pool's export. The export's NOT_FOUND
+// must not fail the mapping of the pool the client asked for.
+TEST_F(FdSocketTest, RegionClientMapsItsPoolWhenAnotherPoolGoesWhileItLists) {
+  const std::string s = *store_->OpenSession("w");
+  auto mine = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "mine");
+  auto other = store_->Allocate("", CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0}, "other");
+  ASSERT_TRUE(mine.ok() && other.ok());
+  const uint64_t doomed = other->pool_id;
+  KvStore* store = store_.get();
+  const std::string path = (dir_ / "racing.fds").string();
+  OneRequestPerConnection server(path, store, [store, doomed](const v1::FdRequest& req) {
+    if (req.has_export_region() && req.export_region().region_id() == doomed + 1) {
+      EXPECT_TRUE(store->Release("", "other").ok());  // its pool goes with it
+    }
+  });
+  auto client = RegionClient::Connect(path, s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto pool = (*client)->GetPool(mine->pool_id);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_NE(pool->base, nullptr);
+  EXPECT_EQ((*client)->GetPool(doomed).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
