@@ -128,6 +128,9 @@ absl::Status RegionClient::RefreshLocked() {
     if (have) continue;
     Mapped m;
     if (absl::Status s = MapLocked(r.region_id(), r.kind(), r.size(), r.ipc_handle(), &m); !s.ok()) {
+      // Listed, then destroyed with its last cache (another process's) before its export:
+      // nothing to map, and no reason to fail the pool the caller asked for.
+      if (!r.scratch() && absl::IsNotFound(s)) continue;
       return s;
     }
     if (r.scratch()) {

@@ -4,7 +4,8 @@
 // A host pool is one memfd, mapped once, that grows by itself; a CUDA VMM pool is one
 // piece per allocation the daemon committed, so SyncPools fetches and maps the pieces
 // committed since (by generation) whenever the daemon may have grown a pool. A pool the
-// daemon destroyed (with its last cache) is unmapped when a refresh no longer lists it.
+// daemon destroyed (with its last cache) is unmapped when a refresh no longer lists it,
+// and one destroyed between a refresh's listing and its export is skipped, not an error.
 //
 // The daemon closes an fd-socket connection that idles past --fd_idle_timeout; an
 // exchange that finds the socket closed reconnects to the same path and is retried once.

@@ -132,9 +132,7 @@ class ModelTest : public StoreTest {
 };
 
 TEST_F(ModelTest, RandomOperationsMatchTheModel) {
-  const unsigned seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  rng_.seed(seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed_);
   for (int sequence = 0; sequence < 1000; ++sequence) {
     for (const auto& [id, m] : std::map<std::string, ModelCache>(model_)) ReleaseOne(id);
     for (int op = 0; op < 60; ++op) {

@@ -4,8 +4,6 @@
 #ifndef KVARENA_CORE_STORE_FIXTURE_H_
 #define KVARENA_CORE_STORE_FIXTURE_H_
 
-#include <cstdlib>
-#include <iostream>
 #include <map>
 #include <random>
 #include <string>
@@ -14,6 +12,7 @@
 #include "core/kv_store.h"
 #include "core/test_util.h"
 #include "gtest/gtest.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena {
 
@@ -55,15 +54,7 @@ struct Snapshot {
   }
 };
 
-// The seed of a randomised test: $KVARENA_SEED when set (to replay a failure), else a
-// fresh one; printed either way.
-inline uint32_t TestSeed() {
-  const char* env = std::getenv("KVARENA_SEED");
-  const uint32_t seed = env != nullptr ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-  std::cout << "seed=" << seed << " (KVARENA_SEED=" << seed << " replays it)" << std::endl;
-  ::testing::Test::RecordProperty("seed", std::to_string(seed));
-  return seed;
-}
+using testing::TestSeed;
 
 class StoreTest : public ::testing::Test {
  protected:
@@ -160,7 +151,8 @@ class StoreTest : public ::testing::Test {
   int64_t PagesUsed() { return store_->Stats().pages.pages_used; }
 
   FakeClock clock_;  // before store_: the store reads it until it goes
-  std::mt19937 rng_{TestSeed()};
+  const uint32_t seed_ = TestSeed();  // printed; $KVARENA_SEED replays it
+  std::mt19937 rng_{seed_};
   std::unique_ptr<KvStore> store_;
   std::map<std::string, CacheSpec> specs_;
   std::map<std::string, std::vector<RefLayer>> refs_;

@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena {
 namespace {
@@ -15,7 +16,7 @@ using kvarena::testing::TestPagedLayer;
 
 class AppendGatherTest : public ::testing::Test {
  protected:
-  AppendGatherTest() : seed_(std::random_device()()), rng_(seed_) {}
+  AppendGatherTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_) {}
 
   static PageLayout Layout(DType dtype, int page_size, int heads, int dim) {
     PageLayout layout;

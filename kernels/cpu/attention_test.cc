@@ -13,6 +13,7 @@
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena {
 namespace {
@@ -40,7 +41,7 @@ constexpr Variant kVariants[] = {{false, false}, {false, true}, {true, false}, {
 
 class PagedAttentionTest : public ::testing::Test {
  protected:
-  PagedAttentionTest() : seed_(std::random_device()()), rng_(seed_), pool_(2) {
+  PagedAttentionTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_), pool_(2) {
     TEST_ForcePortableKernels(false);
     default_vectorized_ = CpuKernelsVectorized();
   }

@@ -1,7 +1,11 @@
 #include "kernels/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -45,18 +49,26 @@ TEST_F(ThreadPoolTest, RunsEveryIndexExactlyOnce) {
   }
 }
 
+// The first index to run holds its thread until another index runs elsewhere: a pool
+// that spread nothing would leave it waiting (the 60 s bound only keeps such a failure
+// from hanging the test; a pool that spreads lets it go at once).
 TEST_F(ThreadPoolTest, SpreadsWorkOverWorkers) {
   ThreadPool pool(3);
-  std::atomic<int> inside{0}, most{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int inside = 0, most = 0;
+  bool first_taken = false;
   pool.ParallelFor(64, [&](int64_t) {
-    const int now = inside.fetch_add(1) + 1;
-    int seen = most.load();
-    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    std::unique_lock<std::mutex> lock(mu);
+    most = std::max(most, ++inside);
+    cv.notify_all();
+    if (!first_taken) {
+      first_taken = true;
+      cv.wait_for(lock, std::chrono::seconds(60), [&] { return most > 1; });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    inside.fetch_sub(1);
+    --inside;
   });
-  EXPECT_GT(most.load(), 1);
+  EXPECT_GT(most, 1);
 }
 
 TEST_F(ThreadPoolTest, ConcurrentCallersEachGetAllTheirIndices) {

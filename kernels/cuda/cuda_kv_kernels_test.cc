@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_kv_kernels.h"
 #include "kernels/cuda/test_problems.h"
 #include "kernels/kv_kernels.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena {
 namespace {
@@ -49,7 +50,7 @@ TEST(CudaKvKernelsTest, WithoutDeviceFailsCleanly) {
 
 TEST(CudaKvKernelsTest, MatchesCpuKvKernels) {
   if (!GpuPresent()) GTEST_SKIP() << "no CUDA device";
-  const uint64_t seed = std::random_device()();
+  const uint64_t seed = kvarena::testing::TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
   std::mt19937_64 rng(seed);
   auto cuda = NewCudaKvKernels(0);

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/test_problems.h"
+#include "tests/support/test_seed.h"
 // Last: defines the CUDA built-ins as macros.
 #include "kernels/cuda/emulator.h"
 
@@ -66,7 +67,7 @@ void EmulateAttention(const AttentionArgs& a, int batch) {
 
 class EmulatorTest : public ::testing::Test {
  protected:
-  EmulatorTest() : seed_(std::random_device()()), rng_(seed_) {}
+  EmulatorTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_) {}
 
   // Plans for `slots` resident CTAs, prepares the arguments like attention.cu, runs the
   // emulated kernels; returns the splits used.

@@ -13,6 +13,7 @@
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
 #include "kernels/cuda/test_problems.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena::gpu {
 namespace {
@@ -91,7 +92,7 @@ struct DeviceBatch {
 
 class KvKernelsCudaTest : public ::testing::Test {
  protected:
-  KvKernelsCudaTest() : seed_(std::random_device()()), rng_(seed_) {}
+  KvKernelsCudaTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_) {}
 
   int64_t Rand(int64_t lo, int64_t hi) { return lo + int64_t(rng_() % uint64_t(hi - lo + 1)); }
 

@@ -178,7 +178,6 @@ TEST_F(ProcessTest, SigtermGoesNotServingEndsStreamsAndExitsZero) {
   v1::AttachEvent event;
   ASSERT_TRUE(attach->Read(&event));
 
-  const absl::Time sent = absl::Now();
   daemon_->Signal(SIGTERM);
   ASSERT_TRUE(watch->Read(&seen));
   EXPECT_EQ(seen.status(), HealthCheckResponse::NOT_SERVING);
@@ -187,9 +186,8 @@ TEST_F(ProcessTest, SigtermGoesNotServingEndsStreamsAndExitsZero) {
   watch_ctx.TryCancel();
   watch->Finish();
   EXPECT_FALSE(attach->Read(&event));
+  // Ended by the drain itself ("shutting down"), not cut off by its 5 s deadline.
   EXPECT_THAT(attach->Finish(), StatusIs(StatusCode::UNAVAILABLE, "shutting down"));
-  // Both streams ended well inside the 5 s drain deadline.
-  EXPECT_LT(absl::Now() - sent, absl::Seconds(2));
 
   const std::optional<int> status = daemon_->WaitExit(absl::Seconds(10));
   ASSERT_TRUE(status.has_value());

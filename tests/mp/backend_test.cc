@@ -66,7 +66,7 @@ TEST_P(BackendWorkersTest, LocalPathDecodeAcrossPoolGrowthMatchesServedPath) {
   auto st = Observer()->Stats();
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->backend, GetParam());
-  EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }, absl::Seconds(2)), 0);
+  EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BackendWorkersTest, ::testing::Values("host", "cuda"),

@@ -51,18 +51,21 @@ void MultiProcessTest::TearDown() {
 }
 
 void MultiProcessTest::StartDaemon(const std::string& session_grace, const std::string& backend) {
+  StartDaemonWith({"--backend=" + backend, "--session_grace=" + session_grace});
+}
+
+void MultiProcessTest::StartDaemonWith(const std::vector<std::string>& flags) {
   observer_.reset();
   daemon_ = std::make_unique<Subprocess>();
-  ASSERT_TRUE(daemon_
-                  ->Start({KVARENAD_PATH, "--listen=" + address(), "--backend=" + backend,
-                           "--arena_bytes=256Mi", "--page_size=16",
-                           "--session_grace=" + session_grace, "--metrics_port=0",
-                           "--num_threads=1"})
-                  .ok());
+  std::vector<std::string> argv = {
+      KVARENAD_PATH,      "--listen=" + address(), "--backend=host",   "--arena_bytes=256Mi",
+      "--page_size=16",   "--session_grace=1s",    "--metrics_port=0", "--num_threads=1"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  ASSERT_TRUE(daemon_->Start(argv).ok());
   ClientOptions options;
   options.attach = false;
   options.call_timeout = absl::Seconds(2);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time deadline = absl::Now() + kEventBound;
   while (absl::Now() < deadline) {
     auto c = Client::Connect(address(), options);
     if (c.ok()) {
@@ -76,10 +79,10 @@ void MultiProcessTest::StartDaemon(const std::string& session_grace, const std::
          << daemon_->output();
 }
 
-std::unique_ptr<Subprocess> MultiProcessTest::StartWorker(uint64_t seed,
+std::unique_ptr<Subprocess> MultiProcessTest::StartWorker(uint64_t index,
                                                           const std::vector<std::string>& flags) {
   std::vector<std::string> argv = {KVARENA_WORKER_PATH, "--address=" + address(),
-                                   absl::StrCat("--seed=", seed)};
+                                   absl::StrCat("--seed=", uint64_t{seed_} + index)};
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto p = std::make_unique<Subprocess>();
   EXPECT_TRUE(p->Start(argv).ok());
@@ -116,6 +119,17 @@ int64_t MultiProcessTest::WaitForArenaPages(const std::function<bool(int64_t)>& 
       if (pred(pages)) return pages;
     }
     if (absl::Now() > deadline) return pages;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+bool MultiProcessTest::WaitForArena(const std::function<bool(const ArenaStats&)>& done,
+                                    absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    auto st = Observer()->Stats();
+    if (st.ok() && done(*st)) return true;
+    if (absl::Now() > deadline) return false;
     absl::SleepFor(absl::Milliseconds(20));
   }
 }

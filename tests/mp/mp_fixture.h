@@ -4,6 +4,7 @@
 #ifndef KVARENA_TESTS_MP_MP_FIXTURE_H_
 #define KVARENA_TESTS_MP_MP_FIXTURE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "tests/mp/subprocess.h"
+#include "tests/support/test_seed.h"
 
 namespace kvarena::testing {
 
@@ -21,6 +23,11 @@ struct CommandResult {
   std::string output;
   bool exited_ok() const;
 };
+
+// How long a test waits for an event (a worker's line, pages coming back, an exit) before
+// it fails. Only a failure guard: every wait ends as soon as the event happens, and no test
+// asserts how long anything took.
+inline constexpr absl::Duration kEventBound = absl::Seconds(60);
 
 // Runs a command to completion (timeout: DEADLINE_EXCEEDED, the child is killed).
 absl::StatusOr<CommandResult> RunCommand(const std::vector<std::string>& argv,
@@ -38,8 +45,12 @@ class MultiProcessTest : public ::testing::Test {
   // is SERVING.
   void StartDaemon(const std::string& session_grace = "1s", const std::string& backend = "host");
   Subprocess& daemon() { return *daemon_; }
-  // A worker with the default shape plus extra flags; its stdout is captured.
-  std::unique_ptr<Subprocess> StartWorker(uint64_t seed, const std::vector<std::string>& flags);
+  // Starts kvarenad with the fixture's flags followed by `flags` (a later flag overrides an
+  // earlier one) and waits until it is SERVING.
+  void StartDaemonWith(const std::vector<std::string>& flags);
+  // A worker with the default shape plus extra flags; its stdout is captured. Its --seed
+  // is the test's seed plus `index`.
+  std::unique_ptr<Subprocess> StartWorker(uint64_t index, const std::vector<std::string>& flags);
   // Waits for exit and asserts exit 0, printing the output otherwise.
   void ExpectExitsOk(Subprocess& p, const std::string& name,
                      absl::Duration timeout = absl::Seconds(90));
@@ -47,7 +58,15 @@ class MultiProcessTest : public ::testing::Test {
   // A client with no session, for stats and health.
   std::shared_ptr<Client> Observer();
   // Polls Stats until pages_used satisfies pred, up to timeout; returns the last value.
-  int64_t WaitForArenaPages(const std::function<bool(int64_t)>& pred, absl::Duration timeout);
+  int64_t WaitForArenaPages(const std::function<bool(int64_t)>& pred,
+                            absl::Duration timeout = kEventBound);
+  // Polls Stats until done(stats) holds, up to timeout; false on timeout.
+  bool WaitForArena(const std::function<bool(const ArenaStats&)>& done,
+                    absl::Duration timeout = kEventBound);
+
+  // The seed of this test's random choices (the workers' q/k/v among them): printed, and
+  // taken from $KVARENA_SEED when set.
+  const uint32_t seed_ = TestSeed();
 
  private:
   std::string dir_;

@@ -50,7 +50,7 @@ class RemoteHandleTest : public MultiProcessTest {
     }
   }
   std::shared_ptr<Client> client_;
-  std::mt19937_64 rng_{3};
+  std::mt19937_64 rng_{seed_};
 };
 
 TEST_F(RemoteHandleTest, ReportsGeometryDeviceAndPages) {

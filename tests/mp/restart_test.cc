@@ -32,7 +32,7 @@ class RestartTest : public MultiProcessTest {
     HostTensor v = RandomTensor(rng_, DType::kFloat32, 2, 1, 16);
     return cache.append(layer, k.arg(), v.arg()).status();
   }
-  std::mt19937_64 rng_{5};
+  std::mt19937_64 rng_{seed_};
 };
 
 TEST_F(RestartTest, SigtermMakesClientUnavailableAndRestartServesNewClient) {
@@ -46,14 +46,14 @@ TEST_F(RestartTest, SigtermMakesClientUnavailableAndRestartServesNewClient) {
   EXPECT_TRUE((*cache)->is_valid());
 
   daemon().Signal(SIGTERM);
-  auto exit_status = daemon().Wait(absl::Seconds(15));
+  auto exit_status = daemon().Wait(kEventBound);
   ASSERT_TRUE(exit_status.ok()) << exit_status.status() << "\n" << daemon().output();
   EXPECT_EQ(DescribeWaitStatus(*exit_status), "exit 0") << daemon().output();
 
   absl::Status s = AppendOne(**cache, 0);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(std::string(s.message()), HasSubstr("kvarena daemon unavailable"));
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  const absl::Time deadline = absl::Now() + kEventBound;
   while ((*cache)->is_valid() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_FALSE((*cache)->is_valid());
   EXPECT_FALSE((*client)->connected());

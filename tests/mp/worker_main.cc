@@ -20,9 +20,18 @@
 // (get_kv_local: the local kernels over the imported region, CPU or CUDA) and requires the
 // bytes to equal get_kv's.
 //
-// stdout: "allocated ...", "prefill done ...", "decode step I/N ..." every --print_every
-// steps (tests wait for it before killing the worker), "local path: ..." with --local,
-// "mapping ok: ..." with --check_mapping, "worker ok".
+// With --pause_after_prefill the first round stops after its prefill, holding its cache,
+// prints "paused after prefill" and waits for SIGUSR1 before decoding: tests line up
+// several workers this way to see them hold the arena at once, or to keep one alive while
+// they check another, without depending on how fast anything runs.
+//
+// stdout: "allocated ...", "prefill done ...", "paused after prefill" (with the flag),
+// "decode step I/N ..." every --print_every steps (tests wait for it before killing the
+// worker), "local path: ..." with --local, "mapping ok: ..." with --check_mapping,
+// "worker ok".
+#include <pthread.h>
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -56,6 +65,8 @@ ABSL_FLAG(int, num_threads, 1, "CPU threads of the local path's kernels (match k
 ABSL_FLAG(int, rounds, 1,
           "run everything (allocate .. release) this many times over one client: later "
           "rounds reuse pool memory the daemon gave back and took again meanwhile");
+ABSL_FLAG(bool, pause_after_prefill, false,
+          "after the first round's prefill, print \"paused after prefill\" and wait for SIGUSR1");
 ABSL_FLAG(bool, check_mapping, false,
           "at the end, read every layer through this process's mapping of the pool "
           "(get_kv_local) and require it to equal get_kv");
@@ -235,7 +246,19 @@ absl::Status CheckLocalCalls(Client& client, const CallCounts& before, int decod
   return absl::OkStatus();
 }
 
-absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed);
+absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool pause);
+
+// SIGUSR1 is blocked in every thread (main blocks it before any thread starts), so it
+// stays pending until this takes it: a signal sent early is not lost.
+void PauseUntilSigusr1() {
+  std::printf("paused after prefill (SIGUSR1 resumes)\n");
+  std::fflush(stdout);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  int sig = 0;
+  sigwait(&set, &sig);
+}
 
 absl::Status Run() {
   auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
@@ -257,7 +280,8 @@ absl::Status Run() {
   }
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   for (int round = 0; round < rounds; ++round) {
-    WORKER_RETURN_IF_ERROR(RunRound(**client, spec, absl::GetFlag(FLAGS_seed) + round));
+    WORKER_RETURN_IF_ERROR(RunRound(**client, spec, absl::GetFlag(FLAGS_seed) + round,
+                                    round == 0 && absl::GetFlag(FLAGS_pause_after_prefill)));
     if (rounds > 1) {
       std::printf("round %d/%d ok\n", round + 1, rounds);
       std::fflush(stdout);
@@ -267,7 +291,7 @@ absl::Status Run() {
 }
 
 // One cache (and its twin with --local) from Allocate to release.
-absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed) {
+absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool pause) {
   auto cache = client.Allocate(spec);
   if (!cache.ok()) return cache.status();
   std::printf("allocated cache %s (session %s, device %s, page_size %d)\n",
@@ -290,6 +314,7 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed) {
   std::printf("prefill done: %d tokens, pages_used %lld\n", absl::GetFlag(FLAGS_prefill),
               static_cast<long long>(*pages));
   std::fflush(stdout);
+  if (pause) PauseUntilSigusr1();
 
   const int decode = absl::GetFlag(FLAGS_decode);
   const int every = std::max(1, absl::GetFlag(FLAGS_print_every));
@@ -326,6 +351,12 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_pause_after_prefill)) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
   absl::Status s = kvarena::Run();
   if (!s.ok()) {
     std::printf("worker FAILED: %s\n", s.ToString().c_str());

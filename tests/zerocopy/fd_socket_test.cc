@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,7 +13,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -48,6 +51,7 @@ class FdSocketTest : public ::testing::Test {
   // An accept that fails with `errors` in turn (counting every call), then accepts.
   std::function<int(int)> FailingAccept(std::vector<int> errors) {
     return [this, errors](int listen_fd) {
+      accept_tid_.store(pid_t(syscall(SYS_gettid)));
       const size_t call = size_t(accept_calls_.fetch_add(1));
       if (call < errors.size()) {
         errno = errors[call];
@@ -89,6 +93,7 @@ class FdSocketTest : public ::testing::Test {
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> server_;
   std::atomic<int> accept_calls_{0};
+  std::atomic<pid_t> accept_tid_{0};  // the thread that called accept last
 };
 
 TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
@@ -197,16 +202,42 @@ TEST_F(FdSocketTest, AcceptRetriesAtOnceWhenAConnectionWentAway) {
   EXPECT_EQ(accept_calls_.load(), 4);
 }
 
+// Whether thread tid of this process is blocked in poll(2) (or ppoll) on a single fd,
+// from /proc/self/task/TID/syscall ("NR ARG0 ARG1 ...", or "running"). The accept loop
+// polls two fds (stop pipe and listening socket); its back-off waits on the stop pipe alone.
+bool BlockedPollingOneFd(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  std::string fds, nfds;
+  if (!(in >> nr >> fds >> nfds)) return false;  // "running", or the thread is gone
+  bool poll = false;
+#ifdef SYS_poll
+  poll |= nr == SYS_poll;
+#endif
+  poll |= nr == SYS_ppoll;
+  return poll && std::stoul(nfds, nullptr, 16) == 1;
+}
+
+// Shown by what the acceptor does, not by how long the test watched: after the failed
+// accept it must block in its back-off (1 h here: nothing but the server's destruction
+// ends it) with no second accept. A loop that spun would call accept again, or at best
+// never block there and run the wait into its 60 s bound.
 TEST_F(FdSocketTest, AcceptBacksOffInsteadOfSpinningWhenOutOfFds) {
   FdServerOptions o;
   o.accept_backoff = absl::Hours(1);
   o.accept = FailingAccept(std::vector<int>(1000, EMFILE));
   Restart(std::move(o));
   const int sock = *ConnectUnix(server_->path());  // stays queued: accept keeps failing
-  for (int i = 0; i < 1000 && accept_calls_.load() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-  absl::SleepFor(absl::Milliseconds(100));  // room for the retries a spinning loop would make
+  bool backing_off = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60);
+       !backing_off && accept_calls_.load() <= 1 && absl::Now() < deadline;) {
+    backing_off = accept_calls_.load() == 1 && BlockedPollingOneFd(accept_tid_.load());
+    if (!backing_off) absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_TRUE(backing_off) << accept_calls_.load() << " accept calls";
   EXPECT_EQ(accept_calls_.load(), 1);
   server_.reset();  // wakes the back-off
+  EXPECT_EQ(accept_calls_.load(), 1);
   close(sock);
 }
 
@@ -220,10 +251,13 @@ TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
 }
 
 // A server that answers one request per connection and then closes it, as the daemon
-// does to a connection that idled past --fd_idle_timeout.
+// does to a connection that idled past --fd_idle_timeout. before_reply, when given, runs
+// with each request before it is answered (a test changes the store there).
 class OneRequestPerConnection {
  public:
-  OneRequestPerConnection(const std::string& path, const KvStore* store) : store_(store) {
+  OneRequestPerConnection(const std::string& path, const KvStore* store,
+                          std::function<void(const v1::FdRequest&)> before_reply = {})
+      : store_(store), before_reply_(std::move(before_reply)) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.data(), path.size());
@@ -245,6 +279,10 @@ class OneRequestPerConnection {
       connections_.fetch_add(1);
       absl::StatusOr<Message> in = RecvMessage(conn);
       if (!in.ok()) continue;
+      if (before_reply_) {
+        v1::FdRequest req;
+        if (req.ParseFromString(in->bytes)) before_reply_(req);
+      }
       std::vector<SharedPiece> pieces;
       const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, true, &pieces);
       std::vector<int> fds;
@@ -255,6 +293,7 @@ class OneRequestPerConnection {
   }
 
   const KvStore* const store_;
+  const std::function<void(const v1::FdRequest&)> before_reply_;
   int listen_fd_ = -1;
   std::atomic<int> connections_{0};
   std::thread thread_;
@@ -277,6 +316,30 @@ TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE((*client)->GetPool(info->pool_id).ok());
   EXPECT_EQ(server.connections(), 4);
+}
+
+// Found by the kill storm (tests/stress): another process's last cache of another pool
+// goes between the client's ListRegions and that pool's export. The export's NOT_FOUND
+// must not fail the mapping of the pool the client asked for.
+TEST_F(FdSocketTest, RegionClientMapsItsPoolWhenAnotherPoolGoesWhileItLists) {
+  const std::string s = *store_->OpenSession("w");
+  auto mine = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "mine");
+  auto other = store_->Allocate("", CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0}, "other");
+  ASSERT_TRUE(mine.ok() && other.ok());
+  const uint64_t doomed = other->pool_id;
+  KvStore* store = store_.get();
+  const std::string path = (dir_ / "racing.fds").string();
+  OneRequestPerConnection server(path, store, [store, doomed](const v1::FdRequest& req) {
+    if (req.has_export_region() && req.export_region().region_id() == doomed + 1) {
+      EXPECT_TRUE(store->Release("", "other").ok());  // its pool goes with it
+    }
+  });
+  auto client = RegionClient::Connect(path, s);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto pool = (*client)->GetPool(mine->pool_id);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_NE(pool->base, nullptr);
+  EXPECT_EQ((*client)->GetPool(doomed).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace
