@@ -31,6 +31,6 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:supp
 cd "$build"
 # ctest knows the tests of the binaries built above (gtest discovery runs at build time);
 # the Node client and the CUDA tests are not sanitizer business, and ScratchQuarantine
-# needs a call to time out while short ones meet the same deadline, which a sanitizer's
-# slowdown on a loaded machine does not leave room for (it runs in the ordinary build).
+# runs two attends over 64k tokens on one thread, a minute each under a sanitizer (it
+# runs in the ordinary build).
 ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT"
