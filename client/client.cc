@@ -20,6 +20,11 @@ constexpr size_t kMinMessageBytes = size_t{64} << 10;
 constexpr size_t kMaxMessageBytes = size_t{INT_MAX};
 }  // namespace
 
+std::string SessionIdForLog(const std::string& session_id) {
+  if (session_id.empty()) return "";
+  return absl::StrCat(session_id.substr(0, 8), "\u2026");  // "…"
+}
+
 const char* ServingStatusName(ServingStatus s) {
   switch (s) {
     case ServingStatus::kServing: return "SERVING";

@@ -109,8 +109,7 @@ class RemoteTransport final : public Transport {
     return absl::UnavailableError(absl::StrCat(
         kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
         absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
-        attached_session_,
-        " and its caches are gone; connect a new Client"));
+        SessionIdForLog(attached_session_), " and its caches are gone; connect a new Client"));
   }
 
   absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {

@@ -86,6 +86,9 @@ struct CallCounts {
 // A cache and a token count, for the batched local-path calls.
 using CacheTokenList = std::vector<std::pair<std::shared_ptr<GenericKvCacheHandle>, int64_t>>;
 
+// What logs and messages may show of a session id: its first 8 characters and "…".
+std::string SessionIdForLog(const std::string& session_id);
+
 // grpc.health.v1 HealthCheckResponse.ServingStatus.
 enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 // "UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" (the names grpc_health_probe prints).
@@ -103,7 +106,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   const std::string& address() const;
-  // The Attach session ("" without one).
+  // The Attach session ("" without one). A credential: whoever holds it acts as this
+  // session, so print SessionIdForLog(id), never the id.
   std::string session_id() const;
   bool is_inproc() const;
   // False once the daemon went away (never true again).
