@@ -24,7 +24,10 @@ ABSL_FLAG(int, page_size, 16, "Tokens per page for caches whose spec leaves page
 ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
           "How long a session's caches outlive its broken Attach stream (e.g. 5s, 500ms).");
 ABSL_FLAG(int, metrics_port, 0,
-          "Serve Prometheus metrics on 0.0.0.0:PORT/metrics; 0 = off.");
+          "Serve Prometheus metrics on --metrics_address:PORT/metrics; 0 = off.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+          "The IP address the metrics endpoint binds: loopback by default; 0.0.0.0 (or ::) "
+          "to let other hosts scrape it.");
 ABSL_FLAG(int, num_threads, -1, "CPU attention threads; -1 = one per core.");
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
@@ -83,6 +86,7 @@ DaemonOptions OptionsFromFlags() {
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.session_grace = absl::GetFlag(FLAGS_session_grace);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.num_threads = absl::GetFlag(FLAGS_num_threads);
   o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;

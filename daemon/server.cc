@@ -70,6 +70,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
   }
+  if (options.metrics_port != 0 && options.metrics_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_address is empty; give an IP address such as 127.0.0.1");
+  }
 
   absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
@@ -102,7 +106,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_port, d->store_.get(), &d->rpcs_);
+        MetricsServer::Start(options.metrics_address, options.metrics_port, d->store_.get(),
+                             &d->rpcs_);
     if (!metrics.ok()) return metrics.status();
     d->metrics_ = std::move(*metrics);
   }
@@ -192,8 +197,9 @@ std::string Daemon::StartLine() const {
       options_.arena_bytes, " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}),
       ") page_size=", options_.page_size,
       " session_grace=", absl::FormatDuration(options_.session_grace),
-      " metrics_port=", options_.metrics_port, " on ", absl::StrJoin(uris, ","),
-      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none");
+      " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
+      absl::StrJoin(uris, ","), " fd_socket=",
+      fd_server_ != nullptr ? fd_server_->path() : "none");
 }
 
 std::string Daemon::fd_socket() const { return fd_server_ != nullptr ? fd_server_->path() : ""; }

@@ -35,6 +35,7 @@ struct DaemonOptions {
   int page_size = 16;
   absl::Duration session_grace = absl::Seconds(5);
   int metrics_port = 0;  // 0: no metrics endpoint
+  std::string metrics_address = "127.0.0.1";
   int num_threads = -1;  // CPU attention threads; -1: one per core
   // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
@@ -69,7 +70,8 @@ class Daemon {
   // Blocks until the server has shut down.
   void Wait();
 
-  // "kvarenad: serving backend=host arena_bytes=1Gi ... on unix:/tmp/kvarena.sock"
+  // "kvarenad: serving backend=host arena_bytes=1Gi ... metrics=127.0.0.1:9464 on
+  // unix:/tmp/kvarena.sock fd_socket=/tmp/kvarena.sock.fds"
   std::string StartLine() const;
   // The fd socket's path; "" when none is served.
   std::string fd_socket() const;

@@ -114,8 +114,8 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   std::string out;
   RunCommand({KVARENAD_PATH, "--help"}, &out);
   for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
-                           "--session_grace", "--metrics_port", "--num_threads",
-                           "--fd_socket"}) {
+                           "--session_grace", "--metrics_port", "--metrics_address",
+                           "--num_threads", "--fd_socket"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));
