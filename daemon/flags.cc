@@ -9,10 +9,11 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "daemon/byte_size.h"
+#include "daemon/socket_access.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:/tmp/kvarena.sock"},
-          "Where to serve, comma separated: unix:PATH (stale socket files are replaced, "
-          "mode 0660) and/or HOST:PORT.");
+          "Where to serve, comma separated: unix:PATH (stale socket files are replaced; mode "
+          "and group: --socket_mode, --socket_group) and/or HOST:PORT.");
 ABSL_FLAG(std::string, backend, "auto",
           "Memory backend: host (memfd, CPU kernels), cuda (device 0: VMM / IPC regions, "
           "CUDA kernels; exits with an error where the build has no CUDA or no device is "
@@ -33,6 +34,17 @@ ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
           "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
           "no unix: address); \"none\" = off.");
+
+ABSL_FLAG(kvarena::SocketMode, socket_mode, kvarena::SocketMode{0660},
+          "Permission bits (octal) of every Unix socket kvarenad creates, the fd socket "
+          "included; must include 0600.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (a name or a gid) of every Unix socket kvarenad creates; empty = the group "
+          "it is created with (kvarenad's).");
+ABSL_FLAG(kvarena::UidList, allowed_uids, kvarena::UidList{},
+          "Comma-separated uids that may fetch memory fds from the fd socket besides "
+          "kvarenad's own; empty = kvarenad's uid and root. When set: exactly those uids and "
+          "kvarenad's own (root only if listed).");
 
 ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
@@ -89,6 +101,9 @@ DaemonOptions OptionsFromFlags() {
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.num_threads = absl::GetFlag(FLAGS_num_threads);
   o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  o.socket_mode = absl::GetFlag(FLAGS_socket_mode).bits;
+  o.socket_group = absl::GetFlag(FLAGS_socket_group);
+  o.allowed_uids = absl::GetFlag(FLAGS_allowed_uids).uids;
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
   o.max_pools = absl::GetFlag(FLAGS_max_pools);

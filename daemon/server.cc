@@ -1,6 +1,7 @@
 #include "daemon/server.h"
 
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -10,8 +11,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "daemon/backend.h"
 #include "daemon/byte_size.h"
+#include "daemon/socket_access.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace kvarena {
@@ -51,6 +54,18 @@ void ConfigureBuilder(int max_message_bytes, grpc::ServerBuilder* builder) {
   builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 8);
 }
 
+// --socket_mode and --socket_group, checked and looked up.
+absl::StatusOr<SocketAccess> UnixSocketAccess(const DaemonOptions& options) {
+  KVARENA_RETURN_IF_ERROR(CheckSocketMode(options.socket_mode));
+  SocketAccess access{options.socket_mode, std::nullopt};
+  if (!options.socket_group.empty()) {
+    absl::StatusOr<gid_t> gid = LookupGroup(options.socket_group);
+    if (!gid.ok()) return gid.status();
+    access.group = *gid;
+  }
+  return access;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -74,6 +89,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(
         "--metrics_address is empty; give an IP address such as 127.0.0.1");
   }
+  absl::StatusOr<SocketAccess> access = UnixSocketAccess(options);
+  if (!access.ok()) return access.status();
 
   absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
@@ -120,6 +137,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     FdServerOptions fd_options;
     fd_options.max_connections = options.max_fd_connections;
     fd_options.idle_timeout = options.fd_idle_timeout;
+    fd_options.access = *access;
+    fd_options.allowed_uids = options.allowed_uids;
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
         FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {
@@ -141,7 +160,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   builder.RegisterService(d->service_.get());
   ConfigureBuilder(int(options.max_message_bytes), &builder);
-  d->server_ = builder.BuildAndStart();
+  {
+    OwnerOnlyUmask owner_only;  // Unix sockets are born 0600, then opened to `access`
+    d->server_ = builder.BuildAndStart();
+  }
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",
                                                absl::StrJoin(options.listen, ","),
@@ -150,7 +172,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
     ListenAddress& a = d->addresses_[i];
     if (!a.unix_path.empty()) {
-      if (absl::Status s = RestrictUnixSocket(a.unix_path); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR(ApplySocketAccess(a.unix_path, *access));
     } else if (absl::EndsWith(a.uri, ":0")) {  // report the port the system picked
       a.uri = absl::StrCat(a.uri.substr(0, a.uri.size() - 1), ports[i]);
     }

@@ -1,11 +1,14 @@
 // Daemon: one running kvarenad — the KvStore, the gRPC server (KvCacheService, the
 // standard health service, server reflection) on every --listen address, the fd socket
 // that shares pool and scratch memory with attached workers, the session reaper and the
-// optional metrics endpoint.
+// optional metrics endpoint. Unix sockets are bound owner-only and then given
+// socket_mode and socket_group (daemon/socket_access.h).
 //
 // Thread-safety: Shutdown() may be called from any thread, once; Wait() from one.
 #ifndef KVARENA_DAEMON_SERVER_H_
 #define KVARENA_DAEMON_SERVER_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -40,6 +43,12 @@ struct DaemonOptions {
   // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
   std::string fd_socket;
+
+  // Access (README "Trust model"). Every Unix socket, gRPC and fd socket alike, gets this
+  // mode (CheckSocketMode) and group (a name or gid; "": the group it was created with).
+  mode_t socket_mode = 0660;
+  std::string socket_group;
+  std::vector<uid_t> allowed_uids;  // fd socket: CheckFdPeer; empty: own uid or root
 
   // Bounds: each refused request gets a specific code and a message naming the flag.
   uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies

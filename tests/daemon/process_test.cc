@@ -115,7 +115,8 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   RunCommand({KVARENAD_PATH, "--help"}, &out);
   for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
                            "--session_grace", "--metrics_port", "--metrics_address",
-                           "--num_threads", "--fd_socket"}) {
+                           "--num_threads", "--fd_socket", "--socket_mode", "--socket_group",
+                           "--allowed_uids"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));
