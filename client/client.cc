@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
+#include "client/channel_credentials.h"
 #include "client/transport.h"
 
 namespace kvarena {
@@ -47,8 +48,13 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
         "Connect: max_message_bytes=", limit, " is outside [",
         kMinMessageBytes, ", ", kMaxMessageBytes, "]"));
   }
+  const bool inproc = address == kInprocAddress || address == "inproc";
+  if (inproc && client_internal::HasTcpSecurity(options)) {
+    return absl::InvalidArgumentError(
+        "Connect: tls_* and auth_token options apply to HOST:PORT addresses, not inproc:");
+  }
   absl::StatusOr<std::shared_ptr<Transport>> t =
-      (address == kInprocAddress || address == "inproc")
+      inproc
           ? client_internal::NewInprocTransport(options)
           : client_internal::NewRemoteTransport(address, options);
   if (!t.ok()) return t.status();

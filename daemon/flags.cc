@@ -13,7 +13,8 @@
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:/tmp/kvarena.sock"},
           "Where to serve, comma separated: unix:PATH (stale socket files are replaced; mode "
-          "and group: --socket_mode, --socket_group) and/or HOST:PORT.");
+          "and group: --socket_mode, --socket_group) and/or HOST:PORT (plaintext unless "
+          "--tls_cert).");
 ABSL_FLAG(std::string, backend, "auto",
           "Memory backend: host (memfd, CPU kernels), cuda (device 0: VMM / IPC regions, "
           "CUDA kernels; exits with an error where the build has no CUDA or no device is "
@@ -45,6 +46,15 @@ ABSL_FLAG(kvarena::UidList, allowed_uids, kvarena::UidList{},
           "Comma-separated uids that may fetch memory fds from the fd socket besides "
           "kvarenad's own; empty = kvarenad's uid and root. When set: exactly those uids and "
           "kvarenad's own (root only if listed).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for the HOST:PORT listeners: they serve TLS (needs --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: HOST:PORT clients must present a certificate it signed (mutual TLS).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token (16+ visible ASCII bytes): every call on a HOST:PORT "
+          "listener must carry 'authorization: Bearer <token>', else UNAUTHENTICATED. Needs "
+          "--tls_cert. Unix sockets are guarded by file mode and group instead.");
 
 ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
@@ -104,6 +114,10 @@ DaemonOptions OptionsFromFlags() {
   o.socket_mode = absl::GetFlag(FLAGS_socket_mode).bits;
   o.socket_group = absl::GetFlag(FLAGS_socket_group);
   o.allowed_uids = absl::GetFlag(FLAGS_allowed_uids).uids;
+  o.tcp.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tcp.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tcp.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tcp.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
   o.max_pools = absl::GetFlag(FLAGS_max_pools);

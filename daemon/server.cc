@@ -1,5 +1,6 @@
 #include "daemon/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
@@ -91,6 +92,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   absl::StatusOr<SocketAccess> access = UnixSocketAccess(options);
   if (!access.ok()) return access.status();
+  const bool has_tcp = std::any_of(d->addresses_.begin(), d->addresses_.end(),
+                                   [](const ListenAddress& a) { return a.unix_path.empty(); });
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
+      TcpServerCredentials(options.tcp, has_tcp);
+  if (!tcp_credentials.ok()) return tcp_credentials.status();
+  if (has_tcp) d->tcp_security_ = absl::StrCat(" tcp=", TcpSecurityName(options.tcp));
 
   absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
@@ -156,7 +163,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::ServerBuilder builder;
   std::vector<int> ports(d->addresses_.size(), 0);
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
-    builder.AddListeningPort(d->addresses_[i].uri, grpc::InsecureServerCredentials(), &ports[i]);
+    const ListenAddress& a = d->addresses_[i];
+    builder.AddListeningPort(
+        a.uri, a.unix_path.empty() ? *tcp_credentials : grpc::InsecureServerCredentials(),
+        &ports[i]);
   }
   builder.RegisterService(d->service_.get());
   ConfigureBuilder(int(options.max_message_bytes), &builder);
@@ -220,7 +230,7 @@ std::string Daemon::StartLine() const {
       ") page_size=", options_.page_size,
       " session_grace=", absl::FormatDuration(options_.session_grace),
       " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
-      absl::StrJoin(uris, ","), " fd_socket=",
+      absl::StrJoin(uris, ","), tcp_security_, " fd_socket=",
       fd_server_ != nullptr ? fd_server_->path() : "none");
 }
 

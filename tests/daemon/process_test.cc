@@ -116,7 +116,8 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
                            "--session_grace", "--metrics_port", "--metrics_address",
                            "--num_threads", "--fd_socket", "--socket_mode", "--socket_group",
-                           "--allowed_uids"}) {
+                           "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
+                           "--auth_token_file"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));

@@ -72,6 +72,23 @@ struct ClientOptions {
   // inproc: only — the in-process store's budget and default page size.
   size_t arena_bytes = size_t{256} << 20;
   int page_size = 16;
+
+  // HOST:PORT only (Connect refuses them for unix: and inproc:, which file permissions
+  // guard): the daemon's --tls_cert / --tls_client_ca / --auth_token_file counterparts.
+  // TLS is on when tls_ca_file is set: the daemon's certificate must chain to this PEM CA
+  // bundle and carry the address's host (or tls_target_name) in its names.
+  std::string tls_ca_file;
+  // Mutual TLS: this client's PEM certificate chain and private key; both or neither.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name the daemon's certificate must carry instead of the address's host (tests;
+  // an address by IP whose certificate names only a DNS name).
+  std::string tls_target_name;
+  // A bearer token sent as `authorization: Bearer <token>` on every call; needs TLS. At
+  // most one of auth_token and auth_token_file (read at Connect, surrounding whitespace
+  // dropped).
+  std::string auth_token;
+  std::string auth_token_file;
 };
 
 // Calls this client made that a decode loop on the local path should make rarely: Reserve
@@ -97,8 +114,11 @@ const char* ServingStatusName(ServingStatus s);
 class Client {
  public:
   // address: "unix:PATH", "HOST:PORT" or "inproc:". Fails with UNAVAILABLE when the
-  // daemon cannot be reached within options.connect_timeout, INVALID_ARGUMENT for an
-  // options.max_message_bytes out of range.
+  // daemon cannot be reached within options.connect_timeout (a failed TLS handshake
+  // included), UNAUTHENTICATED when it wants a bearer token this client lacks or got
+  // wrong, INVALID_ARGUMENT for an options.max_message_bytes out of range or TLS / token
+  // options that do not fit together or the address; a file that cannot be read: its
+  // errno's code, naming the option.
   static absl::StatusOr<std::shared_ptr<Client>> Connect(const std::string& address,
                                                          const ClientOptions& options = {});
   ~Client();
