@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
+#include "client/channel_credentials.h"
 #include "client/transport.h"
 
 namespace kvarena {
@@ -19,6 +20,11 @@ namespace {
 constexpr size_t kMinMessageBytes = size_t{64} << 10;
 constexpr size_t kMaxMessageBytes = size_t{INT_MAX};
 }  // namespace
+
+std::string SessionIdForLog(const std::string& session_id) {
+  if (session_id.empty()) return "";
+  return absl::StrCat(session_id.substr(0, 8), "\u2026");  // "…"
+}
 
 const char* ServingStatusName(ServingStatus s) {
   switch (s) {
@@ -42,8 +48,13 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
         "Connect: max_message_bytes=", limit, " is outside [",
         kMinMessageBytes, ", ", kMaxMessageBytes, "]"));
   }
+  const bool inproc = address == kInprocAddress || address == "inproc";
+  if (inproc && client_internal::HasTcpSecurity(options)) {
+    return absl::InvalidArgumentError(
+        "Connect: tls_* and auth_token options apply to HOST:PORT addresses, not inproc:");
+  }
   absl::StatusOr<std::shared_ptr<Transport>> t =
-      (address == kInprocAddress || address == "inproc")
+      inproc
           ? client_internal::NewInprocTransport(options)
           : client_internal::NewRemoteTransport(address, options);
   if (!t.ok()) return t.status();

@@ -1,4 +1,5 @@
-// RemoteTransport: kvarenad over gRPC. One channel, whose message limits both ways are
+// RemoteTransport: kvarenad over gRPC. One channel, with the credentials of
+// client/channel_credentials.h (TLS, a bearer token) and message limits both ways of
 // options.max_message_bytes; unary calls carry a deadline and the session metadata; with
 // options.attach an Attach stream (AttachStream) is held open, and its end marks the
 // transport disconnected for good. Over a unix: address it also connects to the daemon's
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/attach_stream.h"
+#include "client/channel_credentials.h"
 #include "client/grpc_status.h"
 #include "client/zero_copy.h"
 #include "client/transport.h"
@@ -42,15 +44,16 @@ struct Stubs {
 
 class RemoteTransport final : public Transport {
  public:
-  RemoteTransport(std::string address, const ClientOptions& options)
+  // credentials and args: from NewChannelCredentials.
+  RemoteTransport(std::string address, const ClientOptions& options,
+                  const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                  grpc::ChannelArguments args)
       : Transport(options), address_(std::move(address)), options_(options) {
-    grpc::ChannelArguments args;
     // Connect checked the bound; get_kv pages its replies below it.
     args.SetMaxReceiveMessageSize(int(options.max_message_bytes));
     args.SetMaxSendMessageSize(int(options.max_message_bytes));
     auto stubs = std::make_shared<Stubs>();
-    stubs->channel =
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    stubs->channel = grpc::CreateCustomChannel(address_, credentials, args);
     stubs->kv = v1::KvCacheService::NewStub(stubs->channel);
     stubs->health = grpc::health::v1::Health::NewStub(stubs->channel);
     stubs_ = std::move(stubs);
@@ -109,8 +112,7 @@ class RemoteTransport final : public Transport {
     return absl::UnavailableError(absl::StrCat(
         kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
         absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
-        attached_session_,
-        " and its caches are gone; connect a new Client"));
+        SessionIdForLog(attached_session_), " and its caches are gone; connect a new Client"));
   }
 
   absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
@@ -377,7 +379,11 @@ class RemoteTransport final : public Transport {
 
 absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string& address,
                                                               const ClientOptions& options) {
-  auto t = std::make_shared<RemoteTransport>(address, options);
+  grpc::ChannelArguments args;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      NewChannelCredentials(address, options, &args);
+  if (!credentials.ok()) return credentials.status();
+  auto t = std::make_shared<RemoteTransport>(address, options, *credentials, std::move(args));
   if (options.attach) {
     if (auto s = t->Attach(); !s.ok()) return s;
     if (auto s = t->LearnDevice(); !s.ok()) return s;

@@ -48,10 +48,10 @@ v1::FdReply ExportRegion(const KvStore& store, const std::string& session,
 
 }  // namespace
 
-v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request, bool peer_allowed,
-                            std::vector<SharedPiece>* pieces_out) {
+v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
+                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out) {
   pieces_out->clear();
-  if (!peer_allowed) return Error(absl::PermissionDeniedError("fd socket: peer runs as another user"));
+  if (!peer_access.ok()) return Error(peer_access);
   v1::FdRequest req;
   if (request.size() > size_t(INT_MAX) || !req.ParseFromArray(request.data(), int(request.size()))) {
     return Error(absl::InvalidArgumentError(

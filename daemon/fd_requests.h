@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "arena/region.h"
 #include "core/kv_store.h"
@@ -17,15 +18,16 @@
 namespace kvarena {
 
 // The reply to `request` (a serialized FdRequest). Errors travel in the reply's code and
-// message: PERMISSION_DENIED when !peer_allowed (the peer runs as another user),
+// message: peer_access itself when it is not OK (the peer may not fetch fds: see
+// CheckFdPeer; the request is not even parsed),
 // INVALID_ARGUMENT for bytes that do not parse or name no operation, and the store's
 // codes otherwise. ExportRegion answers one page: the pieces after after_generation in
 // generation order, without the first first_piece, at most kMaxFdsPerMessage, with
 // total_pieces = how many there are after after_generation in all.
 // *pieces_out receives the page's pieces in reply.pieces() order; the caller owns their
 // fds (send them with the reply, then close them). It is left empty on any error.
-v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request, bool peer_allowed,
-                            std::vector<SharedPiece>* pieces_out);
+v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
+                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out);
 
 }  // namespace kvarena
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -26,11 +25,6 @@ namespace {
 
 // The longest a request may take to arrive, or a reply to leave, once under way.
 constexpr absl::Duration kIoTimeout = absl::Seconds(5);
-
-bool PeerAllowed(int conn) {
-  absl::StatusOr<PeerCred> c = PeerCredentials(conn);
-  return c.ok() && (c->uid == geteuid() || c->uid == 0);
-}
 
 // A poll(2) timeout: -1 for an infinite duration, else at least 1 ms.
 int PollMillis(absl::Duration d) {
@@ -86,10 +80,19 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   unlink(path.c_str());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 64) != 0 ||
-      chmod(path.c_str(), 0660) != 0) {
+  int bound = 0;
+  {
+    OwnerOnlyUmask owner_only;  // born 0600, then opened to options.access
+    bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  if (bound != 0 || listen(fd, 64) != 0) {
     absl::Status s = absl::InternalError(absl::StrCat("fd socket ", path, ": ", std::strerror(errno)));
     close(fd);
+    return s;
+  }
+  if (absl::Status s = ApplySocketAccess(path, options.access); !s.ok()) {
+    close(fd);
+    unlink(path.c_str());
     return s;
   }
   std::unique_ptr<FdServer> server(new FdServer(path, fd, store, std::move(options)));
@@ -207,8 +210,17 @@ bool FdServer::AwaitRequest(int conn) const {
   }
 }
 
+absl::Status FdServer::PeerAccess(int conn) const {
+  absl::StatusOr<PeerCred> c = PeerCredentials(conn);
+  if (!c.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("fd socket: cannot learn the peer's uid: ", c.status().message()));
+  }
+  return CheckFdPeer(c->uid, geteuid(), options_.allowed_uids);
+}
+
 void FdServer::Serve(int conn) {
-  const bool allowed = PeerAllowed(conn);
+  const absl::Status access = PeerAccess(conn);
   SetIoTimeouts(conn, options_.idle_timeout);
   while (AwaitRequest(conn)) {
     // Fails when the peer closed, stalled past the I/O timeout or sent a bad frame.
@@ -219,10 +231,10 @@ void FdServer::Serve(int conn) {
     absl::Cleanup close_pieces = [&pieces] {
       for (const SharedPiece& p : pieces) close(p.fd);
     };
-    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, allowed, &pieces);
+    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, access, &pieces);
     std::vector<int> fds;
     for (const SharedPiece& p : pieces) fds.push_back(p.fd);
-    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok() || !allowed) return;
+    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok() || !access.ok()) return;
   }
 }
 

@@ -4,8 +4,11 @@
 // What a request gets is decided by HandleFdRequest (daemon/fd_requests.h); this class
 // accepts, frames, sends and closes.
 //
-// Access: the peer must run as the daemon's user or as root (SO_PEERCRED) and name a live
-// session; a session gets the pools and its own scratch region, never another's.
+// Access: the socket file gets options.access (mode and group) right after bind, which
+// happens under OwnerOnlyUmask; a peer must pass CheckFdPeer (SO_PEERCRED: the daemon's
+// user or root, or the daemon's user and options.allowed_uids) and name a live session. A
+// refused peer gets PERMISSION_DENIED naming its uid, then the connection closes. A
+// session gets the pools and its own scratch region, never another's.
 //
 // Bounds: at most max_connections connections are served at once; one beyond is closed
 // as soon as it is accepted. A connection with no request for idle_timeout is closed (the
@@ -30,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/socket_access.h"
 
 namespace kvarena {
 
@@ -37,6 +41,8 @@ struct FdServerOptions {
   int max_connections = 256;                        // --max_fd_connections; at least 1
   absl::Duration idle_timeout = absl::Seconds(60);  // --fd_idle_timeout; positive
   absl::Duration accept_backoff = absl::Milliseconds(100);  // positive
+  SocketAccess access;              // --socket_mode, --socket_group
+  std::vector<uid_t> allowed_uids;  // --allowed_uids (CheckFdPeer)
   // The accept4(2) call: a connected fd, or -1 with errno set. A seam for tests that
   // inject its failures; null: accept4 with SOCK_CLOEXEC.
   std::function<int(int listen_fd)> accept;
@@ -44,8 +50,8 @@ struct FdServerOptions {
 
 class FdServer {
  public:
-  // Binds path (replacing a stale socket file), mode 0660. INVALID_ARGUMENT for options
-  // out of range, naming the flag.
+  // Binds path (replacing a stale socket file) and applies options.access. INVALID_ARGUMENT
+  // for options out of range, naming the flag.
   static absl::StatusOr<std::unique_ptr<FdServer>> Start(const std::string& path, KvStore* store,
                                                          FdServerOptions options = {});
   ~FdServer();
@@ -62,6 +68,8 @@ class FdServer {
   // A connection's thread: serves conn until it closes, idles out or fails, then closes it.
   void RunConnection(int conn);
   void Serve(int conn);
+  // OK when the peer on conn may fetch fds (CheckFdPeer); else why not.
+  absl::Status PeerAccess(int conn) const;
   // Waits until conn is readable: true; false after idle_timeout or on a poll error.
   bool AwaitRequest(int conn) const;
   // Waits on the stop pipe for up to `timeout`; true once the server is stopping.

@@ -9,10 +9,12 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "daemon/byte_size.h"
+#include "daemon/socket_access.h"
 
 ABSL_FLAG(std::vector<std::string>, listen, {"unix:/tmp/kvarena.sock"},
-          "Where to serve, comma separated: unix:PATH (stale socket files are replaced, "
-          "mode 0660) and/or HOST:PORT.");
+          "Where to serve, comma separated: unix:PATH (stale socket files are replaced; mode "
+          "and group: --socket_mode, --socket_group) and/or HOST:PORT (plaintext unless "
+          "--tls_cert).");
 ABSL_FLAG(std::string, backend, "auto",
           "Memory backend: host (memfd, CPU kernels), cuda (device 0: VMM / IPC regions, "
           "CUDA kernels; exits with an error where the build has no CUDA or no device is "
@@ -24,12 +26,35 @@ ABSL_FLAG(int, page_size, 16, "Tokens per page for caches whose spec leaves page
 ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
           "How long a session's caches outlive its broken Attach stream (e.g. 5s, 500ms).");
 ABSL_FLAG(int, metrics_port, 0,
-          "Serve Prometheus metrics on 0.0.0.0:PORT/metrics; 0 = off.");
+          "Serve Prometheus metrics on --metrics_address:PORT/metrics; 0 = off.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+          "The IP address the metrics endpoint binds: loopback by default; 0.0.0.0 (or ::) "
+          "to let other hosts scrape it.");
 ABSL_FLAG(int, num_threads, -1, "CPU attention threads; -1 = one per core.");
 ABSL_FLAG(std::string, fd_socket, "",
           "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
           "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
           "no unix: address); \"none\" = off.");
+
+ABSL_FLAG(kvarena::SocketMode, socket_mode, kvarena::SocketMode{0660},
+          "Permission bits (octal) of every Unix socket kvarenad creates, the fd socket "
+          "included; must include 0600.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (a name or a gid) of every Unix socket kvarenad creates; empty = the group "
+          "it is created with (kvarenad's).");
+ABSL_FLAG(kvarena::UidList, allowed_uids, kvarena::UidList{},
+          "Comma-separated uids that may fetch memory fds from the fd socket besides "
+          "kvarenad's own; empty = kvarenad's uid and root. When set: exactly those uids and "
+          "kvarenad's own (root only if listed).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for the HOST:PORT listeners: they serve TLS (needs --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: HOST:PORT clients must present a certificate it signed (mutual TLS).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token (16+ visible ASCII bytes): every call on a HOST:PORT "
+          "listener must carry 'authorization: Bearer <token>', else UNAUTHENTICATED. Needs "
+          "--tls_cert. Unix sockets are guarded by file mode and group instead.");
 
 ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
@@ -83,8 +108,16 @@ DaemonOptions OptionsFromFlags() {
   o.page_size = absl::GetFlag(FLAGS_page_size);
   o.session_grace = absl::GetFlag(FLAGS_session_grace);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.num_threads = absl::GetFlag(FLAGS_num_threads);
   o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
+  o.socket_mode = absl::GetFlag(FLAGS_socket_mode).bits;
+  o.socket_group = absl::GetFlag(FLAGS_socket_group);
+  o.allowed_uids = absl::GetFlag(FLAGS_allowed_uids).uids;
+  o.tcp.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  o.tcp.tls_key = absl::GetFlag(FLAGS_tls_key);
+  o.tcp.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tcp.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
   o.max_pools = absl::GetFlag(FLAGS_max_pools);

@@ -88,9 +88,4 @@ absl::Status PrepareUnixSocket(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status RestrictUnixSocket(const std::string& path) {
-  if (::chmod(path.c_str(), 0660) != 0) return Errno("cannot chmod 0660", path, errno);
-  return absl::OkStatus();
-}
-
 }  // namespace kvarena

@@ -1,5 +1,6 @@
 // Listening addresses of kvarenad (--listen): `unix:PATH` (also `unix://ABS_PATH`) or
-// `HOST:PORT`, and the care a Unix socket path needs around bind. Thread-compatible.
+// `HOST:PORT`, and the care a Unix socket path needs before bind (after it, the file's mode
+// and group: daemon/socket_access.h). Thread-compatible.
 #ifndef KVARENA_DAEMON_LISTEN_H_
 #define KVARENA_DAEMON_LISTEN_H_
 
@@ -24,9 +25,6 @@ absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
 // (one nobody answers on: connect() gets ECONNREFUSED). ALREADY_EXISTS when a live
 // process answers on it, FAILED_PRECONDITION when the path is not a socket.
 absl::Status PrepareUnixSocket(const std::string& path);
-
-// After bind: owner and group may connect (0660).
-absl::Status RestrictUnixSocket(const std::string& path);
 
 }  // namespace kvarena
 

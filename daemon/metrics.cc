@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -164,21 +165,25 @@ std::vector<MetricFamily> CollectMetrics(const KvStore& store, const RpcCounters
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(int port,
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address,
+                                                                    int port,
                                                                     const KvStore* store,
                                                                     const RpcCounters* rpcs) {
-  std::unique_ptr<MetricsServer> server(new MetricsServer());
+  const bool ipv6 = absl::StrContains(address, ':') && !absl::StartsWith(address, "[");
+  std::unique_ptr<MetricsServer> server(new MetricsServer(
+      ipv6 ? absl::StrCat("[", address, "]:", port) : absl::StrCat(address, ":", port)));
   server->collector_ = std::make_shared<StoreCollector>(store, rpcs);
-  try {  // prometheus-cpp (civetweb) reports a port it cannot bind by throwing
-    server->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat("0.0.0.0:", port));
+  try {  // prometheus-cpp (civetweb) reports an address it cannot bind by throwing
+    server->exposer_ = std::make_unique<prometheus::Exposer>(server->bind_address_);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_port=", port, ": cannot serve metrics: ", e.what()));
+    return absl::UnavailableError(absl::StrCat("--metrics_address=", address, " --metrics_port=",
+                                               port, ": cannot serve metrics: ", e.what()));
   }
   server->exposer_->RegisterCollectable(server->collector_);
   return server;
 }
 
+MetricsServer::MetricsServer(std::string bind_address) : bind_address_(std::move(bind_address)) {}
 MetricsServer::~MetricsServer() = default;
 
 }  // namespace kvarena

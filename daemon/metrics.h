@@ -1,4 +1,4 @@
-// The Prometheus endpoint of kvarenad (--metrics_port): GET /metrics reads
+// The Prometheus endpoint of kvarenad (--metrics_address, --metrics_port): GET /metrics reads
 // KvStore::Stats() at scrape time (counters only, O(1) in caches and pages) plus the RPC
 // counters, so nothing is sampled in the background.
 //
@@ -7,6 +7,7 @@
 #define KVARENA_DAEMON_METRICS_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,15 +29,20 @@ std::vector<prometheus::MetricFamily> CollectMetrics(const KvStore& store,
 
 class MetricsServer {
  public:
-  // Serves 0.0.0.0:port/metrics. store and rpcs must outlive the server.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(int port, const KvStore* store,
+  // Serves http://address:port/metrics (an IPv6 address is bracketed for it). store and
+  // rpcs must outlive the server. UNAVAILABLE naming both flags when it cannot bind.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
+                                                              int port, const KvStore* store,
                                                               const RpcCounters* rpcs);
+  // "127.0.0.1:9464", "[::1]:9464": where it listens.
+  const std::string& bind_address() const { return bind_address_; }
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
  private:
-  MetricsServer() = default;
+  explicit MetricsServer(std::string bind_address);
+  const std::string bind_address_;
   std::shared_ptr<prometheus::Collectable> collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
 };

@@ -1,6 +1,8 @@
 #include "daemon/server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -10,8 +12,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "daemon/backend.h"
 #include "daemon/byte_size.h"
+#include "daemon/socket_access.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace kvarena {
@@ -51,6 +55,18 @@ void ConfigureBuilder(int max_message_bytes, grpc::ServerBuilder* builder) {
   builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 8);
 }
 
+// --socket_mode and --socket_group, checked and looked up.
+absl::StatusOr<SocketAccess> UnixSocketAccess(const DaemonOptions& options) {
+  KVARENA_RETURN_IF_ERROR(CheckSocketMode(options.socket_mode));
+  SocketAccess access{options.socket_mode, std::nullopt};
+  if (!options.socket_group.empty()) {
+    absl::StatusOr<gid_t> gid = LookupGroup(options.socket_group);
+    if (!gid.ok()) return gid.status();
+    access.group = *gid;
+  }
+  return access;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
@@ -70,6 +86,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
   }
+  if (options.metrics_port != 0 && options.metrics_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics_address is empty; give an IP address such as 127.0.0.1");
+  }
+  absl::StatusOr<SocketAccess> access = UnixSocketAccess(options);
+  if (!access.ok()) return access.status();
+  const bool has_tcp = std::any_of(d->addresses_.begin(), d->addresses_.end(),
+                                   [](const ListenAddress& a) { return a.unix_path.empty(); });
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
+      TcpServerCredentials(options.tcp, has_tcp);
+  if (!tcp_credentials.ok()) return tcp_credentials.status();
+  if (has_tcp) d->tcp_security_ = absl::StrCat(" tcp=", TcpSecurityName(options.tcp));
 
   absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
@@ -102,7 +130,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_port, d->store_.get(), &d->rpcs_);
+        MetricsServer::Start(options.metrics_address, options.metrics_port, d->store_.get(),
+                             &d->rpcs_);
     if (!metrics.ok()) return metrics.status();
     d->metrics_ = std::move(*metrics);
   }
@@ -115,6 +144,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     FdServerOptions fd_options;
     fd_options.max_connections = options.max_fd_connections;
     fd_options.idle_timeout = options.fd_idle_timeout;
+    fd_options.access = *access;
+    fd_options.allowed_uids = options.allowed_uids;
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
         FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {
@@ -132,11 +163,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::ServerBuilder builder;
   std::vector<int> ports(d->addresses_.size(), 0);
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
-    builder.AddListeningPort(d->addresses_[i].uri, grpc::InsecureServerCredentials(), &ports[i]);
+    const ListenAddress& a = d->addresses_[i];
+    builder.AddListeningPort(
+        a.uri, a.unix_path.empty() ? *tcp_credentials : grpc::InsecureServerCredentials(),
+        &ports[i]);
   }
   builder.RegisterService(d->service_.get());
   ConfigureBuilder(int(options.max_message_bytes), &builder);
-  d->server_ = builder.BuildAndStart();
+  {
+    OwnerOnlyUmask owner_only;  // Unix sockets are born 0600, then opened to `access`
+    d->server_ = builder.BuildAndStart();
+  }
   if (d->server_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ",
                                                absl::StrJoin(options.listen, ","),
@@ -145,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
     ListenAddress& a = d->addresses_[i];
     if (!a.unix_path.empty()) {
-      if (absl::Status s = RestrictUnixSocket(a.unix_path); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR(ApplySocketAccess(a.unix_path, *access));
     } else if (absl::EndsWith(a.uri, ":0")) {  // report the port the system picked
       a.uri = absl::StrCat(a.uri.substr(0, a.uri.size() - 1), ports[i]);
     }
@@ -192,8 +229,9 @@ std::string Daemon::StartLine() const {
       options_.arena_bytes, " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}),
       ") page_size=", options_.page_size,
       " session_grace=", absl::FormatDuration(options_.session_grace),
-      " metrics_port=", options_.metrics_port, " on ", absl::StrJoin(uris, ","),
-      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none");
+      " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
+      absl::StrJoin(uris, ","), tcp_security_, " fd_socket=",
+      fd_server_ != nullptr ? fd_server_->path() : "none");
 }
 
 std::string Daemon::fd_socket() const { return fd_server_ != nullptr ? fd_server_->path() : ""; }

@@ -1,11 +1,15 @@
 // Daemon: one running kvarenad — the KvStore, the gRPC server (KvCacheService, the
 // standard health service, server reflection) on every --listen address, the fd socket
 // that shares pool and scratch memory with attached workers, the session reaper and the
-// optional metrics endpoint.
+// optional metrics endpoint. Unix sockets are bound owner-only and then given
+// socket_mode and socket_group (daemon/socket_access.h); TCP listeners get the
+// credentials of daemon/tcp_credentials.h.
 //
 // Thread-safety: Shutdown() may be called from any thread, once; Wait() from one.
 #ifndef KVARENA_DAEMON_SERVER_H_
 #define KVARENA_DAEMON_SERVER_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -25,6 +29,7 @@
 #include "daemon/metrics.h"
 #include "daemon/rpc_counters.h"
 #include "daemon/service.h"
+#include "daemon/tcp_credentials.h"
 
 namespace kvarena {
 
@@ -35,10 +40,18 @@ struct DaemonOptions {
   int page_size = 16;
   absl::Duration session_grace = absl::Seconds(5);
   int metrics_port = 0;  // 0: no metrics endpoint
+  std::string metrics_address = "127.0.0.1";
   int num_threads = -1;  // CPU attention threads; -1: one per core
   // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
   std::string fd_socket;
+
+  // Access (README "Trust model"). Every Unix socket, gRPC and fd socket alike, gets this
+  // mode (CheckSocketMode) and group (a name or gid; "": the group it was created with).
+  mode_t socket_mode = 0660;
+  std::string socket_group;
+  std::vector<uid_t> allowed_uids;  // fd socket: CheckFdPeer; empty: own uid or root
+  TcpSecurityOptions tcp;           // TLS, mutual TLS, bearer token: TCP listeners only
 
   // Bounds: each refused request gets a specific code and a message naming the flag.
   uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies
@@ -69,7 +82,8 @@ class Daemon {
   // Blocks until the server has shut down.
   void Wait();
 
-  // "kvarenad: serving backend=host arena_bytes=1Gi ... on unix:/tmp/kvarena.sock"
+  // "kvarenad: serving backend=host arena_bytes=1Gi ... metrics=127.0.0.1:9464 on
+  // unix:/tmp/kvarena.sock,0.0.0.0:7070 tcp=tls+token fd_socket=/tmp/kvarena.sock.fds"
   std::string StartLine() const;
   // The fd socket's path; "" when none is served.
   std::string fd_socket() const;
@@ -79,6 +93,7 @@ class Daemon {
 
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
+  std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
   RpcCounters rpcs_;

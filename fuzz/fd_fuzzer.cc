@@ -47,7 +47,9 @@ std::string WithRealSession(const World& w, const std::string& bytes) {
 
 void Serve(const World& w, const std::string& frame, bool allowed) {
   std::vector<SharedPiece> pieces;
-  const v1::FdReply reply = HandleFdRequest(*w.store, frame, allowed, &pieces);
+  const absl::Status access =
+      allowed ? absl::OkStatus() : absl::PermissionDeniedError("fd socket: peer uid 65534 refused");
+  const v1::FdReply reply = HandleFdRequest(*w.store, frame, access, &pieces);
   if (size_t(reply.pieces_size()) != pieces.size()) {
     std::fprintf(stderr, "fd_fuzzer: %d pieces in the reply but %zu fds\n", reply.pieces_size(),
                  pieces.size());

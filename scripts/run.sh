@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kvarena, starts kvarenad on unix:/tmp/kvarena.sock (metrics on :9464), runs the
+# Builds kvarena, starts kvarenad on unix:/tmp/kvarena.sock (metrics on 127.0.0.1:9464), runs the
 # demo worker against it, prints how to look inside, and keeps the daemon in the
 # foreground until Ctrl-C.
 #

@@ -106,7 +106,8 @@ absl::Status Demo() {
   options.client_name = "kvarena-demo";
   auto client = Client::Connect(address, options);
   if (!client.ok()) return client.status();
-  std::printf("connected to %s, session %s\n", address.c_str(), (*client)->session_id().c_str());
+  std::printf("connected to %s, session %s\n", address.c_str(),
+              SessionIdForLog((*client)->session_id()).c_str());
 
   auto cache = (*client)->Allocate(DemoSpec());
   if (!cache.ok()) return cache.status();

@@ -134,9 +134,15 @@ bool DaemonProcess::WaitServing(absl::Duration timeout) {
     grpc::health::v1::HealthCheckResponse resp;
     if (stub->Check(&ctx, req, &resp).ok() &&
         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-      return true;
+      break;
     }
     absl::SleepFor(absl::Milliseconds(20));
+  }
+  // kvarenad prints its start line just after it starts serving.
+  while (absl::Now() < deadline) {
+    if (Log().find("kvarenad: serving ") != std::string::npos) return true;
+    if (WaitExit(absl::ZeroDuration()).has_value()) return false;
+    absl::SleepFor(absl::Milliseconds(5));
   }
   return false;
 }

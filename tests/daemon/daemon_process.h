@@ -58,7 +58,8 @@ class DaemonProcess {
   pid_t pid() const { return pid_; }
 
   std::shared_ptr<grpc::Channel> NewChannel() const;
-  // Polls grpc.health.v1.Health/Check("") until SERVING; false on timeout or exit.
+  // Polls grpc.health.v1.Health/Check("") until SERVING, then waits for the start line in
+  // the log; false on timeout or exit.
   bool WaitServing(absl::Duration timeout = absl::Seconds(10));
   void Signal(int sig) const;
   // The wait status once the daemon exits, nullopt if it is still running at the deadline.

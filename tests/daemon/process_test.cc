@@ -114,8 +114,10 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   std::string out;
   RunCommand({KVARENAD_PATH, "--help"}, &out);
   for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
-                           "--session_grace", "--metrics_port", "--num_threads",
-                           "--fd_socket"}) {
+                           "--session_grace", "--metrics_port", "--metrics_address",
+                           "--num_threads", "--fd_socket", "--socket_mode", "--socket_group",
+                           "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
+                           "--auth_token_file"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));

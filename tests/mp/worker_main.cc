@@ -295,7 +295,7 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool
   auto cache = client.Allocate(spec);
   if (!cache.ok()) return cache.status();
   std::printf("allocated cache %s (session %s, device %s, page_size %d)\n",
-              (*cache)->cache_id().c_str(), client.session_id().c_str(),
+              (*cache)->cache_id().c_str(), SessionIdForLog(client.session_id()).c_str(),
               (*cache)->device().c_str(), (*cache)->page_size());
   std::fflush(stdout);
 

@@ -36,9 +36,9 @@ class FdRequestsTest : public ::testing::Test {
     ASSERT_TRUE(store_->Allocate(session_, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a").ok());
   }
   // Handles `bytes`; checks that the reply's pieces and pieces_out agree, closes the fds.
-  v1::FdReply Handle(const std::string& bytes, bool allowed = true) {
+  v1::FdReply Handle(const std::string& bytes, const absl::Status& access = absl::OkStatus()) {
     std::vector<SharedPiece> pieces;
-    v1::FdReply reply = HandleFdRequest(*store_, bytes, allowed, &pieces);
+    v1::FdReply reply = HandleFdRequest(*store_, bytes, access, &pieces);
     EXPECT_EQ(pieces.size(), size_t(reply.pieces_size()));
     for (size_t i = 0; i < pieces.size(); ++i) {
       if (i < size_t(reply.pieces_size())) {
@@ -119,8 +119,10 @@ TEST_F(FdRequestsTest, RefusesPeersOfAnotherUserBeforeReadingTheRequest) {
   v1::FdRequest req;
   req.set_session_id(session_);
   req.mutable_export_region()->set_region_id(kPoolRegion);
-  const v1::FdReply reply = Handle(req.SerializeAsString(), /*allowed=*/false);
+  const v1::FdReply reply =
+      Handle(req.SerializeAsString(), absl::PermissionDeniedError("fd socket: peer uid 7 refused"));
   EXPECT_EQ(reply.code(), int(absl::StatusCode::kPermissionDenied));
+  EXPECT_EQ(reply.message(), "fd socket: peer uid 7 refused");
   EXPECT_EQ(fds_created_.load(), 0);
 }
 

@@ -284,7 +284,7 @@ class OneRequestPerConnection {
         if (req.ParseFromString(in->bytes)) before_reply_(req);
       }
       std::vector<SharedPiece> pieces;
-      const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, true, &pieces);
+      const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, absl::OkStatus(), &pieces);
       std::vector<int> fds;
       for (const SharedPiece& p : pieces) fds.push_back(p.fd);
       EXPECT_TRUE(SendMessage(conn, reply.SerializeAsString(), fds).ok());

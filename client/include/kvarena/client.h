@@ -72,6 +72,23 @@ struct ClientOptions {
   // inproc: only — the in-process store's budget and default page size.
   size_t arena_bytes = size_t{256} << 20;
   int page_size = 16;
+
+  // HOST:PORT only (Connect refuses them for unix: and inproc:, which file permissions
+  // guard): the daemon's --tls_cert / --tls_client_ca / --auth_token_file counterparts.
+  // TLS is on when tls_ca_file is set: the daemon's certificate must chain to this PEM CA
+  // bundle and carry the address's host (or tls_target_name) in its names.
+  std::string tls_ca_file;
+  // Mutual TLS: this client's PEM certificate chain and private key; both or neither.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The name the daemon's certificate must carry instead of the address's host (tests;
+  // an address by IP whose certificate names only a DNS name).
+  std::string tls_target_name;
+  // A bearer token sent as `authorization: Bearer <token>` on every call; needs TLS. At
+  // most one of auth_token and auth_token_file (read at Connect, surrounding whitespace
+  // dropped).
+  std::string auth_token;
+  std::string auth_token_file;
 };
 
 // Calls this client made that a decode loop on the local path should make rarely: Reserve
@@ -86,6 +103,9 @@ struct CallCounts {
 // A cache and a token count, for the batched local-path calls.
 using CacheTokenList = std::vector<std::pair<std::shared_ptr<GenericKvCacheHandle>, int64_t>>;
 
+// What logs and messages may show of a session id: its first 8 characters and "…".
+std::string SessionIdForLog(const std::string& session_id);
+
 // grpc.health.v1 HealthCheckResponse.ServingStatus.
 enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 // "UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN" (the names grpc_health_probe prints).
@@ -94,8 +114,11 @@ const char* ServingStatusName(ServingStatus s);
 class Client {
  public:
   // address: "unix:PATH", "HOST:PORT" or "inproc:". Fails with UNAVAILABLE when the
-  // daemon cannot be reached within options.connect_timeout, INVALID_ARGUMENT for an
-  // options.max_message_bytes out of range.
+  // daemon cannot be reached within options.connect_timeout (a failed TLS handshake
+  // included), UNAUTHENTICATED when it wants a bearer token this client lacks or got
+  // wrong, INVALID_ARGUMENT for an options.max_message_bytes out of range or TLS / token
+  // options that do not fit together or the address; a file that cannot be read: its
+  // errno's code, naming the option.
   static absl::StatusOr<std::shared_ptr<Client>> Connect(const std::string& address,
                                                          const ClientOptions& options = {});
   ~Client();
@@ -103,7 +126,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   const std::string& address() const;
-  // The Attach session ("" without one).
+  // The Attach session ("" without one). A credential: whoever holds it acts as this
+  // session, so print SessionIdForLog(id), never the id.
   std::string session_id() const;
   bool is_inproc() const;
   // False once the daemon went away (never true again).

@@ -1,0 +1,128 @@
+#include "client/channel_credentials.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvarena::client_internal {
+namespace {
+
+// Certificates, keys and tokens are small; a larger file is not one of them.
+constexpr size_t kMaxFileBytes = size_t{1} << 20;
+
+absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::string& path) {
+  const auto fail = [&](int err) {
+    return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("Connect: ", option, "=", path,
+                                                                   ": cannot read: ",
+                                                                   std::strerror(err)));
+  };
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(errno);
+  std::string out;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = read(fd, buf, sizeof(buf))) > 0 && out.size() <= kMaxFileBytes) {
+    out.append(buf, size_t(n));
+  }
+  const int err = errno;
+  close(fd);
+  if (n < 0) return fail(err);
+  if (out.size() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Connect: ", option, "=", path, ": larger than ", kMaxFileBytes, " bytes"));
+  }
+  return out;
+}
+
+// The token from auth_token or auth_token_file; "" when neither is set.
+absl::StatusOr<std::string> Token(const ClientOptions& o) {
+  std::string token = o.auth_token;
+  if (!o.auth_token_file.empty()) {
+    absl::StatusOr<std::string> file = ReadOptionFile("auth_token_file", o.auth_token_file);
+    if (!file.ok()) return file.status();
+    token = std::string(absl::StripAsciiWhitespace(*file));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Connect: auth_token_file=", o.auth_token_file, " holds no token"));
+    }
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Connect: byte %d of the auth token is 0x%02x; a token is visible ASCII (0x21..0x7e)",
+          i, c));
+    }
+  }
+  return token;
+}
+
+absl::Status CheckCombination(const std::string& address, const ClientOptions& o) {
+  if (absl::StartsWith(address, "unix:")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Connect: tls_* and auth_token options apply to HOST:PORT addresses; ", address,
+        " is guarded by file permissions (the daemon's --socket_mode and --socket_group)"));
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        o.tls_key_file.empty() ? "Connect: tls_cert_file needs tls_key_file (its private key)"
+                               : "Connect: tls_key_file needs tls_cert_file (its certificate)");
+  }
+  if (!o.auth_token.empty() && !o.auth_token_file.empty()) {
+    return absl::InvalidArgumentError("Connect: give auth_token or auth_token_file, not both");
+  }
+  if (o.tls_ca_file.empty() && (!o.auth_token.empty() || !o.auth_token_file.empty())) {
+    return absl::InvalidArgumentError(
+        "Connect: auth_token needs tls_ca_file: a bearer token must not cross the network in "
+        "plaintext");
+  }
+  if (o.tls_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "Connect: tls_cert_file, tls_key_file and tls_target_name need tls_ca_file (TLS is on "
+        "when it is set)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool HasTcpSecurity(const ClientOptions& o) {
+  return !o.tls_ca_file.empty() || !o.tls_cert_file.empty() || !o.tls_key_file.empty() ||
+         !o.tls_target_name.empty() || !o.auth_token.empty() || !o.auth_token_file.empty();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> NewChannelCredentials(
+    const std::string& address, const ClientOptions& options, grpc::ChannelArguments* args) {
+  if (!HasTcpSecurity(options)) return grpc::InsecureChannelCredentials();
+  if (absl::Status s = CheckCombination(address, options); !s.ok()) return s;
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> ca = ReadOptionFile("tls_ca_file", options.tls_ca_file);
+  if (!ca.ok()) return ca.status();
+  ssl.pem_root_certs = *std::move(ca);
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadOptionFile("tls_cert_file", options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadOptionFile("tls_key_file", options.tls_key_file);
+    if (!key.ok()) return key.status();
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
+  }
+  if (!options.tls_target_name.empty()) args->SetSslTargetNameOverride(options.tls_target_name);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
+  absl::StatusOr<std::string> token = Token(options);
+  if (!token.ok()) return token.status();
+  if (!token->empty()) {
+    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(*token));
+  }
+  return creds;
+}
+
+}  // namespace kvarena::client_internal

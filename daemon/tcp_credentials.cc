@@ -1,0 +1,149 @@
+#include "daemon/tcp_credentials.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "daemon/bearer_token.h"
+
+namespace kvarena {
+namespace {
+
+// Certificates, keys and tokens are small; a larger file is not one of them.
+constexpr size_t kMaxFileBytes = size_t{1} << 20;
+
+absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("--", flag, "=", path, ": cannot read: ", std::strerror(err)));
+  }
+  std::string out;
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = read(fd, buf, sizeof(buf))) > 0 && out.size() <= kMaxFileBytes) {
+    out.append(buf, size_t(n));
+  }
+  const int err = errno;
+  close(fd);
+  if (n < 0) {
+    return absl::Status(absl::ErrnoToStatusCode(err),
+                        absl::StrCat("--", flag, "=", path, ": cannot read: ", std::strerror(err)));
+  }
+  if (out.size() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": larger than ", kMaxFileBytes, " bytes"));
+  }
+  return out;
+}
+
+// The file's contents when they hold a PEM block whose label ends with `label`.
+absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path,
+                                    absl::string_view label) {
+  absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
+  if (!pem.ok()) return pem.status();
+  if (!absl::StrContains(*pem, "-----BEGIN ") ||
+      !absl::StrContains(*pem, absl::StrCat(label, "-----"))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, " holds no PEM ", label, " block"));
+  }
+  return pem;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  absl::StatusOr<std::string> file = ReadFlagFile("auth_token_file", path);
+  if (!file.ok()) return file.status();
+  const absl::string_view token = absl::StripAsciiWhitespace(*file);
+  if (token.size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--auth_token_file=", path, ": the token has ", token.size(), " bytes; use at least ",
+        kMinTokenBytes, " (e.g. the output of `openssl rand -hex 32`)"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--auth_token_file=%s: byte %d of the token is 0x%02x; a token is visible ASCII "
+          "(0x21..0x7e), as a header value carries it",
+          path, i, c));
+    }
+  }
+  return std::string(token);
+}
+
+absl::Status CheckCombination(const TcpSecurityOptions& o, bool has_tcp) {
+  if (!o.tls_key.empty() && o.tls_cert.empty()) {
+    return absl::InvalidArgumentError("--tls_key needs --tls_cert (the certificate it belongs to)");
+  }
+  if (!o.tls_cert.empty() && o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert needs --tls_key (the certificate's private key)");
+  }
+  if (!o.tls_client_ca.empty() && o.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca needs --tls_cert and --tls_key: mutual TLS is TLS first");
+  }
+  if (!o.auth_token_file.empty() && o.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file needs --tls_cert and --tls_key: a bearer token must not cross the "
+        "network in plaintext");
+  }
+  if (!has_tcp) {
+    for (const auto& [flag, value] : {std::pair("tls_cert", &o.tls_cert),
+                                      std::pair("tls_client_ca", &o.tls_client_ca),
+                                      std::pair("auth_token_file", &o.auth_token_file)}) {
+      if (!value->empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, " is set but --listen has no HOST:PORT address: TLS and the bearer "
+            "token guard TCP listeners only (file mode and group guard Unix sockets)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpServerCredentials(
+    const TcpSecurityOptions& options, bool has_tcp) {
+  KVARENA_RETURN_IF_ERROR(CheckCombination(options, has_tcp));
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert", options.tls_cert, "CERTIFICATE");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key", options.tls_key, "PRIVATE KEY");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl(
+      options.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                    : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca", options.tls_client_ca, "CERTIFICATE");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+  }
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadToken(options.auth_token_file);
+    if (!token.ok()) return token.status();
+    creds->SetAuthMetadataProcessor(std::make_shared<BearerTokenProcessor>(*token));
+  }
+  return creds;
+}
+
+std::string TcpSecurityName(const TcpSecurityOptions& options) {
+  const char* transport = options.tls_cert.empty()        ? "plaintext"
+                          : options.tls_client_ca.empty() ? "tls"
+                                                          : "mtls";
+  return absl::StrCat(transport, options.auth_token_file.empty() ? "" : "+token");
+}
+
+}  // namespace kvarena
