@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds, and runs the whole suite under ctest.
-# Exits non-zero on any failure.
+# The test command: installs dependencies, builds, and runs the whole suite under ctest,
+# then the Bazel build and its tests (scripts/bazel.sh; KVARENA_BAZEL=0 skips them) and the
+# fuzzers. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps
@@ -9,5 +10,7 @@ if [ -f tests/node/package.json ]; then
   (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
 fi
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 300 -j"$(nproc)")
+# The same tree under Bazel: bazel test //... (README: Building with Bazel).
+[ "${KVARENA_BAZEL:-1}" = 0 ] || scripts/bazel.sh
 # libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each.
 scripts/fuzz.sh
