@@ -8,7 +8,8 @@ CMakeLists.txt does. It writes:
   @kvarena_system//:<lib>       cc_library per system library (defines + linkopts only:
                                  the headers are in /usr/include, the compiler's own path)
   @kvarena_system//:protoc, :grpc_cpp_plugin, :health_proto
-  @kvarena_system//cuda:cudart  the CUDA runtime (headers + -lcudart) when nvcc was found
+  @kvarena_system//cuda:cudart  the CUDA runtime (headers + -lcudart) when nvcc was found,
+                                 else a header whose genrule fails with the reason
   @kvarena_system//:defs.bzl    HAVE_CUDA, NVCC, OPENSSL and if_cuda()
 
 Environment (pass with --repo_env=NAME=VALUE; a change re-runs the rule):
@@ -111,11 +112,20 @@ def _find_nvcc(rctx):
 
 def _cuda_build(home):
     if home == None:
-        # No toolkit: the CUDA targets are tagged manual (so //... skips them) and fail
-        # with this message when asked for by name.
+        # No toolkit: the CUDA targets are tagged manual (so //... skips them); asked for
+        # by name, they fail on this header with the reason.
         return """package(default_visibility = ["//visibility:public"])
 
-cc_library(name = "cudart")
+genrule(
+    name = "no_cuda_toolkit",
+    outs = ["no_cuda_toolkit.h"],
+    cmd = "echo 'kvarena_system found no CUDA toolkit (nvcc), or KVARENA_CUDA is off' >&2; exit 1",
+)
+
+cc_library(
+    name = "cudart",
+    hdrs = ["no_cuda_toolkit.h"],
+)
 """
     return """package(default_visibility = ["//visibility:public"])
 
