@@ -68,6 +68,7 @@ const std::string& Client::address() const { return transport_->address(); }
 std::string Client::session_id() const { return transport_->session_id(); }
 bool Client::is_inproc() const { return transport_->is_inproc(); }
 bool Client::connected() const { return transport_->connected(); }
+int64_t Client::resumes() const { return transport_->resumes(); }
 
 absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::Allocate(
     const CacheSpec& spec, const std::string& cache_id) {

@@ -62,6 +62,8 @@ class Transport {
   virtual std::string device() = 0;
   // False once the daemon is gone (the Attach stream broke); never flips back.
   virtual bool connected() const = 0;
+  // Times the session was resumed after its Attach stream broke (remote only).
+  virtual int64_t resumes() const { return 0; }
   // Why connected() is false: an UNAVAILABLE status naming the address; OK while connected.
   virtual absl::Status DisconnectedStatus() const = 0;
 

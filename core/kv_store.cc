@@ -294,8 +294,10 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
   return out;
 }
 
-absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
+                                                         const std::string& resume_token) {
   Impl& im = *impl_;
+  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
@@ -312,13 +314,19 @@ absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name)
     }
   }
   const size_t charge = s.scratch_charge;
-  absl::StatusOr<std::string> id = im.sessions.Open(std::move(s));
-  if (!id.ok()) im.budget.Refund(charge);
-  return id;
+  absl::StatusOr<SessionAttachment> a = im.sessions.Open(std::move(s));
+  if (!a.ok()) im.budget.Refund(charge);
+  return a;
 }
 
-void KvStore::DetachSession(const std::string& session_id, absl::Duration grace) {
-  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace);
+absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+  absl::StatusOr<SessionAttachment> a = AttachSession(client_name, "");
+  if (!a.ok()) return a.status();
+  return std::move(a->session_id);
+}
+
+void KvStore::DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch) {
+  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace, epoch);
 }
 
 bool KvStore::HasSession(const std::string& session_id) const {

@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "arena/region.h"
 #include "core/clock.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 
@@ -143,12 +144,18 @@ class KvStore {
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
   std::vector<CacheInfo> ListCaches() const;
 
-  // Sessions. OpenSession returns an unguessable id (RESOURCE_EXHAUSTED beyond
-  // max_sessions). DetachSession starts the grace period; Reap releases the caches of
-  // sessions whose grace has run out (only caches they still own) and sessionless caches
-  // idle past idle_ttl, by the store's clock.
+  // Sessions. AttachSession opens a session with an unguessable id and resume token
+  // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
+  // resumes the session that token names, with its caches, while its grace has not run
+  // out by the store's clock (NOT_FOUND after; SessionTable::Resume). OpenSession is
+  // AttachSession's id without a token. DetachSession starts the grace period, unless
+  // epoch names an attachment the session has been resumed past; Reap releases the
+  // caches of sessions whose grace has run out (only caches they still own) and
+  // sessionless caches idle past idle_ttl, by the store's clock.
+  absl::StatusOr<SessionAttachment> AttachSession(const std::string& client_name,
+                                                  const std::string& resume_token);
   absl::StatusOr<std::string> OpenSession(const std::string& client_name);
-  void DetachSession(const std::string& session_id, absl::Duration grace);
+  void DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch = 0);
   // Returns the number of caches released.
   int Reap();
   bool HasSession(const std::string& session_id) const;

@@ -1,9 +1,12 @@
 // AttachHub: every live Attach stream of the daemon, served on gRPC's callback API so a
 // held stream costs no thread and no CPU while nothing changes. Each stream opens a
-// session; its first event names the session, its regions and the fd socket, and a further
-// event (the whole updated region list) follows whenever a pool is created or destroyed
-// (RegionsChanged). When the stream ends — the client cancels or goes away, a write fails,
-// or the daemon shuts down — its session is detached with the grace, exactly once.
+// session, or resumes the one its request's resume_token names (ending the stream still
+// attached to it, if any, with ABORTED); its first event names the session, its resume
+// token, its regions and the fd socket, and a further event (the whole updated region
+// list) follows whenever a pool is created or destroyed (RegionsChanged). When the stream
+// ends — the client cancels or goes away, a write fails, or the daemon shuts down — its
+// session is detached with the grace, exactly once, unless a newer stream resumed it.
+// Streams ended by the shutdown carry kAttachEndMetadataKey: there is nothing to resume.
 //
 // Bounds: the store's max_sessions (its RESOURCE_EXHAUSTED passes through), and at most
 // max_per_peer live streams from one TCP peer address (Unix-socket peers are not counted:
