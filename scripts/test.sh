@@ -8,6 +8,10 @@ scripts/build.sh
 if [ -f tests/node/package.json ]; then
   (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
 fi
+# The deploy manifests' test: the exact versions of its package-lock.json.
+if [ -f tests/deploy/package-lock.json ]; then
+  (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
+fi
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 300 -j"$(nproc)")
 # libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each.
 scripts/fuzz.sh
