@@ -2,7 +2,9 @@
 # Prints the Debian packages that hold the shared libraries BINARY... load (ldd, then
 # dpkg -S), one per line, sorted: what deploy/Dockerfile's runtime stage installs, so the
 # image carries exactly the libraries the build linked. Fails, naming it, when a library
-# is not found or belongs to no package.
+# is not found or belongs to no package — except libraries under a directory listed in
+# $UNPACKAGED_OK (colon-separated; e.g. a CUDA toolkit unpacked from NVIDIA's installer
+# rather than its Debian repository), which are named on stderr and left out.
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 
@@ -31,6 +33,15 @@ for lib in "${libs[@]}"; do
   while IFS= read -r p; do
     [ -n "${owner[$p]:-}" ] && { found=${owner[$p]}; break; }
   done < <(spellings "$lib")
-  [ -n "$found" ] || { echo "$0: $lib belongs to no Debian package" >&2; exit 1; }
+  if [ -z "$found" ]; then
+    skip=""
+    IFS=: read -ra ok_dirs <<<"${UNPACKAGED_OK:-}"
+    for d in "${ok_dirs[@]}"; do
+      [ -n "$d" ] && case "$(readlink -f "$lib")" in "$(readlink -f "$d")"/*) skip=1 ;; esac
+    done
+    [ -n "$skip" ] || { echo "$0: $lib belongs to no Debian package" >&2; exit 1; }
+    echo "$0: $lib belongs to no Debian package; left out (UNPACKAGED_OK)" >&2
+    continue
+  fi
   echo "${found%%:*}"
 done | sort -u
