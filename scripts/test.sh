@@ -13,5 +13,9 @@ if [ -f tests/deploy/package-lock.json ]; then
   (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
 fi
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 300 -j"$(nproc)")
-# libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each.
+# Core, arena, daemon, client, zero-copy and multi-process tests again under ASan + UBSan,
+# compiled with clang's thread-safety analysis as errors.
+scripts/sanitize.sh address
+# libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each
+# (the same build).
 scripts/fuzz.sh
