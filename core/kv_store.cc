@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -46,7 +47,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxPools, absl::StrCat(
         "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
         options.max_pools, " (a pool goes when its last cache is released)"));
   }
@@ -54,7 +55,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   const uint64_t id = next_pool_id;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
       PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept);
-  if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("allocate: ", pool.status().message()));
+  if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
   ++next_pool_id;
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
@@ -138,7 +139,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
   if (!quota->TryAddCache()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
         "allocate: ", session.empty() ? "the caches without a session" : "the session",
         " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
   }
@@ -150,7 +151,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     absl::Status refused;
     std::string id = cache_id;
     if (int64_t(im.caches.size()) >= im.options.max_caches) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
+      refused = RefusedError(Refusal::kMaxCaches, absl::StrCat(
           "allocate: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
     } else if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 
@@ -17,7 +18,7 @@ absl::StatusOr<std::string> SessionTable::Open(NewSession session) {
   std::string id = absl::BytesToHexString(absl::string_view(raw, sizeof(raw)));
   absl::MutexLock lock(&mu_);
   if (int64_t(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxSessions, absl::StrCat(
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/refusal.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -142,9 +143,10 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
-    refused = absl::ResourceExhaustedError(
-        absl::StrCat("attach: peer ", host, " holds ", it->second,
-                     " Attach streams; max_attach_per_peer=", options_.max_per_peer));
+    refused = RefusedError(Refusal::kMaxAttachPerPeer,
+                           absl::StrCat("attach: peer ", host, " holds ", it->second,
+                                        " Attach streams; max_attach_per_peer=",
+                                        options_.max_per_peer));
   } else if (absl::StatusOr<std::string> session = store_->OpenSession(request.client_name());
              !session.ok()) {
     refused = session.status();
