@@ -156,6 +156,8 @@ TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {
   clock_.Advance(absl::Seconds(10));  // the Describe above was a use of busy
   EXPECT_EQ(store_->Reap(), 1);
   EXPECT_EQ(store_->Stats().pages.pages_used, 0);
+  EXPECT_EQ(store_->Stats().caches_reaped_idle, 2u);
+  EXPECT_EQ(store_->Stats().caches_reaped_grace, 0u);
 }
 
 TEST_F(BoundsTest, RequestTokensAreBounded) {

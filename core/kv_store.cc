@@ -249,7 +249,11 @@ ArenaStats KvStore::Stats() const {
   s.backend = impl_->backend->name();
   s.arena_bytes = impl_->budget.limit();
   s.bytes_committed = impl_->budget.used();
-  s.num_sessions = impl_->sessions.size();
+  const SessionTable::Counts sessions = impl_->sessions.counts();
+  s.num_sessions = sessions.held;
+  s.sessions_in_grace = sessions.in_grace;
+  s.sessions_opened = sessions.opened;
+  s.sessions_detached = sessions.detached;
   s.scratch_bytes = impl_->sessions.scratch_bytes();
   s.scratch_regions = impl_->sessions.scratch_regions();
   std::vector<std::shared_ptr<PagePool>> pools;
@@ -278,6 +282,9 @@ ArenaStats KvStore::Stats() const {
   t.layers_sliding = c.layers_sliding.load();
   t.pages_evicted = c.pages_evicted.load();
   t.refusals = c.refusals.load();
+  s.sessions_reaped = c.sessions_reaped.load();
+  s.caches_reaped_grace = c.caches_reaped_grace.load();
+  s.caches_reaped_idle = c.caches_reaped_idle.load();
   return s;
 }
 
@@ -330,7 +337,8 @@ int KvStore::Reap() {
   Impl& im = *impl_;
   const absl::Time now = im.clock->Now();
   std::vector<std::shared_ptr<KvCache>> gone;
-  for (SessionTable::Expired& e : im.sessions.TakeExpired(now)) {
+  const std::vector<SessionTable::Expired> expired = im.sessions.TakeExpired(now);
+  for (const SessionTable::Expired& e : expired) {
     im.budget.Refund(e.scratch_charge);
     absl::MutexLock lock(&im.mu);
     for (const std::string& id : e.cache_ids) {
@@ -342,6 +350,7 @@ int KvStore::Reap() {
       im.caches.erase(it);
     }
   }
+  const size_t by_grace = gone.size();
   if (im.options.idle_ttl > absl::ZeroDuration()) {
     absl::MutexLock lock(&im.mu);
     for (auto it = im.caches.begin(); it != im.caches.end();) {
@@ -356,6 +365,10 @@ int KvStore::Reap() {
     }
   }
   for (const auto& cache : gone) im.Remove(cache);
+  // Counted after the pages went back: whoever sees a count move sees the arena it left.
+  im.counters.sessions_reaped += expired.size();
+  im.counters.caches_reaped_grace += by_grace;
+  im.counters.caches_reaped_idle += gone.size() - by_grace;
   return int(gone.size());
 }
 

@@ -28,6 +28,7 @@ absl::StatusOr<std::string> SessionTable::Open(NewSession session) {
     ++scratch_regions_;
   }
   s.info = std::move(session);
+  ++counts_.opened;
   return id;
 }
 
@@ -50,6 +51,10 @@ void SessionTable::Detach(const std::string& id, absl::Time release_at) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
+  if (!it->second.detached) {
+    ++counts_.in_grace;
+    ++counts_.detached;
+  }
   it->second.detached = true;
   it->second.release_at = release_at;
 }
@@ -73,6 +78,13 @@ size_t SessionTable::scratch_bytes() const {
 int64_t SessionTable::scratch_regions() const {
   absl::MutexLock lock(&mu_);
   return scratch_regions_;
+}
+
+SessionTable::Counts SessionTable::counts() const {
+  absl::MutexLock lock(&mu_);
+  Counts c = counts_;
+  c.held = int64_t(sessions_.size());
+  return c;
 }
 
 absl::Status SessionTable::AddCache(const std::string& id, const std::string& cache_id) {
@@ -109,6 +121,7 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
       --scratch_regions_;
     }
     out.push_back(std::move(e));
+    --counts_.in_grace;
     sessions_.erase(it++);
   }
   return out;
