@@ -102,7 +102,7 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
-    hub_->rpcs_->Count(Rpc::kAttach, status.code());
+    hub_->rpcs_->RecordStreamEnd(Rpc::kAttach, status);
     Finish(ToGrpcStatus(status));
   }
 
@@ -129,7 +129,7 @@ std::string PeerHost(absl::string_view peer) {
   return std::string(peer);
 }
 
-AttachHub::AttachHub(KvStore* store, RpcCounters* rpcs, Options options)
+AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)
     : store_(store), rpcs_(rpcs), options_(std::move(options)) {}
 
 AttachHub::~AttachHub() = default;
@@ -158,7 +158,7 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     stream->SendRegions();
     return stream;
   }
-  rpcs_->Count(Rpc::kAttach, refused.code());
+  rpcs_->RecordStreamEnd(Rpc::kAttach, refused);
   return new RefusedAttach(refused);
 }
 

@@ -130,8 +130,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_address, options.metrics_port, d->store_.get(),
-                             &d->rpcs_);
+        MetricsServer::Start(options.metrics_address, options.metrics_port,
+                             MetricSources{d->store_.get(), &d->rpcs_});
     if (!metrics.ok()) return metrics.status();
     d->metrics_ = std::move(*metrics);
   }

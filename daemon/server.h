@@ -27,7 +27,7 @@
 #include "daemon/fd_server.h"
 #include "daemon/listen.h"
 #include "daemon/metrics.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "daemon/service.h"
 #include "daemon/tcp_credentials.h"
 
@@ -94,9 +94,10 @@ class Daemon {
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
   std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
+  // Counted into by the service and the AttachHub, read by metrics_: it outlives all three.
+  RpcMetrics rpcs_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
-  RpcCounters rpcs_;
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;
