@@ -187,6 +187,31 @@ void AddRpcFamilies(const RpcMetrics& rpcs, std::vector<MetricFamily>* out) {
   out->push_back(std::move(refused));
 }
 
+void AddFdFamilies(const FdMetrics& fd, std::vector<MetricFamily>* out) {
+  MetricFamily requests = Family("kvarena_fd_requests_total",
+                                 "fd-socket requests by operation and reply code.",
+                                 MetricType::Counter);
+  for (int op = 0; op < kNumFdOps; ++op) {
+    for (int c = 0; c < kNumStatusCodes; ++c) {
+      const uint64_t n = fd.requests(static_cast<FdOp>(op), static_cast<absl::StatusCode>(c));
+      if (n == 0) continue;
+      Add(&requests, double(n), {{"op", FdOpName(static_cast<FdOp>(op))}, {"code", CodeName(c)}});
+    }
+  }
+  out->push_back(std::move(requests));
+  out->push_back(Scalar("kvarena_fd_exported_fds_total",
+                        "File descriptors the fd socket sent (pool and scratch pieces).",
+                        double(fd.fds_exported()), MetricType::Counter));
+  out->push_back(Scalar("kvarena_fd_exported_bytes_total",
+                        "Bytes of memory the sent file descriptors map.",
+                        double(fd.bytes_exported()), MetricType::Counter));
+  out->push_back(Scalar("kvarena_fd_connections", "Open fd-socket connections.",
+                        double(fd.connections())));
+  out->push_back(Scalar("kvarena_fd_connections_refused_total",
+                        "fd-socket connections closed at once: over --max_fd_connections.",
+                        double(fd.connections_refused()), MetricType::Counter));
+}
+
 class StoreCollector : public prometheus::Collectable {
  public:
   explicit StoreCollector(MetricSources sources) : sources_(sources) {}
@@ -205,6 +230,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricSources& sources) {
   AddPoolFamilies(s.pools, &out);
   AddSessionFamilies(s, &out);
   AddRpcFamilies(*sources.rpcs, &out);
+  AddFdFamilies(*sources.fd, &out);
   return out;
 }
 

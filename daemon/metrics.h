@@ -1,8 +1,8 @@
 // The Prometheus endpoint of kvarenad (--metrics_address, --metrics_port): GET /metrics
-// reads KvStore::Stats() (counters only, O(1) in caches and pages) and the RPC metrics
-// at scrape time, so nothing is sampled in the background. README
+// reads KvStore::Stats() (counters only, O(1) in caches and pages), the RPC metrics and
+// the fd socket's at scrape time, so nothing is sampled in the background. README
 // "Metrics" lists every family. Label values come from fixed sets (method, code, reason,
-// backend) or from a pool's geometry — never from a cache, session or pool id — so
+// op, backend) or from a pool's geometry — never from a cache, session or pool id — so
 // the number of series stays bounded however many caches and sessions come and go.
 // prometheus-cpp writes the text exposition format (0.0.4).
 //
@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/kv_store.h"
+#include "daemon/fd_metrics.h"
 #include "daemon/rpc_metrics.h"
 
 namespace prometheus {
@@ -30,6 +31,7 @@ namespace kvarena {
 struct MetricSources {
   const KvStore* store = nullptr;
   const RpcMetrics* rpcs = nullptr;
+  const FdMetrics* fd = nullptr;
 };
 
 // Every family a scrape returns: kvarena_pages_used, kvarena_pool_pages_used{dtype,...},

@@ -1,5 +1,5 @@
 // The exposition kvarenad serves, without a daemon: CollectMetrics over a real KvStore and
-// hand-fed RPC metrics, written by prometheus-cpp's text serializer (what
+// hand-fed RPC and fd-socket metrics, written by prometheus-cpp's text serializer (what
 // the endpoint runs) and read back by a strict format-0.0.4 reader
 // (tests/daemon/prometheus_text.h), whose own refusals are checked here too.
 #include <sstream>
@@ -55,7 +55,7 @@ class MetricsFormatTest : public ::testing::Test {
     store_ = *std::move(store);
   }
 
-  std::string Render() { return Serialize(CollectMetrics({store_.get(), &rpcs_})); }
+  std::string Render() { return Serialize(CollectMetrics({store_.get(), &rpcs_, &fd_})); }
   Exposition Scrape() {
     const std::string text = Render();
     absl::StatusOr<Exposition> e = ParseExposition(text);
@@ -75,6 +75,7 @@ class MetricsFormatTest : public ::testing::Test {
   FakeClock clock_;  // before store_, which reads it until it goes
   std::unique_ptr<KvStore> store_;
   RpcMetrics rpcs_;
+  FdMetrics fd_;
 };
 
 TEST_F(MetricsFormatTest, EveryFamilyIsTypedDocumentedAndNamedByConvention) {
@@ -82,8 +83,9 @@ TEST_F(MetricsFormatTest, EveryFamilyIsTypedDocumentedAndNamedByConvention) {
   ASSERT_TRUE(Append("a", 0, 5).ok());
   rpcs_.RecordCall(Rpc::kAppend, absl::OkStatus(), absl::Microseconds(40));
   rpcs_.RecordCall(Rpc::kAllocate, RefusedError(Refusal::kMaxCaches, "no"), absl::Microseconds(9));
+  fd_.CountRequest(FdOp::kListRegions, absl::StatusCode::kOk);
   const Exposition e = Scrape();
-  ASSERT_GE(e.families.size(), 25u);
+  ASSERT_GE(e.families.size(), 30u);
   for (const auto& f : e.families) {
     SCOPED_TRACE(f.name);
     EXPECT_THAT(f.name, ::testing::StartsWith("kvarena_"));
@@ -209,6 +211,28 @@ TEST_F(MetricsFormatTest, SessionsCountOpensDetachesAndReaps) {
   EXPECT_EQ(e.Value("kvarena_sessions_reaped_total"), 1);
   EXPECT_EQ(e.Value("kvarena_caches_reaped_total", {{"reason", "session_grace"}}), 1);
   EXPECT_EQ(e.Value("kvarena_caches_reaped_total", {{"reason", "idle_ttl"}}), 0);
+}
+
+TEST_F(MetricsFormatTest, FdSocketFamiliesCountRequestsExportsAndConnections) {
+  fd_.CountRequest(FdOp::kListRegions, absl::StatusCode::kOk);
+  fd_.CountRequest(FdOp::kExportRegion, absl::StatusCode::kOk);
+  fd_.CountRequest(FdOp::kExportRegion, absl::StatusCode::kOk);
+  fd_.CountRequest(FdOp::kNone, absl::StatusCode::kPermissionDenied);
+  fd_.CountExport(3, 6 << 20);
+  fd_.CountExport(1, 2 << 20);
+  fd_.ConnectionOpened();
+  fd_.ConnectionOpened();
+  fd_.ConnectionClosed();
+  fd_.ConnectionRefused();
+  const Exposition e = Scrape();
+  EXPECT_EQ(e.Series("kvarena_fd_requests_total"),
+            (std::map<PromLabels, double>{{{{"op", "list_regions"}, {"code", "OK"}}, 1},
+                                          {{{"op", "export_region"}, {"code", "OK"}}, 2},
+                                          {{{"op", "none"}, {"code", "PERMISSION_DENIED"}}, 1}}));
+  EXPECT_EQ(e.Value("kvarena_fd_exported_fds_total"), 4);
+  EXPECT_EQ(e.Value("kvarena_fd_exported_bytes_total"), 8 << 20);
+  EXPECT_EQ(e.Value("kvarena_fd_connections"), 1);
+  EXPECT_EQ(e.Value("kvarena_fd_connections_refused_total"), 1);
 }
 
 // prometheus-cpp escapes what label values may hold; the reader undoes exactly that.

@@ -1,7 +1,7 @@
 // The Prometheus endpoint of a real kvarenad: plain HTTP scrapes, read by a strict
 // format-0.0.4 reader, move exactly as the traffic between them did (calls by method
-// and code, latency histograms, refusals by reason, pages, sessions reaped); it binds
-// --metrics_address (loopback by default), as /proc/net/tcp shows.
+// and code, latency histograms, refusals by reason, pages, sessions reaped, fd-socket
+// exports); it binds --metrics_address (loopback by default), as /proc/net/tcp shows.
 // Waits are for events (a scrape showing the reap), bounded only as a failure guard.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "absl/time/clock.h"
+#include "arena/fd_passing.h"
 #include "tests/daemon/prometheus_text.h"
 #include "tests/daemon/rpc_test_util.h"
 
@@ -177,6 +178,19 @@ PromLabels Call(const std::string& method, const std::string& code) {
   return {{"method", method}, {"code", code}};
 }
 
+// One fd-socket request on an open connection: the reply, its fds closed and counted.
+v1::FdReply FdCall(int sock, const v1::FdRequest& req, size_t* fds) {
+  v1::FdReply reply;
+  EXPECT_TRUE(SendMessage(sock, req.SerializeAsString()).ok());
+  absl::StatusOr<Message> m = RecvMessage(sock);
+  EXPECT_TRUE(m.ok()) << m.status();
+  if (!m.ok()) return reply;
+  for (int fd : m->fds) close(fd);
+  *fds = m->fds.size();
+  EXPECT_TRUE(reply.ParseFromString(m->bytes));
+  return reply;
+}
+
 // Reaping is quick (--session_grace=0s); two caches at most, so the third is refused.
 class MetricsTrafficTest : public KvarenadTest {
  protected:
@@ -228,7 +242,7 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
               StatusIs(grpc::StatusCode::NOT_FOUND));
 
   // A session with a cache of one page; a Reserve past the arena and a third cache are
-  // refused.
+  // refused; its pool's fds are fetched from the fd socket.
   grpc::ClientContext* stream = nullptr;
   const std::string session = Attach("metrics-worker", &stream);
   const std::string s = Allocate(Spec(1, 2, 8), session);
@@ -246,6 +260,29 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   EXPECT_THAT(stub_->Allocate(Ctx().get(), third, &unused),
               StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "max_caches=2"));
 
+  const absl::StatusOr<int> sock = ConnectUnix(daemon_->socket_path() + ".fds");
+  ASSERT_TRUE(sock.ok()) << sock.status();
+  v1::FdRequest list;
+  list.set_session_id(session);
+  list.mutable_list_regions();
+  size_t fds = 0;
+  const v1::FdReply regions = FdCall(*sock, list, &fds);
+  ASSERT_EQ(regions.code(), 0) << regions.message();
+  uint64_t pool_region = 0;
+  for (const v1::RegionDescriptor& r : regions.regions()) {
+    if (!r.scratch()) pool_region = r.region_id();
+  }
+  ASSERT_NE(pool_region, 0u);
+  v1::FdRequest export_pool;
+  export_pool.set_session_id(session);
+  export_pool.mutable_export_region()->set_region_id(pool_region);
+  const v1::FdReply exported = FdCall(*sock, export_pool, &fds);
+  ASSERT_EQ(exported.code(), 0) << exported.message();
+  ASSERT_GT(fds, 0u);
+  ASSERT_EQ(size_t(exported.pieces_size()), fds);
+  uint64_t exported_bytes = 0;
+  for (const v1::RegionPiece& p : exported.pieces()) exported_bytes += p.bytes();
+
   const Exposition during = Parse();
   const PromLabels geometry = {{"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"},
                                {"page_size", "4"}};
@@ -254,6 +291,8 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   EXPECT_EQ(during.Value("kvarena_pool_bytes_used", geometry), 3 * 512);
   EXPECT_EQ(during.Value("kvarena_caches"), 2);
   EXPECT_EQ(during.Value("kvarena_sessions_attached"), 1);
+  EXPECT_EQ(during.Value("kvarena_fd_connections"), 1);
+  close(*sock);
 
   // The last cache of the session goes when its grace (0 s) ends: the reap is counted
   // once its pages are back, so a scrape after the one that shows it sees them back.
@@ -262,7 +301,8 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   ASSERT_TRUE(stub_->Release(Ctx().get(), release_a, &released).ok());
   stream->TryCancel();
   ASSERT_TRUE(ParseUntil([&](const Exposition& e) {
-    return e.ValueOr0("kvarena_sessions_reaped_total") > before.ValueOr0("kvarena_sessions_reaped_total");
+    return e.ValueOr0("kvarena_sessions_reaped_total") > before.ValueOr0("kvarena_sessions_reaped_total") &&
+           e.ValueOr0("kvarena_fd_connections") == 0;
   }));
   const Exposition after = Parse();
 
@@ -302,6 +342,15 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   }
   EXPECT_EQ(Moved(before, after, "kvarena_caches_reaped_total"),
             (std::map<PromLabels, double>{{{{"reason", "session_grace"}}, 1}}));
+
+  EXPECT_EQ(Moved(before, after, "kvarena_fd_requests_total"),
+            (std::map<PromLabels, double>{{{{"op", "list_regions"}, {"code", "OK"}}, 1},
+                                          {{{"op", "export_region"}, {"code", "OK"}}, 1}}));
+  EXPECT_EQ(Moved(before, after, "kvarena_fd_exported_fds_total"),
+            (std::map<PromLabels, double>{{{}, double(fds)}}));
+  EXPECT_EQ(Moved(before, after, "kvarena_fd_exported_bytes_total"),
+            (std::map<PromLabels, double>{{{}, double(exported_bytes)}}));
+  EXPECT_EQ(after.Value("kvarena_fd_connections"), 0);
 }
 
 }  // namespace
