@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -66,13 +67,13 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
   if (n <= 0) return absl::OkStatus();
   Quota& quota = *ctx_.quota;
   if (!quota.TryChargePages(n)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
         op, ": layer ", layer, " needs ", n, " page(s) but the session's caches hold ",
         quota.pages(), " of session_max_pages=", quota.max_pages()));
   }
   if (absl::Status s = ctx_.pool->Allocate(n, ids, &taken->chunks); !s.ok()) {
     quota.RefundPages(n);
-    return absl::Status(s.code(), absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+    return Annotated(s, absl::StrCat(op, ": layer ", layer, ": "));
   }
   pages_held_ += n;
   return absl::OkStatus();
@@ -122,8 +123,9 @@ absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int l
   KVARENA_RETURN_IF_ERROR(CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits()));
   if (spec_.max_tokens > 0 && n > spec_.max_tokens - pos) {
     CountRefusal();
-    return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ", pos + n,
-                                                     " tokens but max_tokens=", spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens, absl::StrCat(op, ": layer ", layer, " would hold ",
+                                                          pos + n, " tokens but max_tokens=",
+                                                          spec_.max_tokens));
   }
   Taken taken;
   taken.blocks = t.BlocksMissing(pos + n, spec_.page_size);

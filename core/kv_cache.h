@@ -41,6 +41,10 @@ struct StoreCounters {
   std::atomic<int64_t> layers_sliding{0};
   std::atomic<uint64_t> pages_evicted{0};
   std::atomic<uint64_t> refusals{0};
+  // Reap's work, each counted once the caches it released gave their pages back.
+  std::atomic<uint64_t> sessions_reaped{0};
+  std::atomic<uint64_t> caches_reaped_grace{0};  // their session's grace ran out
+  std::atomic<uint64_t> caches_reaped_idle{0};   // sessionless, idle past idle_ttl
 };
 
 // What a cache shares with its store; everything outlives the cache except the pool and

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checked.h"
 #include "core/kv_cache.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -84,7 +85,7 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   const std::optional<uint64_t> bytes = TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
   if (!bytes || *bytes > ctx_.max_reply_bytes / 2) {
     const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxMessageBytes, absl::StrCat(
         "get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
         uint64_t(n) * per_token, " bytes of K and V, above the ", ctx_.max_reply_bytes,
         " a reply may carry; ask for at most ", ctx_.max_reply_bytes / per_token,
@@ -130,9 +131,9 @@ absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
                                       tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return absl::ResourceExhaustedError(absl::StrCat("reserve: cache ", Quoted(id_), " would hold ",
-                                                     seq + tokens, " tokens but max_tokens=",
-                                                     spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens,
+                        absl::StrCat("reserve: cache ", Quoted(id_), " would hold ", seq + tokens,
+                                     " tokens but max_tokens=", spec_.max_tokens));
   }
   int64_t pages = 0;
   for (const LayerTable& t : layers_) {
@@ -173,9 +174,9 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
                                       tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return absl::ResourceExhaustedError(absl::StrCat("commit: cache ", Quoted(id_), " would hold ",
-                                                     seq + tokens, " tokens but max_tokens=",
-                                                     spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens,
+                        absl::StrCat("commit: cache ", Quoted(id_), " would hold ", seq + tokens,
+                                     " tokens but max_tokens=", spec_.max_tokens));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -46,7 +47,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxPools, absl::StrCat(
         "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
         options.max_pools, " (a pool goes when its last cache is released)"));
   }
@@ -54,7 +55,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   const uint64_t id = next_pool_id;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
       PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept);
-  if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("allocate: ", pool.status().message()));
+  if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
   ++next_pool_id;
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
@@ -138,7 +139,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
   if (!quota->TryAddCache()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
         "allocate: ", session.empty() ? "the caches without a session" : "the session",
         " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
   }
@@ -150,7 +151,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     absl::Status refused;
     std::string id = cache_id;
     if (int64_t(im.caches.size()) >= im.options.max_caches) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
+      refused = RefusedError(Refusal::kMaxCaches, absl::StrCat(
           "allocate: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
     } else if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
@@ -248,7 +249,12 @@ ArenaStats KvStore::Stats() const {
   s.backend = impl_->backend->name();
   s.arena_bytes = impl_->budget.limit();
   s.bytes_committed = impl_->budget.used();
-  s.num_sessions = impl_->sessions.size();
+  const SessionTable::Counts sessions = impl_->sessions.counts();
+  s.num_sessions = sessions.held;
+  s.sessions_in_grace = sessions.in_grace;
+  s.sessions_opened = sessions.opened;
+  s.sessions_detached = sessions.detached;
+  s.sessions_resumed = sessions.resumed;
   s.scratch_bytes = impl_->sessions.scratch_bytes();
   s.scratch_regions = impl_->sessions.scratch_regions();
   std::vector<std::shared_ptr<PagePool>> pools;
@@ -277,6 +283,9 @@ ArenaStats KvStore::Stats() const {
   t.layers_sliding = c.layers_sliding.load();
   t.pages_evicted = c.pages_evicted.load();
   t.refusals = c.refusals.load();
+  s.sessions_reaped = c.sessions_reaped.load();
+  s.caches_reaped_grace = c.caches_reaped_grace.load();
+  s.caches_reaped_idle = c.caches_reaped_idle.load();
   return s;
 }
 
@@ -337,7 +346,8 @@ int KvStore::Reap() {
   Impl& im = *impl_;
   const absl::Time now = im.clock->Now();
   std::vector<std::shared_ptr<KvCache>> gone;
-  for (SessionTable::Expired& e : im.sessions.TakeExpired(now)) {
+  const std::vector<SessionTable::Expired> expired = im.sessions.TakeExpired(now);
+  for (const SessionTable::Expired& e : expired) {
     im.budget.Refund(e.scratch_charge);
     absl::MutexLock lock(&im.mu);
     for (const std::string& id : e.cache_ids) {
@@ -349,6 +359,7 @@ int KvStore::Reap() {
       im.caches.erase(it);
     }
   }
+  const size_t by_grace = gone.size();
   if (im.options.idle_ttl > absl::ZeroDuration()) {
     absl::MutexLock lock(&im.mu);
     for (auto it = im.caches.begin(); it != im.caches.end();) {
@@ -363,6 +374,10 @@ int KvStore::Reap() {
     }
   }
   for (const auto& cache : gone) im.Remove(cache);
+  // Counted after the pages went back: whoever sees a count move sees the arena it left.
+  im.counters.sessions_reaped += expired.size();
+  im.counters.caches_reaped_grace += by_grace;
+  im.counters.caches_reaped_idle += gone.size() - by_grace;
   return int(gone.size());
 }
 

@@ -9,7 +9,8 @@
 // Errors (absl::Status codes, mapped one-to-one to gRPC codes by the daemon):
 //   INVALID_ARGUMENT    bad spec, shape, dtype, layer or pos
 //   NOT_FOUND           no such cache
-//   RESOURCE_EXHAUSTED  arena full, max_tokens reached
+//   RESOURCE_EXHAUSTED  arena full, max_tokens reached, a bound below; tagged with the
+//                       bound it met (core/refusal.h: RefusalOf)
 //   FAILED_PRECONDITION state (attend over evicted keys, unknown session, ...)
 //   PERMISSION_DENIED   the cache belongs to another session
 //   ALREADY_EXISTS      Allocate with a cache_id in use

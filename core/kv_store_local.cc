@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -88,7 +89,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   };
   for (const auto& [quota, n] : charge) {
     if (!quota->TryChargePages(n)) {
-      return undo(absl::ResourceExhaustedError(absl::StrCat(
+      return undo(RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
           "reserve: needs ", n, " page(s) but the session's caches hold ", quota->pages(),
           " of session_max_pages=", quota->max_pages())));
     }
@@ -97,7 +98,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   for (const auto& [pool, n] : need) {
     std::vector<int32_t>& ids = taken[pool];
     if (absl::Status s = pool->Allocate(n, &ids, &committed[pool]); !s.ok()) {
-      return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));
+      return undo(Annotated(s, "reserve: "));
     }
     // No slot of a reserved page may show what its last owner wrote.
     if (absl::Status s = impl_->kernels->ClearPages(pool->layout(), pool->base(), ids.data(),

@@ -7,8 +7,18 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 
 namespace kvarena {
+namespace {
+
+// A backend's RESOURCE_EXHAUSTED (the device is out of memory) tagged as such.
+absl::Status BackendRefusal(const absl::Status& s) {
+  if (!absl::IsResourceExhausted(s) || RefusalOf(s) != Refusal::kOther) return s;
+  return RefusedError(Refusal::kDeviceMemory, s.message());
+}
+
+}  // namespace
 
 bool ArenaBudget::TryCharge(size_t bytes) {
   size_t used = used_.load(std::memory_order_relaxed);
@@ -35,13 +45,13 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
   const size_t max_chunks = std::min(budget->limit() / chunk_bytes,
                                      size_t{std::numeric_limits<int32_t>::max()} / pages_per_chunk);
   if (max_chunks == 0) {
-    return absl::ResourceExhaustedError(
+    return RefusedError(Refusal::kArenaFull,
         absl::StrCat("pool: a chunk of ", chunk_bytes, " bytes (pages of ", page_bytes,
                      " bytes) does not fit arena_bytes=", budget->limit()));
   }
   auto region = backend->Reserve(max_chunks * chunk_bytes,
                                  absl::StrCat("kvarena-pool-", id));
-  if (!region.ok()) return region.status();
+  if (!region.ok()) return BackendRefusal(region.status());
   return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
                                                 chunk_bytes, empty_chunks_kept));
 }
@@ -93,7 +103,7 @@ void PagePool::CloseLocked(int32_t c) {
 absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* out) {
   if (count > int64_t(uncommitted_.size()) ||
       !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kArenaFull, absl::StrCat(
         "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
         budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
   }
@@ -105,7 +115,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
       // newest first so the uncommitted list keeps its order, and the rest is refunded.
       budget_->Refund(size_t(count - i) * chunk_bytes_);
       for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
-      return s;
+      return BackendRefusal(s);
     }
     committed.push_back(c);
     uncommitted_.pop_back();
@@ -148,8 +158,7 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
   if (missing > 0) {
     const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
     if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("allocate ", n, " page(s) of ", page_bytes_,
-                                                 " bytes: ", s.message()));
+      return Annotated(s, absl::StrCat("allocate ", n, " page(s) of ", page_bytes_, " bytes: "));
     }
   }
   out->reserve(out->size() + size_t(n));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -28,7 +29,7 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
   a.epoch = 1;
   absl::MutexLock lock(&mu_);
   if (int64_t(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxSessions, absl::StrCat(
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
@@ -40,6 +41,7 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
   s.info = std::move(session);
   s.resume_token = a.resume_token;
   by_token_[a.resume_token] = a.session_id;
+  ++counts_.opened;
   return a;
 }
 
@@ -54,6 +56,8 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
         "attach: no session holds this resume_token (its grace period ended, kvarenad "
         "restarted, or it was never issued); its caches are gone");
   }
+  if (s->detached) --counts_.in_grace;
+  ++counts_.resumed;
   s->detached = false;
   s->release_at = absl::InfiniteFuture();
   ++s->epoch;
@@ -79,6 +83,10 @@ void SessionTable::Detach(const std::string& id, absl::Time release_at, uint64_t
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || (epoch != 0 && epoch != it->second.epoch)) return;
+  if (!it->second.detached) {
+    ++counts_.in_grace;
+    ++counts_.detached;
+  }
   it->second.detached = true;
   it->second.release_at = release_at;
 }
@@ -102,6 +110,13 @@ size_t SessionTable::scratch_bytes() const {
 int64_t SessionTable::scratch_regions() const {
   absl::MutexLock lock(&mu_);
   return scratch_regions_;
+}
+
+SessionTable::Counts SessionTable::counts() const {
+  absl::MutexLock lock(&mu_);
+  Counts c = counts_;
+  c.held = int64_t(sessions_.size());
+  return c;
 }
 
 absl::Status SessionTable::AddCache(const std::string& id, const std::string& cache_id) {
@@ -139,6 +154,7 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
     }
     out.push_back(std::move(e));
     by_token_.erase(s.resume_token);
+    --counts_.in_grace;
     sessions_.erase(it++);
   }
   return out;

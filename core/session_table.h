@@ -67,6 +67,17 @@ class SessionTable {
   size_t scratch_bytes() const;
   int64_t scratch_regions() const;
 
+  // The sessions held now (in_grace of them detached), and how many were opened,
+  // detached and resumed since the table was made.
+  struct Counts {
+    int64_t held = 0;
+    int64_t in_grace = 0;
+    uint64_t opened = 0;
+    uint64_t detached = 0;
+    uint64_t resumed = 0;
+  };
+  Counts counts() const;
+
   // Records that cache_id belongs to session id. FAILED_PRECONDITION when the session is
   // unknown or detached (its caches are on their way out).
   absl::Status AddCache(const std::string& id, const std::string& cache_id);
@@ -95,6 +106,7 @@ class SessionTable {
   absl::flat_hash_map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);  // -> id
   size_t scratch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t scratch_regions_ ABSL_GUARDED_BY(mu_) = 0;
+  Counts counts_ ABSL_GUARDED_BY(mu_);  // held is sessions_.size(), filled in by counts()
 };
 
 }  // namespace kvarena

@@ -152,6 +152,18 @@ struct ArenaStats {
   int64_t num_sessions = 0;
   uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
   int64_t scratch_regions = 0;
+  // Sessions: of num_sessions, those detached and in their grace period; since creation,
+  // those opened, detached, resumed (a new stream with the resume token) and reaped
+  // (grace over: the session gone, its caches released).
+  int64_t sessions_in_grace = 0;
+  uint64_t sessions_opened = 0;
+  uint64_t sessions_detached = 0;
+  uint64_t sessions_resumed = 0;
+  uint64_t sessions_reaped = 0;
+  // Caches Reap released since creation: a reaped session's, and sessionless ones idle
+  // past idle_ttl.
+  uint64_t caches_reaped_grace = 0;
+  uint64_t caches_reaped_idle = 0;
 };
 
 }  // namespace kvarena

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/refusal.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -115,7 +116,7 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
-    hub_->rpcs_->Count(Rpc::kAttach, status.code());
+    hub_->rpcs_->RecordStreamEnd(Rpc::kAttach, status);
     MarkShutdown(ctx_, status);
     Finish(ToGrpcStatus(status));
   }
@@ -144,7 +145,7 @@ std::string PeerHost(absl::string_view peer) {
   return std::string(peer);
 }
 
-AttachHub::AttachHub(KvStore* store, RpcCounters* rpcs, Options options)
+AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)
     : store_(store), rpcs_(rpcs), options_(std::move(options)) {}
 
 AttachHub::~AttachHub() = default;
@@ -158,9 +159,10 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
-    refused = absl::ResourceExhaustedError(
-        absl::StrCat("attach: peer ", host, " holds ", it->second,
-                     " Attach streams; max_attach_per_peer=", options_.max_per_peer));
+    refused = RefusedError(Refusal::kMaxAttachPerPeer,
+                           absl::StrCat("attach: peer ", host, " holds ", it->second,
+                                        " Attach streams; max_attach_per_peer=",
+                                        options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
                  store_->AttachSession(request.client_name(), request.resume_token());
              !a.ok()) {
@@ -181,7 +183,7 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     stream->SendRegions();
     return stream;
   }
-  rpcs_->Count(Rpc::kAttach, refused.code());
+  rpcs_->RecordStreamEnd(Rpc::kAttach, refused);
   return new RefusedAttach(ctx, refused);
 }
 

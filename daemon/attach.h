@@ -12,6 +12,9 @@
 // max_per_peer live streams from one TCP peer address (Unix-socket peers are not counted:
 // gRPC cannot tell them apart).
 //
+// Metrics: each call is counted once in RpcMetrics, by the code it ends with (CANCELLED
+// when the worker went away, UNAVAILABLE at shutdown) or is refused with; it is not timed.
+//
 // Lifetime: gRPC owns each stream's reactor from Start() until its OnDone, which removes it
 // from the hub and deletes it. BeginShutdown() finishes every stream, and the server's
 // Shutdown waits for their OnDone, so the hub may be destroyed once the server has shut
@@ -32,7 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace grpc {
@@ -55,7 +58,7 @@ class AttachHub {
     int max_per_peer = 64;         // live streams from one TCP peer address
   };
   // store and rpcs must outlive the hub.
-  AttachHub(KvStore* store, RpcCounters* rpcs, Options options);
+  AttachHub(KvStore* store, RpcMetrics* rpcs, Options options);
   // REQUIRES: no live stream (the server has shut down).
   ~AttachHub();
   AttachHub(const AttachHub&) = delete;
@@ -80,7 +83,7 @@ class AttachHub {
   void Done(AttachStream* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   KvStore* const store_;
-  RpcCounters* const rpcs_;
+  RpcMetrics* const rpcs_;
   const Options options_;
 
   // Held while calling into reactors, which never run a reaction inline (gRPC dispatches

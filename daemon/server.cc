@@ -130,8 +130,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_address, options.metrics_port, d->store_.get(),
-                             &d->rpcs_);
+        MetricsServer::Start(options.metrics_address, options.metrics_port,
+                             MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_});
     if (!metrics.ok()) return metrics.status();
     d->metrics_ = std::move(*metrics);
   }
@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     fd_options.idle_timeout = options.fd_idle_timeout;
     fd_options.access = *access;
     fd_options.allowed_uids = options.allowed_uids;
+    fd_options.metrics = &d->fd_metrics_;
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
         FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {

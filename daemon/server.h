@@ -24,10 +24,11 @@
 #include "absl/time/time.h"
 #include "core/kv_store.h"
 #include "daemon/attach.h"
+#include "daemon/fd_metrics.h"
 #include "daemon/fd_server.h"
 #include "daemon/listen.h"
 #include "daemon/metrics.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "daemon/service.h"
 #include "daemon/tcp_credentials.h"
 
@@ -94,9 +95,12 @@ class Daemon {
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
   std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
+  // Counted into by the service, the AttachHub and the fd socket, read by metrics_: they
+  // outlive all four.
+  RpcMetrics rpcs_;
+  FdMetrics fd_metrics_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
-  RpcCounters rpcs_;
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;
