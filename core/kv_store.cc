@@ -46,6 +46,21 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
+    // A pool kept only for its cached pages gives way to a geometry in use.
+    for (const auto& [id, p] : pools_by_id) {
+      if (auto n = caches_per_pool.find(id); n != caches_per_pool.end() && n->second > 0) continue;
+      const PageLayout& l = p->layout();
+      pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+      caches_per_pool.erase(id);
+      {
+        absl::MutexLock lock(&pools_mu);
+        live_pools.erase(std::find(live_pools.begin(), live_pools.end(), p));
+      }
+      pools_by_id.erase(id);
+      break;
+    }
+  }
+  if (int64_t(pools.size()) >= options.max_pools) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
         options.max_pools, " (a pool goes when its last cache is released)"));
@@ -53,12 +68,16 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
   const uint64_t id = next_pool_id;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
-      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept);
+      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept, &pool_counters);
   if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("allocate: ", pool.status().message()));
   ++next_pool_id;
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
   pools_by_id.emplace(id, p);
+  {
+    absl::MutexLock lock(&pools_mu);
+    live_pools.push_back(p);
+  }
   *created = true;
   return p;
 }
@@ -67,22 +86,68 @@ bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
   auto it = pools_by_id.find(pool->id());
   if (it == pools_by_id.end() || it->second.get() != pool) return false;
   if (auto n = caches_per_pool.find(pool->id()); n != caches_per_pool.end() && n->second > 0) return false;
+  // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
+  // give way to other pools' allocations (TrimOtherPools) and to new geometries (PoolFor).
+  if (pool->pages_cached() > 0) return false;
   const PageLayout& l = pool->layout();
   pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
   caches_per_pool.erase(pool->id());
+  {
+    absl::MutexLock lock(&pools_mu);
+    live_pools.erase(std::find(live_pools.begin(), live_pools.end(), it->second));
+  }
   pools_by_id.erase(it);
   return true;
+}
+
+int KvStore::Impl::DropIdlePoolsLocked() {
+  std::vector<const PagePool*> idle;
+  for (const auto& [id, p] : pools_by_id) {
+    if (auto n = caches_per_pool.find(id); n == caches_per_pool.end() || n->second == 0) idle.push_back(p.get());
+  }
+  int dropped = 0;
+  for (const PagePool* p : idle) dropped += DropPoolIfUnusedLocked(p);
+  return dropped;
+}
+
+bool KvStore::Impl::TrimOtherPools(const PagePool* except, size_t bytes) {
+  std::vector<std::shared_ptr<PagePool>> others;
+  {
+    absl::MutexLock lock(&pools_mu);
+    others = live_pools;
+  }
+  size_t freed = 0;
+  for (const auto& p : others) {
+    if (p.get() != except && freed < bytes) freed += p->TrimCached(bytes - freed);
+  }
+  return freed > 0;
+}
+
+absl::Status KvStore::Impl::AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                                          std::vector<int32_t>* committed) {
+  absl::Status s = pool->Allocate(n, ids, committed);
+  if (absl::IsResourceExhausted(s) && TrimOtherPools(pool, size_t(n) * pool->page_bytes())) {
+    s = pool->Allocate(n, ids, committed);
+  }
+  return s;
+}
+
+CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
+  CacheContext ctx{std::move(pool), std::move(quota), kernels.get(), &counters, &limits, options.max_reply_bytes};
+  ctx.trim_other_pools = [this](const PagePool* p, size_t bytes) { return TrimOtherPools(p, bytes); };
+  ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
+  return ctx;
 }
 
 void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
   cache->Release();
   if (!cache->owner().empty()) sessions.RemoveCache(cache->owner(), cache->id());
-  bool dropped = false;
+  int dropped = 0;
   {
     absl::MutexLock lock(&mu);
-    dropped = DropPoolIfUnusedLocked(cache->pool());
+    dropped = DropIdlePoolsLocked();
   }
-  if (dropped) RegionsChanged();
+  if (dropped > 0) RegionsChanged();
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options,
@@ -121,11 +186,13 @@ KvStore::~KvStore() {
 }
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
-                                            const std::string& cache_id) {
+                                            const std::string& cache_id,
+                                            const AllocateOptions& options) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
   if (!resolved.ok()) return resolved.status();
+  KVARENA_RETURN_IF_ERROR(CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
   if (absl::Status s = im.kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
                                                           resolved->num_kv_heads, resolved->head_dim});
       !s.ok()) {
@@ -169,8 +236,11 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       if (created) im.DropPoolIfUnusedLocked(pool->get());
       return refused;
     }
-    CacheContext ctx{*pool, quota, im.kernels.get(), &im.counters, &im.limits, im.options.max_reply_bytes};
-    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, std::move(ctx), im.clock->Now());
+    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(*pool, quota),
+                                      im.clock->Now());
+    // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
+    // between the lookup and the adoption).
+    cache->StartWithPrompt(options.prompt_tokens);
     ++im.caches_per_pool[(*pool)->id()];
     im.caches.emplace(id, cache);
   }
@@ -184,6 +254,71 @@ absl::StatusOr<AppendResult> KvStore::Append(const std::string& session, const s
   auto cache = impl_->Find(session, cache_id);
   if (!cache.ok()) return cache.status();
   return (*cache)->Append(layer, pos, k, v);
+}
+
+absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session, const SetTokensArgs& args) {
+  auto cache = impl_->Find(session, args.cache_id);
+  if (!cache.ok()) return cache.status();
+  return (*cache)->SetTokens(args.first_pos, args.token_ids);
+}
+
+absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::string& cache_id,
+                                        const std::string& new_cache_id) {
+  Impl& im = *impl_;
+  auto src = im.Find(session, cache_id);
+  if (!src.ok()) return src.status();
+  if (new_cache_id.size() > kMaxCacheIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("fork: new_cache_id has ", new_cache_id.size(),
+                                                   " bytes; at most ", kMaxCacheIdBytes));
+  }
+  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
+  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  auto refusal = [&]() -> absl::Status ABSL_SHARED_LOCKS_REQUIRED(im.mu) {
+    if (int64_t(im.caches.size()) >= im.options.max_caches) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fork: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
+    }
+    if (!new_cache_id.empty() && im.caches.contains(new_cache_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
+    }
+    auto p = im.pools_by_id.find((*src)->pool()->id());
+    if (p == im.pools_by_id.end() || p->second.get() != (*src)->pool()) {
+      return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " was released"));
+    }
+    return absl::OkStatus();
+  };
+  std::shared_ptr<PagePool> pool;
+  std::string id = new_cache_id;
+  {
+    absl::MutexLock lock(&im.mu);
+    KVARENA_RETURN_IF_ERROR(refusal());
+    pool = im.pools_by_id.at((*src)->pool()->id());
+    if (id.empty()) {
+      do id = absl::StrCat("cache-", im.next_cache++);
+      while (im.caches.contains(id));
+    }
+  }
+  if (!quota->TryAddCache()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "fork: ", session.empty() ? "the caches without a session" : "the session", " hold ",
+        quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+  }
+  // Built outside the map lock (it waits for src's lock); the cache counts in the quota
+  // from here and gives everything back when dropped.
+  auto cache = std::make_shared<KvCache>(id, (*src)->spec(), session, im.ContextFor(pool, quota), im.clock->Now());
+  KVARENA_RETURN_IF_ERROR(cache->ForkFrom(**src));
+  {
+    absl::MutexLock lock(&im.mu);
+    KVARENA_RETURN_IF_ERROR(refusal());
+    if (im.caches.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(id), " already exists"));
+    }
+    if (!session.empty()) KVARENA_RETURN_IF_ERROR(im.sessions.AddCache(session, id));
+    ++im.caches_per_pool[pool->id()];
+    im.caches.emplace(id, cache);
+  }
+  im.counters.forks += 1;
+  return cache->Info();
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const std::string& session, const AttendArgs& args,
@@ -277,6 +412,16 @@ ArenaStats KvStore::Stats() const {
   t.layers_sliding = c.layers_sliding.load();
   t.pages_evicted = c.pages_evicted.load();
   t.refusals = c.refusals.load();
+  for (const PoolStats& p : s.pools) {
+    t.pages_cached += p.pages_cached;
+    t.pages_shared += p.pages_shared;
+  }
+  t.pages_evicted_lru = impl_->pool_counters.pages_reclaimed.load();
+  t.prefix_lookups = c.prefix_lookups.load();
+  t.prefix_requested_tokens = c.prefix_requested_tokens.load();
+  t.prefix_hit_tokens = c.prefix_hit_tokens.load();
+  t.forks = c.forks.load();
+  t.cow_copies = c.cow_copies.load();
   return s;
 }
 
@@ -366,7 +511,14 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     for (const auto& [id, c] : impl_->caches) caches.push_back(c);
     pools = impl_->pools_by_id;
   }
-  std::map<uint64_t, std::set<int32_t>> owned;
+  {
+    absl::MutexLock lock(&impl_->pools_mu);
+    if (impl_->live_pools.size() != pools.size()) {
+      return absl::InternalError(absl::StrCat(impl_->live_pools.size(), " live pools but ", pools.size(), " in the maps"));
+    }
+  }
+  std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;   // per pool: page -> table slots
+  std::map<uint64_t, absl::flat_hash_map<uint64_t, int64_t>> holds;  // per pool: node -> holds
   std::map<const Quota*, std::pair<int64_t, int64_t>> per_quota;  // pages, caches
   per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
   for (const auto& c : caches) {
@@ -380,23 +532,28 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     if (!pools.contains(c->pool()->id())) {
       return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " draws from a dropped pool"));
     }
+    std::set<int32_t> mine;
     for (int32_t id : held) {
-      if (!owned[c->pool()->id()].insert(id).second) {
-        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " has two owners"));
+      if (!mine.insert(id).second) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " is held twice by ",
+                                                Quoted(c->id())));
       }
       if (!c->pool()->TEST_IsAllocated(id)) {
         return absl::InternalError(absl::StrCat("page ", id, " is held by ", Quoted(c->id()), " but free"));
       }
+      ++refs[c->pool()->id()][id];
     }
+    KVARENA_RETURN_IF_ERROR(c->TEST_Audit(&holds[c->pool()->id()]));
     auto& q = per_quota[c->quota()];
     q.first += int64_t(held.size());
     q.second += 1;
   }
   for (const auto& [id, pool] : pools) {
-    if (pool->pages_used() != int64_t(owned[id].size())) {
+    if (pool->pages_used() != int64_t(refs[id].size())) {
       return absl::InternalError(absl::StrCat("pool ", id, " has ", pool->pages_used(),
-                                              " pages used but caches hold ", owned[id].size()));
+                                              " pages used but caches hold ", refs[id].size()));
     }
+    KVARENA_RETURN_IF_ERROR(pool->TEST_Audit(refs[id], holds[id]));
   }
   for (const auto& [quota, counts] : per_quota) {
     if (quota->pages() != counts.first || quota->caches() != counts.second) {
@@ -412,6 +569,7 @@ std::string KvStore::TEST_DebugState() const {
   const ArenaStats s = Stats();
   std::string out = absl::StrCat("pages used=", s.pages.pages_used, " free=", s.pages.pages_free,
                                  " seq=", s.pages.seq_len, " evicted=", s.pages.pages_evicted,
+                                 " cached=", s.pages.pages_cached, " shared=", s.pages.pages_shared,
                                  " committed=", s.bytes_committed, " caches=", s.num_caches,
                                  " pools=", s.pools.size(), " sessions=", s.num_sessions, "\n");
   std::map<std::string, std::shared_ptr<KvCache>> caches;

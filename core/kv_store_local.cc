@@ -96,7 +96,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   }
   for (const auto& [pool, n] : need) {
     std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = pool->Allocate(n, &ids, &committed[pool]); !s.ok()) {
+    if (absl::Status s = impl_->AllocatePages(pool, n, &ids, &committed[pool]); !s.ok()) {
       return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));
     }
     // No slot of a reserved page may show what its last owner wrote.

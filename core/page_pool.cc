@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -26,7 +25,8 @@ size_t ChunkBytesFor(size_t page_bytes) {
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const PageLayout& layout,
                                                            Backend* backend, ArenaBudget* budget,
-                                                           int empty_chunks_kept) {
+                                                           int empty_chunks_kept,
+                                                           PoolCounters* counters) {
   const size_t page_bytes = layout.PageBytes();
   const size_t chunk_bytes = ChunkBytesFor(page_bytes);
   // Page ids are int32 (the block-table format of FlashInfer and vLLM): a pool of tiny
@@ -43,11 +43,12 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
                                  absl::StrCat("kvarena-pool-", id));
   if (!region.ok()) return region.status();
   return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
-                                                chunk_bytes, empty_chunks_kept));
+                                                chunk_bytes, empty_chunks_kept, counters));
 }
 
 PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
-                   ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept)
+                   ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept,
+                   PoolCounters* counters)
     : id_(id),
       layout_(layout),
       page_bytes_(layout.PageBytes()),
@@ -55,7 +56,8 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       pages_per_chunk_(int32_t(chunk_bytes / layout.PageBytes())),
       empty_chunks_kept_(empty_chunks_kept),
       region_(std::move(region)),
-      budget_(budget) {
+      budget_(budget),
+      counters_(counters) {
   const int32_t num_chunks = int32_t(std::min<size_t>(
       region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
@@ -114,6 +116,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
     chunk.used = 0;
     chunk.free.resize(pages_per_chunk_);
     chunk.taken.assign(size_t(pages_per_chunk_), false);
+    chunk.refs.assign(size_t(pages_per_chunk_), 0);
     const int32_t first = c * pages_per_chunk_;
     for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
     OpenLocked(c);
@@ -132,6 +135,8 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   chunk.free.shrink_to_fit();
   chunk.taken.clear();
   chunk.taken.shrink_to_fit();
+  chunk.refs.clear();
+  chunk.refs.shrink_to_fit();
   // A failed punch leaves the memory resident but the chunk reusable; nothing to undo.
   (void)region_->Decommit(size_t(c) * chunk_bytes_, chunk_bytes_);
   uncommitted_.push_back(c);
@@ -140,18 +145,7 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   budget_->Refund(chunk_bytes_);
 }
 
-absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
-                                std::vector<int32_t>* committed) {
-  if (n <= 0) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  const int64_t missing = n - FreeCommittedLocked();
-  if (missing > 0) {
-    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
-    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("allocate ", n, " page(s) of ", page_bytes_,
-                                                 " bytes: ", s.message()));
-    }
-  }
+void PagePool::TakeFreeLocked(int64_t n, std::vector<int32_t>* out) {
   out->reserve(out->size() + size_t(n));
   for (int64_t i = 0; i < n; ++i) {
     const int32_t c = open_chunks_.back();
@@ -161,28 +155,89 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
     out->push_back(id);
     chunk.free.pop_back();
     chunk.taken[size_t(id - c * pages_per_chunk_)] = true;
+    chunk.refs[size_t(id - c * pages_per_chunk_)] = 1;
     ++chunk.used;
     if (chunk.free.empty()) CloseLocked(c);
   }
   pages_used_ += n;
+}
+
+absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
+                                std::vector<int32_t>* committed) {
+  if (n <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  int64_t reclaim = 0;
+  const int64_t missing = n - FreeCommittedLocked();
+  if (missing > 0) {
+    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
+    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
+      // The budget falls short: commit the chunks it still covers, reclaim cached pages
+      // for the rest — or, when they are too few, refuse having changed nothing.
+      const int64_t cached = absl::IsResourceExhausted(s) ? index_.parked() : 0;
+      int64_t can = std::min<int64_t>({chunks - 1, int64_t(uncommitted_.size()),
+                                       int64_t(budget_->available() / chunk_bytes_)});
+      if (can > 0 && missing - can * pages_per_chunk_ <= cached &&
+          !CommitChunksLocked(can, committed).ok()) {
+        can = 0;  // the budget went elsewhere meanwhile
+      }
+      reclaim = std::max<int64_t>(0, missing - can * pages_per_chunk_);
+      if (reclaim > cached) {
+        return absl::Status(s.code(), absl::StrCat(
+            "allocate ", n, " page(s) of ", page_bytes_, " bytes: ", s.message(),
+            cached > 0 ? absl::StrCat(" and only ", cached, " cached page(s) are reclaimable") : ""));
+      }
+      reclaim = std::max<int64_t>(0, n - FreeCommittedLocked());
+    }
+  }
+  TakeFreeLocked(n - reclaim, out);
+  for (int64_t i = 0; i < reclaim; ++i) {
+    const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
+    RefsLocked(id) = 1;
+    out->push_back(id);
+  }
+  if (reclaim > 0 && counters_ != nullptr) counters_->pages_reclaimed += uint64_t(reclaim);
   return absl::OkStatus();
 }
 
 void PagePool::Free(absl::Span<const int32_t> ids) {
   absl::MutexLock lock(&mu_);
-  FreeLocked(ids);
+  std::vector<int32_t> unused;
+  for (const int32_t id : ids) {
+    int32_t& refs = RefsLocked(id);
+    if (--refs == 1) --pages_shared_;
+    if (refs > 0) continue;
+    if (index_.IsRegistered(id)) {
+      index_.Park(id);
+    } else {
+      unused.push_back(id);
+    }
+  }
+  FreeLocked(unused);
 }
 
-void PagePool::FreeLocked(absl::Span<const int32_t> ids) {
+void PagePool::Ref(absl::Span<const int32_t> ids) {
+  absl::MutexLock lock(&mu_);
+  for (const int32_t id : ids) {
+    if (++RefsLocked(id) == 2) ++pages_shared_;
+  }
+}
+
+bool PagePool::Writable(int32_t id) const {
+  absl::MutexLock lock(&mu_);
+  return RefsLocked(id) == 1 && !index_.IsRegistered(id);
+}
+
+void PagePool::FreeLocked(absl::Span<const int32_t> ids, bool force_decommit) {
   for (const int32_t id : ids) {
     const int32_t c = id / pages_per_chunk_;
     Chunk& chunk = chunks_[c];
     if (chunk.free.empty()) OpenLocked(c);
     chunk.free.push_back(id);
     chunk.taken[size_t(id - c * pages_per_chunk_)] = false;
+    chunk.refs[size_t(id - c * pages_per_chunk_)] = 0;
     if (--chunk.used == 0) {
       ++empty_committed_;
-      if (empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
+      if (force_decommit || empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
     }
   }
   pages_used_ -= int64_t(ids.size());
@@ -198,9 +253,25 @@ void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_
   }
 }
 
+size_t PagePool::TrimCached(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  const int64_t before = chunks_committed_;
+  while (index_.parked() > 0 && size_t(before - chunks_committed_) * chunk_bytes_ < bytes) {
+    const int32_t id = index_.Reclaim();
+    FreeLocked({&id, 1}, /*force_decommit=*/true);
+    if (counters_ != nullptr) ++counters_->pages_reclaimed;
+  }
+  return size_t(before - chunks_committed_) * chunk_bytes_;
+}
+
 int64_t PagePool::pages_used() const {
   absl::MutexLock lock(&mu_);
-  return pages_used_;
+  return pages_used_ - index_.parked();
+}
+
+int64_t PagePool::pages_cached() const {
+  absl::MutexLock lock(&mu_);
+  return index_.parked();
 }
 
 PoolStats PagePool::Stats() const {
@@ -212,8 +283,10 @@ PoolStats PagePool::Stats() const {
   absl::MutexLock lock(&mu_);
   const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
                                                   int64_t(uncommitted_.size()));
-  s.pages_used = pages_used_;
-  s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_;
+  s.pages_cached = index_.parked();
+  s.pages_shared = pages_shared_;
+  s.pages_used = pages_used_ - s.pages_cached;
+  s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + s.pages_cached;
   s.num_pages = s.pages_used + s.pages_free;
   s.chunks_committed = chunks_committed_;
   s.bytes_committed = uint64_t(chunks_committed_) * chunk_bytes_;
@@ -225,7 +298,14 @@ bool PagePool::TEST_IsAllocated(int32_t id) const {
   if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size()) return false;
   const Chunk& chunk = chunks_[size_t(id / pages_per_chunk_)];
   if (!chunk.committed) return false;
-  return chunk.taken[size_t(id % pages_per_chunk_)];
+  return chunk.refs[size_t(id % pages_per_chunk_)] > 0;
+}
+
+int32_t PagePool::TEST_Refs(int32_t id) const {
+  return TEST_IsAllocated(id) ? [&] {
+    absl::MutexLock lock(&mu_);
+    return RefsLocked(id);
+  }() : 0;
 }
 
 }  // namespace kvarena
