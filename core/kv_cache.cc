@@ -91,7 +91,7 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
 absl::Status KvCache::AllocateLocked(int64_t n, std::vector<int32_t>* ids, std::vector<int32_t>* chunks) {
   absl::Status s = ctx_.pool->Allocate(n, ids, chunks);
   if (absl::IsResourceExhausted(s) && ctx_.trim_other_pools &&
-      ctx_.trim_other_pools(ctx_.pool.get(), size_t(n) * ctx_.pool->page_bytes())) {
+      ctx_.trim_other_pools(ctx_.pool.get(), n)) {
     s = ctx_.pool->Allocate(n, ids, chunks);
   }
   return s;

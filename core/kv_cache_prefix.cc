@@ -178,9 +178,12 @@ absl::Status KvCache::CopyKeptPagesLocked(int64_t end) {
 }
 
 absl::Status KvCache::ForkFrom(KvCache& src) {
-  // src's lock, then this one's: this cache is not visible yet, so nothing else locks it.
-  absl::MutexLock src_lock(&src.mu_);
-  absl::MutexLock lock(&mu_);
+  // Both locks in address order, as MultiLock takes them (this cache is not visible yet,
+  // but the order keeps absl's deadlock detector's lock graph acyclic).
+  absl::MutexLock first(&std::min(this, &src)->mu_);
+  absl::MutexLock second(&std::max(this, &src)->mu_);
+  src.mu_.AssertHeld();
+  mu_.AssertHeld();
   KVARENA_RETURN_IF_ERROR(src.CheckLiveLocked());
   const int page = spec_.page_size;
   std::vector<std::vector<int32_t>> shared(layers_.size());

@@ -56,9 +56,11 @@ struct KvStore::Impl {
   void Remove(const std::shared_ptr<KvCache>& cache);
   // Drops every pool no cache draws from and that caches no page; returns how many.
   int DropIdlePoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Reclaims cached pages of pools other than `except` until `bytes` went back to the
-  // budget; true when any did. Takes no store lock (pools_mu only): callers hold caches'.
-  bool TrimOtherPools(const PagePool* except, size_t bytes);
+  // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
+  // that much went back — only if they can give it all, so a refusal changes nothing.
+  // True when it freed the shortfall. Takes no store lock (pools_mu only): callers hold
+  // caches' locks.
+  bool TrimOtherPools(const PagePool* pool, int64_t n);
   // pool->Allocate, retried once after TrimOtherPools when the arena is full.
   absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                              std::vector<int32_t>* committed);

@@ -94,7 +94,13 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
     }
     charged.emplace_back(quota, n);
   }
-  for (const auto& [pool, n] : need) {
+  // Pools that cannot give their pages straight away go first: if one of them refuses,
+  // no other pool has reclaimed cached pages for this call yet.
+  std::vector<std::pair<PagePool*, int64_t>> order(need.begin(), need.end());
+  if (order.size() > 1) {
+    std::stable_partition(order.begin(), order.end(), [](const auto& p) { return !p.first->CanAllocate(p.second); });
+  }
+  for (const auto& [pool, n] : order) {
     std::vector<int32_t>& ids = taken[pool];
     if (absl::Status s = impl_->AllocatePages(pool, n, &ids, &committed[pool]); !s.ok()) {
       return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));

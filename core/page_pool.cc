@@ -117,6 +117,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
     chunk.free.resize(pages_per_chunk_);
     chunk.taken.assign(size_t(pages_per_chunk_), false);
     chunk.refs.assign(size_t(pages_per_chunk_), 0);
+    chunk.cached = 0;
     const int32_t first = c * pages_per_chunk_;
     for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
     OpenLocked(c);
@@ -190,11 +191,7 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
     }
   }
   TakeFreeLocked(n - reclaim, out);
-  for (int64_t i = 0; i < reclaim; ++i) {
-    const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
-    RefsLocked(id) = 1;
-    out->push_back(id);
-  }
+  for (int64_t i = 0; i < reclaim; ++i) out->push_back(ReclaimLocked());
   if (reclaim > 0 && counters_ != nullptr) counters_->pages_reclaimed += uint64_t(reclaim);
   return absl::OkStatus();
 }
@@ -207,7 +204,7 @@ void PagePool::Free(absl::Span<const int32_t> ids) {
     if (--refs == 1) --pages_shared_;
     if (refs > 0) continue;
     if (index_.IsRegistered(id)) {
-      index_.Park(id);
+      ParkLocked(id);
     } else {
       unused.push_back(id);
     }
@@ -253,15 +250,64 @@ void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_
   }
 }
 
+void PagePool::ParkLocked(int32_t id) {
+  index_.Park(id);
+  ++ChunkOf(id).cached;
+}
+
+void PagePool::UnparkLocked(int32_t id) {
+  index_.Unpark(id);
+  --ChunkOf(id).cached;
+}
+
+int32_t PagePool::ReclaimLocked() {
+  const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
+  --ChunkOf(id).cached;
+  RefsLocked(id) = 1;
+  return id;
+}
+
+size_t PagePool::ReclaimableBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t chunks = 0;
+  for (const Chunk& c : chunks_) chunks += c.committed && c.used == c.cached;
+  return size_t(chunks) * chunk_bytes_;
+}
+
 size_t PagePool::TrimCached(size_t bytes) {
   absl::MutexLock lock(&mu_);
   const int64_t before = chunks_committed_;
-  while (index_.parked() > 0 && size_t(before - chunks_committed_) * chunk_bytes_ < bytes) {
-    const int32_t id = index_.Reclaim();
+  auto freed = [&] { return size_t(before - chunks_committed_) * chunk_bytes_; };
+  for (int32_t c = 0; c < int32_t(chunks_.size()) && freed() < bytes; ++c) {
+    if (chunks_[c].committed && chunks_[c].used == 0) DecommitChunkLocked(c);
+  }
+  if (freed() >= bytes || index_.parked() == 0) return freed();
+  for (int32_t id : index_.ParkedOldestFirst()) {
+    if (freed() >= bytes) break;
+    Chunk& chunk = ChunkOf(id);
+    if (chunk.used != chunk.cached) continue;  // live pages keep this chunk committed
+    index_.ReclaimPage(id);
+    --chunk.cached;
     FreeLocked({&id, 1}, /*force_decommit=*/true);
     if (counters_ != nullptr) ++counters_->pages_reclaimed;
   }
-  return size_t(before - chunks_committed_) * chunk_bytes_;
+  return freed();
+}
+
+size_t PagePool::BudgetShortfall(int64_t n) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t missing = n - FreeCommittedLocked() - index_.parked();
+  if (missing <= 0) return 0;
+  const size_t need = size_t((missing + pages_per_chunk_ - 1) / pages_per_chunk_) * chunk_bytes_;
+  const size_t available = budget_->available();
+  return need > available ? need - available : 0;
+}
+
+bool PagePool::CanAllocate(int64_t n) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
+                                                  int64_t(uncommitted_.size()));
+  return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + index_.parked();
 }
 
 int64_t PagePool::pages_used() const {

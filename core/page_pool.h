@@ -141,10 +141,18 @@ class PagePool {
   // Whether a caller holding page id may write it: it is the only reference and the page
   // is not registered.
   bool Writable(int32_t id) const;
-  // Reclaims cached pages, least recently cached first, until `bytes` of committed
-  // memory went back to the budget or none is left (another pool needs the budget).
-  // Empty chunks are decommitted whatever empty_chunks_kept says. Returns the bytes freed.
+  // Bytes TrimCached could give back to the budget: chunks holding only cached pages, and
+  // empty committed chunks.
+  size_t ReclaimableBytes() const;
+  // Gives committed memory back to the budget (another pool needs it) until `bytes` went
+  // back or ReclaimableBytes() is 0: decommits empty chunks, then reclaims the cached
+  // pages of chunks that hold nothing else, least recently cached first, and decommits
+  // those. Returns the bytes freed.
   size_t TrimCached(size_t bytes);
+  // Budget bytes that Allocate(n) lacks now, beyond this pool's free and cached pages.
+  size_t BudgetShortfall(int64_t n) const;
+  // Whether Allocate(n) would find the pages now (free, budget, cached).
+  bool CanAllocate(int64_t n) const;
 
   // --- prefix reuse (core/prefix_index.h); all under the pool's lock ---
   // Extends *chain over blocks [chain->nodes.size(), num_blocks) of hashes/tokens,
@@ -198,6 +206,7 @@ class PagePool {
     std::vector<int32_t> free;    // free page ids, popped from the back
     std::vector<bool> taken;      // by page index in the chunk: referenced or cached
     std::vector<int32_t> refs;    // by page index in the chunk: references
+    int32_t cached = 0;           // taken pages with no reference (parked in the index)
   };
 
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
@@ -216,6 +225,12 @@ class PagePool {
   int32_t RefsLocked(int32_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return chunks_[size_t(id / pages_per_chunk_)].refs[size_t(id % pages_per_chunk_)];
   }
+  Chunk& ChunkOf(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return chunks_[size_t(id / pages_per_chunk_)]; }
+  // Moves a registered page with no reference into / out of the index's LRU.
+  void ParkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnparkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unregisters the least recently cached page for a new owner (one reference).
+  int32_t ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

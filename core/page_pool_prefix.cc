@@ -71,7 +71,7 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
     for (int64_t b = first; b < k; ++b) {
       const int32_t id = index_.PageOf(chain->nodes[size_t(b)], l);
       int32_t& refs = RefsLocked(id);
-      if (refs == 0) index_.Unpark(id);
+      if (refs == 0) UnparkLocked(id);
       if (++refs == 2) ++pages_shared_;
       ids.push_back(id);
     }
@@ -111,6 +111,7 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const Chunk& chunk = chunks_[c];
     if (!chunk.committed) continue;
+    int32_t chunk_cached = 0;
     for (int32_t i = 0; i < pages_per_chunk_; ++i) {
       const int32_t id = int32_t(c) * pages_per_chunk_ + i;
       auto want = refs.find(id);
@@ -133,8 +134,13 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
         return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is referenced and cached"));
       }
       taken += chunk.taken[size_t(i)];
+      chunk_cached += cached;
       shared += have >= 2;
       parked += cached;
+    }
+    if (chunk_cached != chunk.cached) {
+      return absl::InternalError(absl::StrCat("chunk ", c, " of pool ", id_, " counts ", chunk.cached,
+                                              " cached pages but holds ", chunk_cached));
     }
   }
   for (const auto& [id, n] : refs) {

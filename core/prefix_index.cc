@@ -108,15 +108,19 @@ bool PrefixIndex::IsParked(int32_t page) const {
 
 int32_t PrefixIndex::Reclaim() {
   const int32_t page = lru_.back();
-  lru_.pop_back();
+  ReclaimPage(page);
+  return page;
+}
+
+void PrefixIndex::ReclaimPage(int32_t page) {
   auto it = pages_.find(page);
+  lru_.erase(it->second.lru);
   const uint64_t node = it->second.node;
   Node& n = At(node);
   n.pages[size_t(it->second.layer)] = -1;
   --n.num_pages;
   pages_.erase(it);
   DeleteIfUnused(node);
-  return page;
 }
 
 absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const {

@@ -62,6 +62,10 @@ class PrefixIndex {
   int64_t parked() const { return int64_t(lru_.size()); }
   // Unregisters the least recently parked page and returns it (REQUIRES parked() > 0).
   int32_t Reclaim();
+  // Unregisters a parked page (REQUIRES IsParked(page)).
+  void ReclaimPage(int32_t page);
+  // The parked pages, least recently parked first.
+  std::vector<int32_t> ParkedOldestFirst() const { return std::vector<int32_t>(lru_.rbegin(), lru_.rend()); }
 
   int64_t nodes() const { return int64_t(nodes_.size()); }
   int64_t registered() const { return int64_t(pages_.size()); }
