@@ -1,4 +1,5 @@
 #include "daemon/metrics.h"
+#include "daemon/prefix_metrics.h"
 
 #include <exception>
 #include <string>
@@ -28,6 +29,8 @@ const char* RpcName(Rpc rpc) {
     case Rpc::kListCaches: return "ListCaches";
     case Rpc::kAttach: return "Attach";
     case Rpc::kPing: return "Ping";
+    case Rpc::kSetTokens: return "SetTokens";
+    case Rpc::kFork: return "Fork";
   }
   return "unknown";
 }
@@ -162,6 +165,7 @@ std::vector<MetricFamily> CollectMetrics(const KvStore& store, const RpcCounters
                        double(s.pages.refusals), MetricType::Counter));
   AddPoolFamilies(s.pools, &out);
   AddRpcFamily(rpcs, &out);
+  AddPrefixMetrics(s, &out);
   return out;
 }
 

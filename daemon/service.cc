@@ -88,6 +88,15 @@ grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
   return attach_->Start(ctx, *req);
 }
 
+grpc::Status KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
+                                           v1::SetTokensResponse* resp) {
+  return Done(Rpc::kSetTokens, requests_.SetTokens(SessionOf(ctx), *req, resp));
+}
+
+grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::ForkResponse* resp) {
+  return Done(Rpc::kFork, requests_.Fork(SessionOf(ctx), *req, resp));
+}
+
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {
   return Done(Rpc::kPing, absl::OkStatus());
 }

@@ -40,6 +40,8 @@ class KvCacheServiceImpl final
   grpc::ServerWriteReactor<v1::AttachEvent>* Attach(grpc::CallbackServerContext*,
                                                     const v1::AttachRequest*) override;
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+  grpc::Status SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
+  grpc::Status Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
 
  private:
   // Counts the call and maps its status.
