@@ -118,12 +118,36 @@ class RemoteTransport final : public Transport {
         SessionIdForLog(attached_session_), " and its caches are gone; connect a new Client"));
   }
 
-  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
+  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
+                                     const AllocateOptions& options) override {
     v1::AllocateRequest req;
     ToProto(spec, req.mutable_spec());
     req.set_cache_id(cache_id);
+    req.mutable_prompt_tokens()->Assign(options.prompt_tokens.begin(), options.prompt_tokens.end());
     v1::AllocateResponse resp;
     if (auto s = Call(&Stub::Allocate, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) override {
+    if (args.first_pos < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("set_tokens: first_pos=", args.first_pos, " is negative"));
+    }
+    v1::SetTokensRequest req;
+    req.set_cache_id(args.cache_id);
+    req.set_first_pos(uint64_t(args.first_pos));
+    req.mutable_token_ids()->Assign(args.token_ids.begin(), args.token_ids.end());
+    v1::SetTokensResponse resp;
+    if (auto s = Call(&Stub::SetTokens, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::StatusOr<CacheInfo> Fork(const std::string& cache_id, const std::string& new_cache_id) override {
+    v1::ForkRequest req;
+    req.set_cache_id(cache_id);
+    req.set_new_cache_id(new_cache_id);
+    v1::ForkResponse resp;
+    if (auto s = Call(&Stub::Fork, req, &resp); !s.ok()) return s;
     return FromProto(resp.cache());
   }
 

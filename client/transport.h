@@ -67,8 +67,11 @@ class Transport {
   // Why connected() is false: an UNAVAILABLE status naming the address; OK while connected.
   virtual absl::Status DisconnectedStatus() const = 0;
 
-  virtual absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec,
-                                             const std::string& cache_id) = 0;
+  virtual absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
+                                             const AllocateOptions& options) = 0;
+  virtual absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) = 0;
+  virtual absl::StatusOr<CacheInfo> Fork(const std::string& cache_id,
+                                         const std::string& new_cache_id) = 0;
   virtual absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer,
                                               int64_t pos, const TensorArg& k,
                                               const TensorArg& v) = 0;

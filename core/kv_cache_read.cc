@@ -65,7 +65,10 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
     if (has_k) UndoAppendLocked(layer, args.pos, added);
     return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
   }
-  if (has_k) EvictLocked(layer, args.pos);
+  if (has_k) {
+    RegisterLocked(layer);
+    EvictLocked(layer, args.pos);
+  }
   PublishLocked(old_seq, old_mat);
   return AttendResult{q.shape, SeqLenLocked()};
 }
@@ -197,10 +200,9 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
 CacheInfo KvCache::CommitLocked(int64_t tokens) {
   const int64_t seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  for (int i = 0; i < spec_.num_layers; ++i) {
-    layers_[size_t(i)].set_len(seq + tokens);
-    EvictLocked(i, seq);
-  }
+  for (LayerTable& t : layers_) t.set_len(seq + tokens);
+  RegisterLocked(-1);
+  for (int i = 0; i < spec_.num_layers; ++i) EvictLocked(i, seq);
   PublishLocked(seq, old_mat);
   return InfoLocked();
 }

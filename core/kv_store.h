@@ -65,6 +65,10 @@ struct StoreOptions {
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
 
+  // Tests only: keep this many bits of each page hash (fewer force collisions, which the
+  // token-id check must catch). 128: the whole hash.
+  int TEST_prefix_hash_bits = 128;
+
   // Where the store reads the time; null: the system clock. Must outlive the store.
   Clock* clock = nullptr;
   // Called, with no store lock held, after a pool was created or destroyed: the regions
@@ -101,8 +105,14 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   // cache_id "" picks a fresh id. Pages are taken lazily, on each layer's first write.
+  // options.prompt_tokens declares the token ids of the first positions and, with
+  // spec.prefix_namespace, adopts the longest cached prefix of them (CacheInfo.cached_tokens:
+  // a multiple of page_size below the prompt's length, filled on every layer; the caller
+  // computes positions from there on). INVALID_ARGUMENT for a negative id or more than
+  // max_request_tokens of them.
   absl::StatusOr<CacheInfo> Allocate(const std::string& session, const CacheSpec& spec,
-                                     const std::string& cache_id);
+                                     const std::string& cache_id,
+                                     const AllocateOptions& options = {});
 
   // Dense append of n tokens to one layer: pos must equal the layer's length.
   // k, v: [1, num_kv_heads, n, head_dim] in the cache's dtype.
@@ -126,6 +136,16 @@ class KvStore {
   absl::StatusOr<CacheInfo> Reset(const std::string& session, const std::string& cache_id,
                                   bool keep_pages);
   absl::Status Release(const std::string& session, const std::string& cache_id);
+
+  // Declares the token ids of positions [first_pos, first_pos + n) (KvCache::SetTokens):
+  // a generated answer, so that a later prompt containing it finds its pages.
+  absl::StatusOr<CacheInfo> SetTokens(const std::string& session, const SetTokensArgs& args);
+  // A new cache (new_cache_id; "" picks one) in the caller's session that shares every
+  // full page of cache_id and holds a copy of each layer's partial last page; the two
+  // diverge independently (copy-on-write). Errors as Allocate's, and RESOURCE_EXHAUSTED
+  // when the quota or arena cannot cover the fork's pages.
+  absl::StatusOr<CacheInfo> Fork(const std::string& session, const std::string& cache_id,
+                                 const std::string& new_cache_id);
 
   // RESOURCE_EXHAUSTED when the range's K+V bytes exceed max_reply_bytes (ask for less).
   absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
@@ -183,9 +203,11 @@ class KvStore {
 
   // The memory of a pool, for tests.
   const Region* TEST_PoolRegion(uint64_t pool_id) const;
-  // Audits the page accounting: every page held by exactly one cache and allocated in its
-  // pool, each pool's pages_used equal to what its caches hold, quotas equal to what their
-  // caches hold. INTERNAL naming the first discrepancy. Call while no operation runs.
+  // Audits the page accounting: every page's reference count equal to the caches' table
+  // slots naming it, each pool's pages_used equal to the distinct pages its caches hold,
+  // cached pages registered and unreferenced, the prefix index's holds equal to what
+  // caches declare, pages a cache may write private, quotas equal to what their caches
+  // hold. INTERNAL naming the first discrepancy. Call while no operation runs.
   absl::Status TEST_CheckInvariants() const;
   // Everything a client could observe — arena stats (refusal counters aside) and every
   // cache's lengths, pages and a hash of its K/V — whoever owns it.

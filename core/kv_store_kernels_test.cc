@@ -20,6 +20,11 @@ class FaultyKvKernels : public KvKernels {
     if (fail_clear) return absl::InternalError("injected ClearPages failure");
     return real_->ClearPages(layout, pool_base, ids, n);
   }
+  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                         int64_t n) override {
+    if (fail_copy) return absl::InternalError("injected CopyPages failure");
+    return real_->CopyPages(layout, pool_base, copies, n);
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     if (fail_append) return absl::InternalError("injected AppendKv failure");
@@ -37,6 +42,7 @@ class FaultyKvKernels : public KvKernels {
   bool fail_append = false;
   bool fail_attention = false;
   bool fail_clear = false;
+  bool fail_copy = false;
 
  private:
   std::unique_ptr<KvKernels> real_ = NewCpuKvKernels(0);
@@ -60,6 +66,33 @@ TEST(KvStoreKernelsTest, AKernelFailureGivesBackThePagesItTook) {
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("injected AppendKv failure"));
   EXPECT_EQ(store->Stats().pages.pages_used, 1);
   EXPECT_EQ(store->Describe("", "a")->info.layer_lens[0], 3);
+}
+
+TEST(KvStoreKernelsTest, ACopyFailureLeavesPopnAndForkUndone) {
+  auto kernels = std::make_shared<FaultyKvKernels>();
+  StoreOptions o;
+  o.arena_bytes = size_t{16} << 20;
+  o.default_page_size = 4;
+  o.kernels = kernels;
+  auto store = *KvStore::Create(o, NewHostBackend());
+  CacheSpec spec = Spec(2, 2, 8);
+  spec.prefix_namespace = "m";
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_TRUE(store->Allocate("", spec, "a", AllocateOptions{prompt}).ok());
+  std::mt19937 rng(1);
+  OwnedTensor k = RandomTensor(rng, DType::kFloat32, 2, 10, 8);
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(store->Append("", "a", l, 0, k.Arg(), k.Arg()).ok());
+  ASSERT_EQ(store->Allocate("", spec, "b", AllocateOptions{prompt})->cached_tokens, 8);
+  kernels->fail_copy = true;
+  const std::string before = store->TEST_DebugState();
+  EXPECT_THAT(store->Popn("", "b", 2), StatusIs(absl::StatusCode::kInternal));  // a copy-on-write
+  EXPECT_THAT(store->Fork("", "a", "c"), StatusIs(absl::StatusCode::kInternal));  // the partial pages
+  EXPECT_EQ(store->TEST_DebugState(), before);
+  EXPECT_TRUE(store->TEST_CheckInvariants().ok()) << store->TEST_CheckInvariants();
+  kernels->fail_copy = false;
+  EXPECT_EQ(store->Popn("", "b", 2)->popped, 2);
+  EXPECT_TRUE(store->Fork("", "a", "c").ok());
+  EXPECT_TRUE(store->TEST_CheckInvariants().ok()) << store->TEST_CheckInvariants();
 }
 
 TEST(KvStoreKernelsTest, AllocateRejectsGeometriesTheKernelsCannotServe) {

@@ -95,9 +95,15 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
     }
     charged.emplace_back(quota, n);
   }
-  for (const auto& [pool, n] : need) {
+  // Pools that cannot give their pages straight away go first: if one of them refuses,
+  // no other pool has reclaimed cached pages for this call yet.
+  std::vector<std::pair<PagePool*, int64_t>> order(need.begin(), need.end());
+  if (order.size() > 1) {
+    std::stable_partition(order.begin(), order.end(), [](const auto& p) { return !p.first->CanAllocate(p.second); });
+  }
+  for (const auto& [pool, n] : order) {
     std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = pool->Allocate(n, &ids, &committed[pool]); !s.ok()) {
+    if (absl::Status s = impl_->AllocatePages(pool, n, &ids, &committed[pool]); !s.ok()) {
       return undo(Annotated(s, "reserve: "));
     }
     // No slot of a reserved page may show what its last owner wrote.

@@ -1,4 +1,5 @@
 #include "daemon/metrics.h"
+#include "daemon/prefix_metrics.h"
 
 #include <exception>
 #include <string>
@@ -234,6 +235,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricSources& sources) {
   AddSessionFamilies(s, &out);
   AddRpcFamilies(*sources.rpcs, &out);
   AddFdFamilies(*sources.fd, &out);
+  AddPrefixMetrics(s, &out);
   return out;
 }
 

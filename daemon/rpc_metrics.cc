@@ -20,6 +20,8 @@ const char* RpcName(Rpc rpc) {
     case Rpc::kListCaches: return "ListCaches";
     case Rpc::kAttach: return "Attach";
     case Rpc::kPing: return "Ping";
+    case Rpc::kSetTokens: return "SetTokens";
+    case Rpc::kFork: return "Fork";
   }
   return "unknown";
 }

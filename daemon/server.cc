@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_request_tokens = options.max_request_tokens;
   store_options.max_reply_bytes = options.max_message_bytes;
   store_options.idle_ttl = options.idle_ttl;
+  store_options.TEST_prefix_hash_bits = options.test_prefix_hash_bits;
   // The store calls it only from served calls and the reaper, which start after attach_.
   Daemon* self = d.get();
   store_options.on_regions_changed = [self] { self->attach_->RegionsChanged(); };

@@ -92,6 +92,15 @@ grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
   return attach_->Start(ctx, *req);
 }
 
+grpc::Status KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
+                                           v1::SetTokensResponse* resp) {
+  return Serve(Rpc::kSetTokens, [&] { return requests_.SetTokens(SessionOf(ctx), *req, resp); });
+}
+
+grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::ForkResponse* resp) {
+  return Serve(Rpc::kFork, [&] { return requests_.Fork(SessionOf(ctx), *req, resp); });
+}
+
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {
   return Serve(Rpc::kPing, [&] { return absl::OkStatus(); });
 }

@@ -42,6 +42,8 @@ class KvCacheServiceImpl final
   grpc::ServerWriteReactor<v1::AttachEvent>* Attach(grpc::CallbackServerContext*,
                                                     const v1::AttachRequest*) override;
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+  grpc::Status SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
+  grpc::Status Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
 
  private:
   // Runs body (a Requests call), records its status and how long it took, and maps the

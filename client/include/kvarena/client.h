@@ -145,8 +145,12 @@ class Client {
   int64_t resumes() const;
 
   // A new cache; cache_id "" lets the arena pick one. ALREADY_EXISTS when the id is taken.
+  // options.prompt_tokens: the token ids of the prompt; with spec.prefix_namespace the
+  // cache starts with the longest cached prefix of it already filled on every layer
+  // (handle->cached_tokens(), a multiple of page_size below the prompt's length): compute
+  // positions from there on (README "Prefix reuse").
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Allocate(
-      const CacheSpec& spec, const std::string& cache_id = "");
+      const CacheSpec& spec, const std::string& cache_id = "", const AllocateOptions& options = {});
   // A handle to an existing cache (one this session owns, or one with no session).
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> OpenCache(const std::string& cache_id);
   // Releases a cache by id (what handle->release() does, without a handle; it too first
