@@ -31,6 +31,7 @@ struct CacheState {
     layer_lens = info.layer_lens;
     layer_lens.resize(info.spec.num_layers, 0);
     seq_len = info.seq_len;
+    cached_tokens = info.cached_tokens;
   }
   // Just allocated: no tokens, no pages, and the table knows it.
   void MarkEmpty() {
@@ -69,6 +70,7 @@ struct CacheState {
     absl::MutexLock lock(&mu);
     for (int64_t& len : layer_lens) len = std::max<int64_t>(0, len - n);
     seq_len = new_seq_len;
+    cached_tokens = std::min(cached_tokens, new_seq_len);
   }
   int64_t LayerLen(int layer) const {
     absl::MutexLock lock(&mu);
@@ -82,6 +84,7 @@ struct CacheState {
   mutable absl::Mutex mu;
   std::vector<int64_t> layer_lens ABSL_GUARDED_BY(mu);
   int64_t seq_len ABSL_GUARDED_BY(mu) = 0;
+  int64_t cached_tokens ABSL_GUARDED_BY(mu) = 0;
   LocalTable table ABSL_GUARDED_BY(mu);
   int64_t reserve_ahead ABSL_GUARDED_BY(mu);  // tokens a Reserve RPC asks for at least
   // The pool as mapped here and the kernels for it, once looked up (kernels is stored

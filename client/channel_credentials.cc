@@ -1,16 +1,12 @@
 #include "client/channel_credentials.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/small_file.h"
 
 namespace kvarena::client_internal {
 namespace {
@@ -18,26 +14,12 @@ namespace {
 // Certificates, keys and tokens are small; a larger file is not one of them.
 constexpr size_t kMaxFileBytes = size_t{1} << 20;
 
+// option=path's contents, errors prefixed with "Connect: option=".
 absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::string& path) {
-  const auto fail = [&](int err) {
-    return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("Connect: ", option, "=", path,
-                                                                   ": cannot read: ",
-                                                                   std::strerror(err)));
-  };
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(errno);
-  std::string out;
-  char buf[4096];
-  ssize_t n = 0;
-  while ((n = read(fd, buf, sizeof(buf))) > 0 && out.size() <= kMaxFileBytes) {
-    out.append(buf, size_t(n));
-  }
-  const int err = errno;
-  close(fd);
-  if (n < 0) return fail(err);
-  if (out.size() > kMaxFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Connect: ", option, "=", path, ": larger than ", kMaxFileBytes, " bytes"));
+  absl::StatusOr<std::string> out = ReadSmallFile(path, kMaxFileBytes);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        absl::StrCat("Connect: ", option, "=", out.status().message()));
   }
   return out;
 }

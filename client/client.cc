@@ -68,14 +68,15 @@ const std::string& Client::address() const { return transport_->address(); }
 std::string Client::session_id() const { return transport_->session_id(); }
 bool Client::is_inproc() const { return transport_->is_inproc(); }
 bool Client::connected() const { return transport_->connected(); }
+int64_t Client::resumes() const { return transport_->resumes(); }
 
 absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::Allocate(
-    const CacheSpec& spec, const std::string& cache_id) {
+    const CacheSpec& spec, const std::string& cache_id, const AllocateOptions& options) {
   if (!connected()) return transport_->DisconnectedStatus();
-  auto info = transport_->Allocate(spec, cache_id);
+  auto info = transport_->Allocate(spec, cache_id, options);
   if (!info.ok()) return info.status();
   auto state = std::make_shared<CacheState>(*info);
-  state->MarkEmpty();
+  if (info->seq_len == 0) state->MarkEmpty();  // else the adopted pages load with Describe
   return std::shared_ptr<GenericKvCacheHandle>(
       new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
 }

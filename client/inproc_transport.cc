@@ -25,8 +25,15 @@ class InprocTransport final : public Transport {
   bool connected() const override { return true; }
   absl::Status DisconnectedStatus() const override { return absl::OkStatus(); }
 
-  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
-    return store_->Allocate(session_, spec, cache_id);
+  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
+                                     const AllocateOptions& options) override {
+    return store_->Allocate(session_, spec, cache_id, options);
+  }
+  absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) override {
+    return store_->SetTokens(session_, args);
+  }
+  absl::StatusOr<CacheInfo> Fork(const std::string& cache_id, const std::string& new_cache_id) override {
+    return store_->Fork(session_, cache_id, new_cache_id);
   }
   absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer, int64_t pos,
                                       const TensorArg& k, const TensorArg& v) override {

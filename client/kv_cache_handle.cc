@@ -271,6 +271,33 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::Attend(int layer, int64_t pos, c
   return out;
 }
 
+int64_t GenericKvCacheHandle::cached_tokens() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->cached_tokens;
+}
+
+absl::Status GenericKvCacheHandle::set_tokens(int64_t first_pos, const std::vector<int32_t>& token_ids) {
+  if (auto s = CheckUsable("set_tokens"); !s.ok()) return s;
+  // Pages this declaration completes become readable by other caches (as at commit).
+  if (PublishesPages()) {
+    if (auto s = FinishLocalKernels("set_tokens"); !s.ok()) return s;
+  }
+  auto info = transport_->SetTokens(SetTokensArgs{cache_id(), first_pos, token_ids});
+  if (!info.ok()) return Observe(info.status());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> GenericKvCacheHandle::fork(
+    const std::string& new_cache_id) const {
+  if (auto s = CheckUsable("fork"); !s.ok()) return s;
+  if (auto s = FinishLocalKernels("fork"); !s.ok()) return s;  // it copies the partial pages
+  auto info = transport_->Fork(cache_id(), new_cache_id);
+  if (!info.ok()) return Observe(info.status());
+  auto state = std::make_shared<client_internal::CacheState>(*info);  // its table loads with Describe
+  return std::shared_ptr<GenericKvCacheHandle>(
+      new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
+}
+
 absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
   if (auto s = CheckUsable("popn"); !s.ok()) return s;
   if (auto s = FinishLocalKernels("popn"); !s.ok()) return s;

@@ -183,7 +183,11 @@ absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
   }
   // A sliding window evicts pages as the commit advances the lengths ("Page lifetime").
   const bool evicts = std::any_of(items.begin(), items.end(),
-                                  [](const auto& item) { return item.first->HasSlidingLayer(); });
+                                  [](const auto& item) {
+                                    // ...and with a prefix namespace, other caches may adopt what
+                                    // it commits: the local writes must have landed.
+                                    return item.first->HasSlidingLayer() || item.first->PublishesPages();
+                                  });
   if (evicts) {
     if (auto s = items.front().first->FinishLocalKernels("commit"); !s.ok()) return s;
   }

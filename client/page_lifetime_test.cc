@@ -39,6 +39,10 @@ class ProbeKernels final : public KvKernels {
                           int64_t n) override {
     return inner_->ClearPages(layout, pool_base, ids, n);
   }
+  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                         int64_t n) override {
+    return inner_->CopyPages(layout, pool_base, copies, n);
+  }
   absl::Status Synchronize() override {
     if (absl::Status s = on_sync_(); !s.ok()) return s;
     return inner_->Synchronize();

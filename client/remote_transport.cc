@@ -1,8 +1,9 @@
 // RemoteTransport: kvarenad over gRPC. One channel, with the credentials of
 // client/channel_credentials.h (TLS, a bearer token) and message limits both ways of
 // options.max_message_bytes; unary calls carry a deadline and the session metadata; with
-// options.attach an Attach stream (AttachStream) is held open, and its end marks the
-// transport disconnected for good. Over a unix: address it also connects to the daemon's
+// options.attach the session is held by an Attach stream (AttachedSession, which resumes
+// it on a new stream when one breaks), and its loss marks the transport disconnected for
+// good. Over a unix: address it also connects to the daemon's
 // fd socket (AttachEvent.fd_socket): pools map into this process (MapPool: views and the
 // local path; brought up to date after every Reserve and Describe, whose pages may lie in
 // memory the daemon committed since) and q/k/v/out travel through the session's scratch
@@ -19,7 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "client/attach_stream.h"
+#include "client/attached_session.h"
 #include "client/channel_credentials.h"
 #include "client/grpc_status.h"
 #include "client/zero_copy.h"
@@ -51,6 +52,10 @@ class RemoteTransport final : public Transport {
       : Transport(options), address_(std::move(address)), options_(options) {
     // Connect checked the bound; get_kv pages its replies below it.
     args.SetMaxReceiveMessageSize(int(options.max_message_bytes));
+    // Reconnect to a daemon back after a break within about a second, well inside a
+    // session grace (gRPC's default backoff grows to two minutes).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     args.SetMaxSendMessageSize(int(options.max_message_bytes));
     auto stubs = std::make_shared<Stubs>();
     stubs->channel = grpc::CreateCustomChannel(address_, credentials, args);
@@ -59,18 +64,15 @@ class RemoteTransport final : public Transport {
     stubs_ = std::move(stubs);
   }
 
-  // The stream goes first: its end runs OnAttachEnd, which uses mu_ and stubs_.
-  ~RemoteTransport() override { attach_.reset(); }
+  // The session goes first: its supervisor may call Disconnect, which uses mu_.
+  ~RemoteTransport() override { session_.reset(); }
 
   // Opens the Attach stream and waits for its first event (the session id).
   absl::Status Attach() {
-    std::shared_ptr<const Stubs> stubs = GetStubs();
-    attach_ = std::make_unique<AttachStream>(
-        stubs->channel, [this](const absl::Status& why) { OnAttachEnd(why); });
-    if (auto s = attach_->Open(options_.client_name, options_.connect_timeout, address_); !s.ok()) {
-      return s;
-    }
-    attached_session_ = attach_->session_id();
+    session_ = std::make_unique<AttachedSession>(
+        GetStubs()->channel, address_, options_, [this](const absl::Status& why) { Disconnect(why); });
+    if (auto s = session_->Open(); !s.ok()) return s;
+    attached_session_ = session_->session_id();
     return absl::OkStatus();
   }
 
@@ -80,7 +82,7 @@ class RemoteTransport final : public Transport {
       zero_copy_ = std::make_unique<ZeroCopy>("the client has no session (attach=false)");
       return;
     }
-    zero_copy_ = ZeroCopy::Connect(address_, attach_->fd_socket(), attached_session_,
+    zero_copy_ = ZeroCopy::Connect(address_, session_->fd_socket(), attached_session_,
                                    options_.inline_tensors);
   }
 
@@ -106,6 +108,7 @@ class RemoteTransport final : public Transport {
     return device_.empty() ? absl::StrCat("unknown (", s.message(), ")") : device_;
   }
   bool connected() const override { return connected_.load(); }
+  int64_t resumes() const override { return session_ == nullptr ? 0 : session_->resumes(); }
   absl::Status DisconnectedStatus() const override {
     if (connected()) return absl::OkStatus();
     absl::MutexLock lock(&mu_);
@@ -115,12 +118,36 @@ class RemoteTransport final : public Transport {
         SessionIdForLog(attached_session_), " and its caches are gone; connect a new Client"));
   }
 
-  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id) override {
+  absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
+                                     const AllocateOptions& options) override {
     v1::AllocateRequest req;
     ToProto(spec, req.mutable_spec());
     req.set_cache_id(cache_id);
+    req.mutable_prompt_tokens()->Assign(options.prompt_tokens.begin(), options.prompt_tokens.end());
     v1::AllocateResponse resp;
     if (auto s = Call(&Stub::Allocate, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) override {
+    if (args.first_pos < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("set_tokens: first_pos=", args.first_pos, " is negative"));
+    }
+    v1::SetTokensRequest req;
+    req.set_cache_id(args.cache_id);
+    req.set_first_pos(uint64_t(args.first_pos));
+    req.mutable_token_ids()->Assign(args.token_ids.begin(), args.token_ids.end());
+    v1::SetTokensResponse resp;
+    if (auto s = Call(&Stub::SetTokens, req, &resp); !s.ok()) return s;
+    return FromProto(resp.cache());
+  }
+
+  absl::StatusOr<CacheInfo> Fork(const std::string& cache_id, const std::string& new_cache_id) override {
+    v1::ForkRequest req;
+    req.set_cache_id(cache_id);
+    req.set_new_cache_id(new_cache_id);
+    v1::ForkResponse resp;
+    if (auto s = Call(&Stub::Fork, req, &resp); !s.ok()) return s;
     return FromProto(resp.cache());
   }
 
@@ -348,8 +375,8 @@ class RemoteTransport final : public Transport {
     return s;
   }
 
-  // The Attach stream ended (on its reader thread).
-  void OnAttachEnd(const absl::Status& why) {
+  // The session is gone: calls fail with DisconnectedStatus from now on.
+  void Disconnect(const absl::Status& why) {
     absl::MutexLock lock(&mu_);
     stubs_.reset();  // closes the channel once no call holds it
     end_status_ = why;
@@ -372,7 +399,7 @@ class RemoteTransport final : public Transport {
   // Set once by ConnectRegions, before the transport is shared.
   std::unique_ptr<ZeroCopy> zero_copy_;
   // Set once by Attach(); null without a session.
-  std::unique_ptr<AttachStream> attach_;
+  std::unique_ptr<AttachedSession> session_;
 };
 
 }  // namespace

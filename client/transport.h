@@ -62,11 +62,16 @@ class Transport {
   virtual std::string device() = 0;
   // False once the daemon is gone (the Attach stream broke); never flips back.
   virtual bool connected() const = 0;
+  // Times the session was resumed after its Attach stream broke (remote only).
+  virtual int64_t resumes() const { return 0; }
   // Why connected() is false: an UNAVAILABLE status naming the address; OK while connected.
   virtual absl::Status DisconnectedStatus() const = 0;
 
-  virtual absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec,
-                                             const std::string& cache_id) = 0;
+  virtual absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
+                                             const AllocateOptions& options) = 0;
+  virtual absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) = 0;
+  virtual absl::StatusOr<CacheInfo> Fork(const std::string& cache_id,
+                                         const std::string& new_cache_id) = 0;
   virtual absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer,
                                               int64_t pos, const TensorArg& k,
                                               const TensorArg& v) = 0;

@@ -1,9 +1,11 @@
-// Bounded resources and lifetimes: every bound refuses with RESOURCE_EXHAUSTED and a
-// message naming it, and gives everything back when the caches or sessions go; pages a
-// cache is handed never show another cache's bytes; the reaper releases only what an
-// expired session still owns; expiry runs on the fake clock, without sleeping.
+// Bounded resources and lifetimes: every bound refuses with RESOURCE_EXHAUSTED, a
+// message naming it and the bound's tag (core/refusal.h: what the metrics count), and
+// gives everything back when the caches or sessions go; pages a cache is handed never
+// show another cache's bytes; the reaper releases only what an expired session still
+// owns; expiry runs on the fake clock, without sleeping.
 #include <set>
 
+#include "core/refusal.h"
 #include "core/store_fixture.h"
 
 namespace kvarena {
@@ -15,9 +17,10 @@ using Code = absl::StatusCode;
 class BoundsTest : public StoreTest {
  protected:
   template <typename T>
-  static void ExpectExhausted(const T& result, const std::string& message) {
+  static void ExpectExhausted(const T& result, Refusal reason, const std::string& message) {
     EXPECT_THAT(result, StatusIs(Code::kResourceExhausted));
     EXPECT_THAT(std::string(testing::GetStatus(result).message()), HasSubstr(message));
+    EXPECT_STREQ(RefusalName(RefusalOf(testing::GetStatus(result))), RefusalName(reason));
   }
   absl::Status AppendTo(const std::string& session, const std::string& id, int64_t pos, int64_t n) {
     OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, n, 8);
@@ -54,7 +57,7 @@ TEST_F(BoundsTest, MaxPoolsBoundsGeometries) {
   MakeStore(o);
   Alloc(Spec(1, 2, 8));
   const std::string b = Alloc(Spec(1, 2, 16));
-  ExpectExhausted(store_->Allocate("", Spec(1, 2, 32), ""), "max_pools=2");
+  ExpectExhausted(store_->Allocate("", Spec(1, 2, 32), ""), Refusal::kMaxPools, "max_pools=2");
   Alloc(Spec(2, 2, 8));  // an existing geometry is fine
   ASSERT_TRUE(store_->Release("", b).ok());
   EXPECT_TRUE(store_->Allocate("", Spec(1, 2, 32), "").ok());
@@ -68,14 +71,16 @@ TEST_F(BoundsTest, CachesAreBoundedPerSessionAndInAll) {
   const std::string s = *store_->OpenSession("w");
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "s1").ok());
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "s2").ok());
-  ExpectExhausted(store_->Allocate(s, Spec(1, 2, 8), "s3"), "max_caches_per_session=2");
+  ExpectExhausted(store_->Allocate(s, Spec(1, 2, 8), "s3"), Refusal::kMaxCachesPerSession,
+                  "max_caches_per_session=2");
   // The caches without a session count as one session.
   Alloc(Spec(1, 2, 8), "n1");
   Alloc(Spec(1, 2, 8), "n2");
-  ExpectExhausted(store_->Allocate("", Spec(1, 2, 8), "n3"), "max_caches_per_session=2");
+  ExpectExhausted(store_->Allocate("", Spec(1, 2, 8), "n3"), Refusal::kMaxCachesPerSession,
+                  "max_caches_per_session=2");
   const std::string t = *store_->OpenSession("w2");
   ASSERT_TRUE(store_->Allocate(t, Spec(1, 2, 8), "t1").ok());
-  ExpectExhausted(store_->Allocate(t, Spec(1, 2, 8), "t2"), "max_caches=5");
+  ExpectExhausted(store_->Allocate(t, Spec(1, 2, 8), "t2"), Refusal::kMaxCaches, "max_caches=5");
   ASSERT_TRUE(store_->Release(s, "s1").ok());
   EXPECT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "s3").ok());
   EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
@@ -90,8 +95,9 @@ TEST_F(BoundsTest, SessionPageQuotaBoundsAppendAndReserve) {
   ASSERT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "b").ok());
   ASSERT_TRUE(AppendTo(s, "a", 0, 8).ok());  // 2 pages of 4 tokens
   const ArenaStats before = store_->Stats();
-  ExpectExhausted(AppendTo(s, "b", 0, 5), "session_max_pages=3");
-  ExpectExhausted(store_->Reserve(s, {{"a", 1}, {"b", 4}}), "session_max_pages=3");
+  ExpectExhausted(AppendTo(s, "b", 0, 5), Refusal::kSessionMaxPages, "session_max_pages=3");
+  ExpectExhausted(store_->Reserve(s, {{"a", 1}, {"b", 4}}), Refusal::kSessionMaxPages,
+                  "session_max_pages=3");
   EXPECT_EQ(store_->Stats().pages.pages_used, before.pages.pages_used);
   ASSERT_TRUE(store_->Reserve(s, {{"b", 4}}).ok());  // the third page
   ASSERT_TRUE(store_->Release(s, "a").ok());
@@ -105,13 +111,14 @@ TEST_F(BoundsTest, SessionsAreBoundedAndTheirScratchIsCharged) {
   MakeStore(o);
   const std::string a = *store_->OpenSession("a");
   ASSERT_TRUE(store_->OpenSession("b").ok());
-  ExpectExhausted(store_->OpenSession("c"), "max_sessions=2");
+  ExpectExhausted(store_->OpenSession("c"), Refusal::kMaxSessions, "max_sessions=2");
   ArenaStats s = store_->Stats();
   EXPECT_EQ(s.scratch_regions, 2);
   EXPECT_EQ(s.scratch_bytes, 2 * kChunkGranularity);
   EXPECT_EQ(s.bytes_committed, 2 * kChunkGranularity);
   store_->DetachSession(a, absl::Seconds(1));
-  ExpectExhausted(store_->OpenSession("c"), "max_sessions=2");  // in its grace: still held
+  // In its grace: still held.
+  ExpectExhausted(store_->OpenSession("c"), Refusal::kMaxSessions, "max_sessions=2");
   clock_.Advance(absl::Seconds(1));
   store_->Reap();
   s = store_->Stats();
@@ -149,6 +156,8 @@ TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {
   clock_.Advance(absl::Seconds(10));  // the Describe above was a use of busy
   EXPECT_EQ(store_->Reap(), 1);
   EXPECT_EQ(store_->Stats().pages.pages_used, 0);
+  EXPECT_EQ(store_->Stats().caches_reaped_idle, 2u);
+  EXPECT_EQ(store_->Stats().caches_reaped_grace, 0u);
 }
 
 TEST_F(BoundsTest, RequestTokensAreBounded) {
@@ -170,7 +179,7 @@ TEST_F(BoundsTest, GetKvRepliesAreBoundedAndPaged) {
   MakeStore(o);
   const std::string id = Alloc(Spec(1, 2, 8));
   ASSERT_TRUE(AppendRandom(id, 0, 20).ok());
-  ExpectExhausted(store_->GetKv("", id, 0), "ask for at most 8 tokens");
+  ExpectExhausted(store_->GetKv("", id, 0), Refusal::kMaxMessageBytes, "ask for at most 8 tokens");
   std::string k, v;
   for (int64_t from = 0; from < 20; from += 8) {
     auto page = store_->GetKv("", id, 0, GetKvRange{from, 8});
@@ -238,7 +247,7 @@ TEST_F(BoundsTest, ARefusedReserveLeavesNoChunkCommitted) {
   Alloc(Spec(1, 2, 8), "a");                       // 256-byte pages: 8192 per chunk
   Alloc(Spec(1, 2, 16), "b");                      // 512-byte pages: 4096 per chunk
   const ArenaStats before = store_->Stats();
-  ExpectExhausted(store_->Reserve("", {{"a", 4}, {"b", 4 * 4096 * 2}}), "arena full");
+  ExpectExhausted(store_->Reserve("", {{"a", 4}, {"b", 4 * 4096 * 2}}), Refusal::kArenaFull, "arena full");
   EXPECT_EQ(store_->Stats().bytes_committed, before.bytes_committed);
   EXPECT_EQ(store_->Stats().pages.pages_free, before.pages.pages_free);
   EXPECT_TRUE(store_->Reserve("", {{"b", 4 * 4096}}).ok());  // the budget is all there

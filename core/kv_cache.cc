@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -15,11 +16,21 @@ int64_t SlidingLayers(const CacheSpec& spec) {
   return std::count_if(spec.layer_windows.begin(), spec.layer_windows.end(), [](int w) { return w > 0; });
 }
 
+// The exact identity of a namespace and geometry, for the index's roots.
+std::string RootKey(const CacheSpec& s) {
+  if (s.prefix_namespace.empty()) return "";
+  return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/", s.page_size,
+                      "/", s.num_kv_heads, "/", s.head_dim, "/", s.num_layers);
+}
+
 }  // namespace
 
 KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now)
     : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
-      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)) {
+      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)),
+      root_key_(RootKey(spec_)),
+      root_hash_(sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{}),
+      reg_next_(size_t(spec_.num_layers), 0) {
   ctx_.counters->layers_total += spec_.num_layers;
   ctx_.counters->layers_sliding += SlidingLayers(spec_);
 }
@@ -66,16 +77,37 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
   if (n <= 0) return absl::OkStatus();
   Quota& quota = *ctx_.quota;
   if (!quota.TryChargePages(n)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
         op, ": layer ", layer, " needs ", n, " page(s) but the session's caches hold ",
         quota.pages(), " of session_max_pages=", quota.max_pages()));
   }
-  if (absl::Status s = ctx_.pool->Allocate(n, ids, &taken->chunks); !s.ok()) {
+  if (absl::Status s = AllocateLocked(n, ids, &taken->chunks); !s.ok()) {
     quota.RefundPages(n);
-    return absl::Status(s.code(), absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+    return Annotated(s, absl::StrCat(op, ": layer ", layer, ": "));
   }
   pages_held_ += n;
   return absl::OkStatus();
+}
+
+absl::Status KvCache::AllocateLocked(int64_t n, std::vector<int32_t>* ids, std::vector<int32_t>* chunks) {
+  absl::Status s = ctx_.pool->Allocate(n, ids, chunks);
+  if (absl::IsResourceExhausted(s) && ctx_.trim_other_pools &&
+      ctx_.trim_other_pools(ctx_.pool.get(), n)) {
+    s = ctx_.pool->Allocate(n, ids, chunks);
+  }
+  return s;
+}
+
+std::vector<int32_t> KvCache::TailFirstLocked() const {
+  int64_t last = 0;
+  for (const LayerTable& t : layers_) last = std::max(last, t.first_block() + t.num_blocks());
+  std::vector<int32_t> ids;
+  for (int64_t b = last - 1; b >= 0; --b) {
+    for (const LayerTable& t : layers_) {
+      if (b >= t.first_block() && b < t.first_block() + t.num_blocks()) ids.push_back(t.block(b));
+    }
+  }
+  return ids;
 }
 
 void KvCache::ReturnPagesLocked(std::vector<int32_t>& ids) {
@@ -97,6 +129,7 @@ void KvCache::EvictLocked(int layer, int64_t block_start) {
   std::vector<int32_t> freed;
   layers_[size_t(layer)].EvictBelow(block_start - w + 1, spec_.page_size, &freed);
   if (freed.empty()) return;
+  std::reverse(freed.begin(), freed.end());  // a chain's tail first: its head stays cached longest
   pages_evicted_ += freed.size();
   ctx_.counters->pages_evicted += freed.size();
   ReturnPagesLocked(freed);
@@ -122,8 +155,9 @@ absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int l
   KVARENA_RETURN_IF_ERROR(CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits()));
   if (spec_.max_tokens > 0 && n > spec_.max_tokens - pos) {
     CountRefusal();
-    return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ", pos + n,
-                                                     " tokens but max_tokens=", spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens, absl::StrCat(op, ": layer ", layer, " would hold ",
+                                                          pos + n, " tokens but max_tokens=",
+                                                          spec_.max_tokens));
   }
   Taken taken;
   taken.blocks = t.BlocksMissing(pos + n, spec_.page_size);
@@ -165,6 +199,7 @@ absl::StatusOr<AppendResult> KvCache::Append(int layer, int64_t pos, const Tenso
   const int64_t old_mat = MaterializedLocked();
   absl::StatusOr<Taken> added = AppendLocked("append", layer, pos, k, v);
   if (!added.ok()) return added.status();
+  RegisterLocked(layer);
   EvictLocked(layer, pos);
   PublishLocked(old_seq, old_mat);
   return AppendResult{layers_[size_t(layer)].len(), SeqLenLocked()};
@@ -195,12 +230,20 @@ absl::StatusOr<PopnResult> KvCache::Popn(uint64_t n) {
       return r;
     }
   }
+  if (absl::Status s = CopyKeptPagesLocked(end); !s.ok()) {
+    if (absl::IsResourceExhausted(s)) CountRefusal();
+    return s;
+  }
   const int64_t old_mat = MaterializedLocked();
   std::vector<int32_t> freed;
   for (LayerTable& t : layers_) {
-    if (t.len() > end) t.Truncate(end, spec_.page_size, &freed);
+    std::vector<int32_t> layer_freed;
+    if (t.len() > end) t.Truncate(end, spec_.page_size, &layer_freed);
+    freed.insert(freed.end(), layer_freed.rbegin(), layer_freed.rend());
   }
   ReturnPagesLocked(freed);
+  ForgetTokensLocked(end);
+  cached_tokens_ = std::min(cached_tokens_, end);
   PublishLocked(seq, old_mat);
   r.popped = int64_t(n);
   r.seq_len = SeqLenLocked();
@@ -213,8 +256,28 @@ absl::StatusOr<CacheInfo> KvCache::Reset(bool keep_pages) {
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
   std::vector<int32_t> freed;
-  for (LayerTable& t : layers_) t.Clear(keep_pages, &freed);
+  if (keep_pages) {
+    // Each layer keeps, for positions from 0 on, the pages it may write again; shared and
+    // registered pages go (they stay cached for others).
+    for (LayerTable& t : layers_) {
+      std::vector<int32_t> all, kept;
+      t.Clear(/*keep_pages=*/false, &all);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        (ctx_.pool->Writable(*it) ? kept : freed).push_back(*it);
+      }
+      std::reverse(kept.begin(), kept.end());
+      t.AddBlocks(kept.data(), int64_t(kept.size()));
+    }
+  } else {
+    freed = TailFirstLocked();
+    for (LayerTable& t : layers_) {
+      std::vector<int32_t> dropped;
+      t.Clear(/*keep_pages=*/false, &dropped);
+    }
+  }
   ReturnPagesLocked(freed);
+  ForgetTokensLocked(0);
+  cached_tokens_ = 0;
   PublishLocked(old_seq, old_mat);
   return InfoLocked();
 }
@@ -224,9 +287,13 @@ void KvCache::Release() {
   if (released_) return;
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  std::vector<int32_t> freed;
-  for (LayerTable& t : layers_) t.Clear(/*keep_pages=*/false, &freed);
+  std::vector<int32_t> freed = TailFirstLocked();
+  for (LayerTable& t : layers_) {
+    std::vector<int32_t> dropped;
+    t.Clear(/*keep_pages=*/false, &dropped);
+  }
   ReturnPagesLocked(freed);
+  ForgetTokensLocked(0);
   PublishLocked(old_seq, old_mat);
   released_ = true;
 }
@@ -244,6 +311,8 @@ CacheInfo KvCache::InfoLocked() const {
   }
   info.pool_id = ctx_.pool->id();
   info.page_bytes = ctx_.pool->page_bytes();
+  info.cached_tokens = cached_tokens_;
+  info.tokens_known = int64_t(tokens_.size());
   return info;
 }
 
@@ -262,7 +331,14 @@ std::vector<int32_t> KvCache::HeldPages() {
 
 std::string KvCache::DebugState() {
   absl::MutexLock lock(&mu_);
-  std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_);
+  std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
+                                 " cached=", cached_tokens_, " tokens=", tokens_.size(), " chain=",
+                                 chain_.nodes.size(), chain_.blocked ? "!" : "");
+  {
+    uint64_t h = 1469598103934665603u;  // FNV-1a over the declared token ids
+    for (int32_t t : tokens_) h = (h ^ uint32_t(t)) * 1099511628211u;
+    absl::StrAppend(&out, " tok#", h);
+  }
   std::vector<char> k, v;
   for (int l = 0; l < spec_.num_layers; ++l) {
     const LayerTable& t = layers_[size_t(l)];
@@ -300,6 +376,10 @@ absl::StatusOr<PageStats> KvCache::Stats() {
   st.bytes_used = uint64_t(pages_held_) * ctx_.pool->page_bytes();
   st.pages_evicted = pages_evicted_;
   st.refusals = refusals_.load(std::memory_order_relaxed);
+  st.prefix_lookups = prefix_requested_ > 0 ? 1 : 0;
+  st.prefix_requested_tokens = prefix_requested_;
+  st.prefix_hit_tokens = prefix_hit_;
+  st.cow_copies = cow_copies_;
   return st;
 }
 

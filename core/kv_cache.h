@@ -7,25 +7,37 @@
 // Every operation validates before it mutates: an error leaves pages, lengths and
 // counters exactly as they were. After Release() every operation returns NOT_FOUND.
 //
-// Page contents: every slot of every page the cache holds was written by this cache or
-// zeroed when the page was taken from the pool (KvKernels::ClearPages), so no read —
-// GetKv, Attend, a view — can return bytes another cache wrote.
+// Page contents: every slot of every page the cache holds was written by this cache,
+// zeroed when the page was taken from the pool (KvKernels::ClearPages), or — prefix
+// reuse — holds the K/V another cache of the same namespace and geometry wrote for
+// exactly the same token prefix (pages adopted at Allocate, shared by Fork), so no read —
+// GetKv, Attend, a view — can return bytes written for other tokens.
+//
+// Prefix reuse (kv_cache_prefix.cc): a cache may know the token ids of its positions
+// (prompt, SetTokens). With a prefix namespace, every full page of a layer whose tokens
+// are known is registered in the pool's PrefixIndex and becomes immutable; a page is
+// written only while Writable (its only reference, unregistered): appends write the
+// partial last page or new ones, which never are shared, and popn into a shared page
+// first copies what it keeps (copy-on-write).
 #ifndef KVARENA_CORE_KV_CACHE_H_
 #define KVARENA_CORE_KV_CACHE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/layer_table.h"
 #include "core/page_pool.h"
+#include "core/prefix_hash.h"
 #include "core/quota.h"
 #include "core/types.h"
 #include "core/validate.h"
@@ -41,6 +53,15 @@ struct StoreCounters {
   std::atomic<int64_t> layers_sliding{0};
   std::atomic<uint64_t> pages_evicted{0};
   std::atomic<uint64_t> refusals{0};
+  // Reap's work, each counted once the caches it released gave their pages back.
+  std::atomic<uint64_t> sessions_reaped{0};
+  std::atomic<uint64_t> caches_reaped_grace{0};  // their session's grace ran out
+  std::atomic<uint64_t> caches_reaped_idle{0};   // sessionless, idle past idle_ttl
+  std::atomic<uint64_t> prefix_lookups{0};
+  std::atomic<uint64_t> prefix_requested_tokens{0};
+  std::atomic<uint64_t> prefix_hit_tokens{0};
+  std::atomic<uint64_t> forks{0};
+  std::atomic<uint64_t> cow_copies{0};
 };
 
 // What a cache shares with its store; everything outlives the cache except the pool and
@@ -52,6 +73,11 @@ struct CacheContext {
   StoreCounters* counters = nullptr;
   const RequestLimits* limits = nullptr;
   size_t max_reply_bytes = 0;
+  // Called with no pool lock held when `pool` cannot find n pages: reclaims cached pages
+  // of the arena's other pools (KvStore::Impl::TrimOtherPools); true when that gave
+  // enough budget back to try again.
+  std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
+  int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
 };
 
 class KvCache {
@@ -83,6 +109,26 @@ class KvCache {
   absl::StatusOr<CacheDescription> Describe();
   absl::StatusOr<CacheInfo> Info();
   absl::StatusOr<PageStats> Stats();
+
+  // Prefix reuse (kv_cache_prefix.cc).
+  // Right after construction, before any other caller can see the cache: declares the
+  // prompt's token ids (checked by CheckTokenIds) as positions [0, n) and, with a prefix
+  // namespace, adopts the longest cached prefix — at most floor((n - 1) / page_size)
+  // pages, so at least one position is left to compute — charging the quota for it
+  // (nothing is adopted when the quota refuses). Counts the lookup.
+  void StartWithPrompt(const std::vector<int32_t>& prompt);
+  // Declares the token ids of [first_pos, first_pos + n): first_pos <= tokens_known
+  // (INVALID_ARGUMENT otherwise). Ids of positions below seq_len must equal what is
+  // declared there (FAILED_PRECONDITION); declared ids past the call's end at positions
+  // not yet written are forgotten. Registers the pages that became full and known.
+  absl::StatusOr<CacheInfo> SetTokens(int64_t first_pos, const std::vector<int32_t>& ids);
+  // Makes this cache — new, empty, not yet visible — a fork of src: every full page of
+  // every layer shared, each partial last page copied, the lengths, windows' evictions
+  // and declared tokens the same. RESOURCE_EXHAUSTED (quota, arena) changes nothing.
+  absl::Status ForkFrom(KvCache& src);
+  // Adds this cache's holds on index nodes to *holds and checks that the pages it may
+  // write (each layer's partial last block and reserved blocks) are Writable.
+  absl::Status TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds);
   // The ids of every page this cache holds (each layer's live blocks), for audits.
   std::vector<int32_t> HeldPages();
   // Lengths, page ids and a hash of every held token's K/V bytes, for tests that check a
@@ -119,8 +165,26 @@ class KvCache {
   // refusal names op and layer. The pages are not cleared.
   absl::Status TakePagesLocked(absl::string_view op, int layer, Taken* taken, std::vector<int32_t>* ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives pages back to the pool and the quota.
+  // Gives pages back to the pool (one reference each, in order: a chain's tail first) and
+  // the quota.
   void ReturnPagesLocked(std::vector<int32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pool's Allocate, retried once after trimming other pools' cached pages.
+  absl::Status AllocateLocked(int64_t n, std::vector<int32_t>* ids, std::vector<int32_t>* chunks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every held page, deepest block first across layers (release order).
+  std::vector<int32_t> TailFirstLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool sharing() const { return !spec_.prefix_namespace.empty(); }
+  PrefixQuery QueryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the declared tokens (first changed position: changed_from): hashes and the
+  // chain follow from the block holding it.
+  void DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the declared tokens from pos on (popn, reset).
+  void ForgetTokensLocked(int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers the full, known pages of `layer` (-1: every layer) not registered yet.
+  void RegisterLocked(int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Popn's copy-on-write: gives every layer that keeps part of a page it may not write
+  // (shared or registered) a private copy of that part. Nothing changes on an error.
+  absl::Status CopyKeptPagesLocked(int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Validates an append of k/v at pos (== the layer's length), takes the pages it needs
   // and writes the tokens; sets the length but neither evicts nor publishes. Returns what
   // it took, which UndoAppendLocked gives back exactly.
@@ -153,6 +217,19 @@ class KvCache {
   uint64_t pages_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refusals_{0};
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Prefix reuse.
+  const std::string root_key_;  // namespace and geometry, exactly ("" without a namespace)
+  const Hash128 root_hash_;
+  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);   // declared ids of positions [0, size)
+  std::vector<Hash128> hashes_ ABSL_GUARDED_BY(mu_);   // chained hash of each full block of them
+  std::vector<Hash128> keys_ ABSL_GUARDED_BY(mu_);     // the same, as the index keys them
+  PrefixChain chain_ ABSL_GUARDED_BY(mu_);             // index nodes of those blocks (sharing only)
+  std::vector<int64_t> reg_next_ ABSL_GUARDED_BY(mu_);  // per layer: blocks below were registered or skipped
+  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t cow_copies_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t prefix_requested_ ABSL_GUARDED_BY(mu_) = 0;  // this cache's lookup, at start
+  uint64_t prefix_hit_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvarena

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "core/checked.h"
 #include "core/kv_cache.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -64,7 +65,10 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
     if (has_k) UndoAppendLocked(layer, args.pos, added);
     return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
   }
-  if (has_k) EvictLocked(layer, args.pos);
+  if (has_k) {
+    RegisterLocked(layer);
+    EvictLocked(layer, args.pos);
+  }
   PublishLocked(old_seq, old_mat);
   return AttendResult{q.shape, SeqLenLocked()};
 }
@@ -84,7 +88,7 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   const std::optional<uint64_t> bytes = TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
   if (!bytes || *bytes > ctx_.max_reply_bytes / 2) {
     const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxMessageBytes, absl::StrCat(
         "get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
         uint64_t(n) * per_token, " bytes of K and V, above the ", ctx_.max_reply_bytes,
         " a reply may carry; ask for at most ", ctx_.max_reply_bytes / per_token,
@@ -130,9 +134,9 @@ absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
                                       tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return absl::ResourceExhaustedError(absl::StrCat("reserve: cache ", Quoted(id_), " would hold ",
-                                                     seq + tokens, " tokens but max_tokens=",
-                                                     spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens,
+                        absl::StrCat("reserve: cache ", Quoted(id_), " would hold ", seq + tokens,
+                                     " tokens but max_tokens=", spec_.max_tokens));
   }
   int64_t pages = 0;
   for (const LayerTable& t : layers_) {
@@ -173,9 +177,9 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
                                       tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return absl::ResourceExhaustedError(absl::StrCat("commit: cache ", Quoted(id_), " would hold ",
-                                                     seq + tokens, " tokens but max_tokens=",
-                                                     spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens,
+                        absl::StrCat("commit: cache ", Quoted(id_), " would hold ", seq + tokens,
+                                     " tokens but max_tokens=", spec_.max_tokens));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];
@@ -196,10 +200,9 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
 CacheInfo KvCache::CommitLocked(int64_t tokens) {
   const int64_t seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  for (int i = 0; i < spec_.num_layers; ++i) {
-    layers_[size_t(i)].set_len(seq + tokens);
-    EvictLocked(i, seq);
-  }
+  for (LayerTable& t : layers_) t.set_len(seq + tokens);
+  RegisterLocked(-1);
+  for (int i = 0; i < spec_.num_layers; ++i) EvictLocked(i, seq);
   PublishLocked(seq, old_mat);
   return InfoLocked();
 }

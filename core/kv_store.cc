@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -46,19 +47,38 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    // A pool kept only for its cached pages gives way to a geometry in use.
+    for (const auto& [id, p] : pools_by_id) {
+      if (auto n = caches_per_pool.find(id); n != caches_per_pool.end() && n->second > 0) continue;
+      const PageLayout& l = p->layout();
+      pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+      caches_per_pool.erase(id);
+      {
+        absl::MutexLock lock(&pools_mu);
+        live_pools.erase(std::find(live_pools.begin(), live_pools.end(), p));
+      }
+      pools_by_id.erase(id);
+      break;
+    }
+  }
+  if (int64_t(pools.size()) >= options.max_pools) {
+    return RefusedError(Refusal::kMaxPools, absl::StrCat(
         "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
         options.max_pools, " (a pool goes when its last cache is released)"));
   }
   PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
   const uint64_t id = next_pool_id;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
-      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept);
-  if (!pool.ok()) return absl::Status(pool.status().code(), absl::StrCat("allocate: ", pool.status().message()));
+      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept, &pool_counters);
+  if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
   ++next_pool_id;
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
   pools_by_id.emplace(id, p);
+  {
+    absl::MutexLock lock(&pools_mu);
+    live_pools.push_back(p);
+  }
   *created = true;
   return p;
 }
@@ -67,22 +87,46 @@ bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
   auto it = pools_by_id.find(pool->id());
   if (it == pools_by_id.end() || it->second.get() != pool) return false;
   if (auto n = caches_per_pool.find(pool->id()); n != caches_per_pool.end() && n->second > 0) return false;
+  // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
+  // give way to other pools' allocations (TrimOtherPools) and to new geometries (PoolFor).
+  if (pool->pages_cached() > 0) return false;
   const PageLayout& l = pool->layout();
   pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
   caches_per_pool.erase(pool->id());
+  {
+    absl::MutexLock lock(&pools_mu);
+    live_pools.erase(std::find(live_pools.begin(), live_pools.end(), it->second));
+  }
   pools_by_id.erase(it);
   return true;
+}
+
+int KvStore::Impl::DropIdlePoolsLocked() {
+  std::vector<const PagePool*> idle;
+  for (const auto& [id, p] : pools_by_id) {
+    if (auto n = caches_per_pool.find(id); n == caches_per_pool.end() || n->second == 0) idle.push_back(p.get());
+  }
+  int dropped = 0;
+  for (const PagePool* p : idle) dropped += DropPoolIfUnusedLocked(p);
+  return dropped;
+}
+
+CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
+  CacheContext ctx{std::move(pool), std::move(quota), kernels.get(), &counters, &limits, options.max_reply_bytes};
+  ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return TrimOtherPools(p, n); };
+  ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
+  return ctx;
 }
 
 void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
   cache->Release();
   if (!cache->owner().empty()) sessions.RemoveCache(cache->owner(), cache->id());
-  bool dropped = false;
+  int dropped = 0;
   {
     absl::MutexLock lock(&mu);
-    dropped = DropPoolIfUnusedLocked(cache->pool());
+    dropped = DropIdlePoolsLocked();
   }
-  if (dropped) RegionsChanged();
+  if (dropped > 0) RegionsChanged();
 }
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options,
@@ -101,6 +145,10 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_caches_per_session", options.max_caches_per_session),
                              std::pair("max_request_tokens", options.max_request_tokens)}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
+  }
+  if (options.TEST_prefix_hash_bits < 0 || options.TEST_prefix_hash_bits > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits,
+                                                   " must be in [0, 128]"));
   }
   if (options.session_max_pages < 0 || options.idle_ttl < absl::ZeroDuration() ||
       options.max_reply_bytes < 1) {
@@ -121,11 +169,13 @@ KvStore::~KvStore() {
 }
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
-                                            const std::string& cache_id) {
+                                            const std::string& cache_id,
+                                            const AllocateOptions& options) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
   if (!resolved.ok()) return resolved.status();
+  KVARENA_RETURN_IF_ERROR(CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
   if (absl::Status s = im.kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
                                                           resolved->num_kv_heads, resolved->head_dim});
       !s.ok()) {
@@ -138,7 +188,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
   if (!quota->TryAddCache()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
         "allocate: ", session.empty() ? "the caches without a session" : "the session",
         " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
   }
@@ -150,7 +200,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     absl::Status refused;
     std::string id = cache_id;
     if (int64_t(im.caches.size()) >= im.options.max_caches) {
-      refused = absl::ResourceExhaustedError(absl::StrCat(
+      refused = RefusedError(Refusal::kMaxCaches, absl::StrCat(
           "allocate: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
     } else if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
@@ -169,8 +219,11 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       if (created) im.DropPoolIfUnusedLocked(pool->get());
       return refused;
     }
-    CacheContext ctx{*pool, quota, im.kernels.get(), &im.counters, &im.limits, im.options.max_reply_bytes};
-    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, std::move(ctx), im.clock->Now());
+    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(*pool, quota),
+                                      im.clock->Now());
+    // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
+    // between the lookup and the adoption).
+    cache->StartWithPrompt(options.prompt_tokens);
     ++im.caches_per_pool[(*pool)->id()];
     im.caches.emplace(id, cache);
   }
@@ -248,7 +301,12 @@ ArenaStats KvStore::Stats() const {
   s.backend = impl_->backend->name();
   s.arena_bytes = impl_->budget.limit();
   s.bytes_committed = impl_->budget.used();
-  s.num_sessions = impl_->sessions.size();
+  const SessionTable::Counts sessions = impl_->sessions.counts();
+  s.num_sessions = sessions.held;
+  s.sessions_in_grace = sessions.in_grace;
+  s.sessions_opened = sessions.opened;
+  s.sessions_detached = sessions.detached;
+  s.sessions_resumed = sessions.resumed;
   s.scratch_bytes = impl_->sessions.scratch_bytes();
   s.scratch_regions = impl_->sessions.scratch_regions();
   std::vector<std::shared_ptr<PagePool>> pools;
@@ -277,6 +335,19 @@ ArenaStats KvStore::Stats() const {
   t.layers_sliding = c.layers_sliding.load();
   t.pages_evicted = c.pages_evicted.load();
   t.refusals = c.refusals.load();
+  s.sessions_reaped = c.sessions_reaped.load();
+  s.caches_reaped_grace = c.caches_reaped_grace.load();
+  s.caches_reaped_idle = c.caches_reaped_idle.load();
+  for (const PoolStats& p : s.pools) {
+    t.pages_cached += p.pages_cached;
+    t.pages_shared += p.pages_shared;
+  }
+  t.pages_evicted_lru = impl_->pool_counters.pages_reclaimed.load();
+  t.prefix_lookups = c.prefix_lookups.load();
+  t.prefix_requested_tokens = c.prefix_requested_tokens.load();
+  t.prefix_hit_tokens = c.prefix_hit_tokens.load();
+  t.forks = c.forks.load();
+  t.cow_copies = c.cow_copies.load();
   return s;
 }
 
@@ -294,8 +365,10 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
   return out;
 }
 
-absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
+                                                         const std::string& resume_token) {
   Impl& im = *impl_;
+  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
@@ -312,13 +385,19 @@ absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name)
     }
   }
   const size_t charge = s.scratch_charge;
-  absl::StatusOr<std::string> id = im.sessions.Open(std::move(s));
-  if (!id.ok()) im.budget.Refund(charge);
-  return id;
+  absl::StatusOr<SessionAttachment> a = im.sessions.Open(std::move(s));
+  if (!a.ok()) im.budget.Refund(charge);
+  return a;
 }
 
-void KvStore::DetachSession(const std::string& session_id, absl::Duration grace) {
-  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace);
+absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+  absl::StatusOr<SessionAttachment> a = AttachSession(client_name, "");
+  if (!a.ok()) return a.status();
+  return std::move(a->session_id);
+}
+
+void KvStore::DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch) {
+  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace, epoch);
 }
 
 bool KvStore::HasSession(const std::string& session_id) const {
@@ -329,7 +408,8 @@ int KvStore::Reap() {
   Impl& im = *impl_;
   const absl::Time now = im.clock->Now();
   std::vector<std::shared_ptr<KvCache>> gone;
-  for (SessionTable::Expired& e : im.sessions.TakeExpired(now)) {
+  const std::vector<SessionTable::Expired> expired = im.sessions.TakeExpired(now);
+  for (const SessionTable::Expired& e : expired) {
     im.budget.Refund(e.scratch_charge);
     absl::MutexLock lock(&im.mu);
     for (const std::string& id : e.cache_ids) {
@@ -341,6 +421,7 @@ int KvStore::Reap() {
       im.caches.erase(it);
     }
   }
+  const size_t by_grace = gone.size();
   if (im.options.idle_ttl > absl::ZeroDuration()) {
     absl::MutexLock lock(&im.mu);
     for (auto it = im.caches.begin(); it != im.caches.end();) {
@@ -355,6 +436,10 @@ int KvStore::Reap() {
     }
   }
   for (const auto& cache : gone) im.Remove(cache);
+  // Counted after the pages went back: whoever sees a count move sees the arena it left.
+  im.counters.sessions_reaped += expired.size();
+  im.counters.caches_reaped_grace += by_grace;
+  im.counters.caches_reaped_idle += gone.size() - by_grace;
   return int(gone.size());
 }
 
@@ -366,7 +451,14 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     for (const auto& [id, c] : impl_->caches) caches.push_back(c);
     pools = impl_->pools_by_id;
   }
-  std::map<uint64_t, std::set<int32_t>> owned;
+  {
+    absl::MutexLock lock(&impl_->pools_mu);
+    if (impl_->live_pools.size() != pools.size()) {
+      return absl::InternalError(absl::StrCat(impl_->live_pools.size(), " live pools but ", pools.size(), " in the maps"));
+    }
+  }
+  std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;   // per pool: page -> table slots
+  std::map<uint64_t, absl::flat_hash_map<uint64_t, int64_t>> holds;  // per pool: node -> holds
   std::map<const Quota*, std::pair<int64_t, int64_t>> per_quota;  // pages, caches
   per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
   for (const auto& c : caches) {
@@ -380,23 +472,28 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     if (!pools.contains(c->pool()->id())) {
       return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " draws from a dropped pool"));
     }
+    std::set<int32_t> mine;
     for (int32_t id : held) {
-      if (!owned[c->pool()->id()].insert(id).second) {
-        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " has two owners"));
+      if (!mine.insert(id).second) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " is held twice by ",
+                                                Quoted(c->id())));
       }
       if (!c->pool()->TEST_IsAllocated(id)) {
         return absl::InternalError(absl::StrCat("page ", id, " is held by ", Quoted(c->id()), " but free"));
       }
+      ++refs[c->pool()->id()][id];
     }
+    KVARENA_RETURN_IF_ERROR(c->TEST_Audit(&holds[c->pool()->id()]));
     auto& q = per_quota[c->quota()];
     q.first += int64_t(held.size());
     q.second += 1;
   }
   for (const auto& [id, pool] : pools) {
-    if (pool->pages_used() != int64_t(owned[id].size())) {
+    if (pool->pages_used() != int64_t(refs[id].size())) {
       return absl::InternalError(absl::StrCat("pool ", id, " has ", pool->pages_used(),
-                                              " pages used but caches hold ", owned[id].size()));
+                                              " pages used but caches hold ", refs[id].size()));
     }
+    KVARENA_RETURN_IF_ERROR(pool->TEST_Audit(refs[id], holds[id]));
   }
   for (const auto& [quota, counts] : per_quota) {
     if (quota->pages() != counts.first || quota->caches() != counts.second) {
@@ -412,6 +509,7 @@ std::string KvStore::TEST_DebugState() const {
   const ArenaStats s = Stats();
   std::string out = absl::StrCat("pages used=", s.pages.pages_used, " free=", s.pages.pages_free,
                                  " seq=", s.pages.seq_len, " evicted=", s.pages.pages_evicted,
+                                 " cached=", s.pages.pages_cached, " shared=", s.pages.pages_shared,
                                  " committed=", s.bytes_committed, " caches=", s.num_caches,
                                  " pools=", s.pools.size(), " sessions=", s.num_sessions, "\n");
   std::map<std::string, std::shared_ptr<KvCache>> caches;

@@ -9,7 +9,8 @@
 // Errors (absl::Status codes, mapped one-to-one to gRPC codes by the daemon):
 //   INVALID_ARGUMENT    bad spec, shape, dtype, layer or pos
 //   NOT_FOUND           no such cache
-//   RESOURCE_EXHAUSTED  arena full, max_tokens reached
+//   RESOURCE_EXHAUSTED  arena full, max_tokens reached, a bound below; tagged with the
+//                       bound it met (core/refusal.h: RefusalOf)
 //   FAILED_PRECONDITION state (attend over evicted keys, unknown session, ...)
 //   PERMISSION_DENIED   the cache belongs to another session
 //   ALREADY_EXISTS      Allocate with a cache_id in use
@@ -34,6 +35,7 @@
 #include "absl/time/time.h"
 #include "arena/region.h"
 #include "core/clock.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 
@@ -62,6 +64,10 @@ struct StoreOptions {
   size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
+
+  // Tests only: keep this many bits of each page hash (fewer force collisions, which the
+  // token-id check must catch). 128: the whole hash.
+  int TEST_prefix_hash_bits = 128;
 
   // Where the store reads the time; null: the system clock. Must outlive the store.
   Clock* clock = nullptr;
@@ -99,8 +105,14 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   // cache_id "" picks a fresh id. Pages are taken lazily, on each layer's first write.
+  // options.prompt_tokens declares the token ids of the first positions and, with
+  // spec.prefix_namespace, adopts the longest cached prefix of them (CacheInfo.cached_tokens:
+  // a multiple of page_size below the prompt's length, filled on every layer; the caller
+  // computes positions from there on). INVALID_ARGUMENT for a negative id or more than
+  // max_request_tokens of them.
   absl::StatusOr<CacheInfo> Allocate(const std::string& session, const CacheSpec& spec,
-                                     const std::string& cache_id);
+                                     const std::string& cache_id,
+                                     const AllocateOptions& options = {});
 
   // Dense append of n tokens to one layer: pos must equal the layer's length.
   // k, v: [1, num_kv_heads, n, head_dim] in the cache's dtype.
@@ -125,6 +137,16 @@ class KvStore {
                                   bool keep_pages);
   absl::Status Release(const std::string& session, const std::string& cache_id);
 
+  // Declares the token ids of positions [first_pos, first_pos + n) (KvCache::SetTokens):
+  // a generated answer, so that a later prompt containing it finds its pages.
+  absl::StatusOr<CacheInfo> SetTokens(const std::string& session, const SetTokensArgs& args);
+  // A new cache (new_cache_id; "" picks one) in the caller's session that shares every
+  // full page of cache_id and holds a copy of each layer's partial last page; the two
+  // diverge independently (copy-on-write). Errors as Allocate's, and RESOURCE_EXHAUSTED
+  // when the quota or arena cannot cover the fork's pages.
+  absl::StatusOr<CacheInfo> Fork(const std::string& session, const std::string& cache_id,
+                                 const std::string& new_cache_id);
+
   // RESOURCE_EXHAUSTED when the range's K+V bytes exceed max_reply_bytes (ask for less).
   absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
                                     int layer, const GetKvRange& range = {});
@@ -143,12 +165,18 @@ class KvStore {
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
   std::vector<CacheInfo> ListCaches() const;
 
-  // Sessions. OpenSession returns an unguessable id (RESOURCE_EXHAUSTED beyond
-  // max_sessions). DetachSession starts the grace period; Reap releases the caches of
-  // sessions whose grace has run out (only caches they still own) and sessionless caches
-  // idle past idle_ttl, by the store's clock.
+  // Sessions. AttachSession opens a session with an unguessable id and resume token
+  // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
+  // resumes the session that token names, with its caches, while its grace has not run
+  // out by the store's clock (NOT_FOUND after; SessionTable::Resume). OpenSession is
+  // AttachSession's id without a token. DetachSession starts the grace period, unless
+  // epoch names an attachment the session has been resumed past; Reap releases the
+  // caches of sessions whose grace has run out (only caches they still own) and
+  // sessionless caches idle past idle_ttl, by the store's clock.
+  absl::StatusOr<SessionAttachment> AttachSession(const std::string& client_name,
+                                                  const std::string& resume_token);
   absl::StatusOr<std::string> OpenSession(const std::string& client_name);
-  void DetachSession(const std::string& session_id, absl::Duration grace);
+  void DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch = 0);
   // Returns the number of caches released.
   int Reap();
   bool HasSession(const std::string& session_id) const;
@@ -175,9 +203,11 @@ class KvStore {
 
   // The memory of a pool, for tests.
   const Region* TEST_PoolRegion(uint64_t pool_id) const;
-  // Audits the page accounting: every page held by exactly one cache and allocated in its
-  // pool, each pool's pages_used equal to what its caches hold, quotas equal to what their
-  // caches hold. INTERNAL naming the first discrepancy. Call while no operation runs.
+  // Audits the page accounting: every page's reference count equal to the caches' table
+  // slots naming it, each pool's pages_used equal to the distinct pages its caches hold,
+  // cached pages registered and unreferenced, the prefix index's holds equal to what
+  // caches declare, pages a cache may write private, quotas equal to what their caches
+  // hold. INTERNAL naming the first discrepancy. Call while no operation runs.
   absl::Status TEST_CheckInvariants() const;
   // Everything a client could observe — arena stats (refusal counters aside) and every
   // cache's lengths, pages and a hash of its K/V — whoever owns it.

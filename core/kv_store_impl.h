@@ -54,6 +54,17 @@ struct KvStore::Impl {
   // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
   // workers when that emptied a pool.
   void Remove(const std::shared_ptr<KvCache>& cache);
+  // Drops every pool no cache draws from and that caches no page; returns how many.
+  int DropIdlePoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
+  // that much went back — only if they can give it all, so a refusal changes nothing.
+  // True when it freed the shortfall. Takes no store lock (pools_mu only): callers hold
+  // caches' locks.
+  bool TrimOtherPools(const PagePool* pool, int64_t n);
+  // pool->Allocate, retried once after TrimOtherPools when the arena is full.
+  absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                             std::vector<int32_t>* committed);
+  CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
@@ -70,6 +81,7 @@ struct KvStore::Impl {
   const RequestLimits limits;
   Clock* const clock;
   StoreCounters counters;
+  PoolCounters pool_counters;
   SessionTable sessions;
   const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session
 
@@ -80,6 +92,11 @@ struct KvStore::Impl {
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, int64_t> caches_per_pool ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
+
+  // The pools again, for TrimOtherPools, which runs under cache locks (so cannot take mu).
+  // Lock order: mu -> pools_mu; nothing is locked while pools_mu is held.
+  mutable absl::Mutex pools_mu ABSL_ACQUIRED_AFTER(mu);
+  std::vector<std::shared_ptr<PagePool>> live_pools ABSL_GUARDED_BY(pools_mu);
 };
 
 }  // namespace kvarena

@@ -1,6 +1,7 @@
 // KvStore over fault injectors wrapping the real KvKernels and Backend: what core does
 // when the kernels refuse a geometry or fail on the device, and when committing memory
 // fails midway. Every failure gives back what the call took.
+#include "core/refusal.h"
 #include "core/store_fixture.h"
 
 namespace kvarena {
@@ -19,6 +20,11 @@ class FaultyKvKernels : public KvKernels {
     if (fail_clear) return absl::InternalError("injected ClearPages failure");
     return real_->ClearPages(layout, pool_base, ids, n);
   }
+  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                         int64_t n) override {
+    if (fail_copy) return absl::InternalError("injected CopyPages failure");
+    return real_->CopyPages(layout, pool_base, copies, n);
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     if (fail_append) return absl::InternalError("injected AppendKv failure");
@@ -36,6 +42,7 @@ class FaultyKvKernels : public KvKernels {
   bool fail_append = false;
   bool fail_attention = false;
   bool fail_clear = false;
+  bool fail_copy = false;
 
  private:
   std::unique_ptr<KvKernels> real_ = NewCpuKvKernels(0);
@@ -61,6 +68,33 @@ TEST(KvStoreKernelsTest, AKernelFailureGivesBackThePagesItTook) {
   EXPECT_EQ(store->Describe("", "a")->info.layer_lens[0], 3);
 }
 
+TEST(KvStoreKernelsTest, ACopyFailureLeavesPopnAndForkUndone) {
+  auto kernels = std::make_shared<FaultyKvKernels>();
+  StoreOptions o;
+  o.arena_bytes = size_t{16} << 20;
+  o.default_page_size = 4;
+  o.kernels = kernels;
+  auto store = *KvStore::Create(o, NewHostBackend());
+  CacheSpec spec = Spec(2, 2, 8);
+  spec.prefix_namespace = "m";
+  std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_TRUE(store->Allocate("", spec, "a", AllocateOptions{prompt}).ok());
+  std::mt19937 rng(1);
+  OwnedTensor k = RandomTensor(rng, DType::kFloat32, 2, 10, 8);
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(store->Append("", "a", l, 0, k.Arg(), k.Arg()).ok());
+  ASSERT_EQ(store->Allocate("", spec, "b", AllocateOptions{prompt})->cached_tokens, 8);
+  kernels->fail_copy = true;
+  const std::string before = store->TEST_DebugState();
+  EXPECT_THAT(store->Popn("", "b", 2), StatusIs(absl::StatusCode::kInternal));  // a copy-on-write
+  EXPECT_THAT(store->Fork("", "a", "c"), StatusIs(absl::StatusCode::kInternal));  // the partial pages
+  EXPECT_EQ(store->TEST_DebugState(), before);
+  EXPECT_TRUE(store->TEST_CheckInvariants().ok()) << store->TEST_CheckInvariants();
+  kernels->fail_copy = false;
+  EXPECT_EQ(store->Popn("", "b", 2)->popped, 2);
+  EXPECT_TRUE(store->Fork("", "a", "c").ok());
+  EXPECT_TRUE(store->TEST_CheckInvariants().ok()) << store->TEST_CheckInvariants();
+}
+
 TEST(KvStoreKernelsTest, AllocateRejectsGeometriesTheKernelsCannotServe) {
   StoreOptions o;
   o.arena_bytes = size_t{16} << 20;
@@ -73,15 +107,15 @@ TEST(KvStoreKernelsTest, AllocateRejectsGeometriesTheKernelsCannotServe) {
   EXPECT_EQ(store->Stats().pools.size(), 0u);
 }
 
-// A host region whose Commit fails on the fail_at-th call (1-based; 0: never).
+// A host region whose Commit fails with `failure` on the fail_at-th call (1-based; 0: never).
 class FaultyRegion : public Region {
  public:
-  FaultyRegion(std::unique_ptr<Region> real, int* calls, int fail_at)
-      : real_(std::move(real)), calls_(calls), fail_at_(fail_at) {}
+  FaultyRegion(std::unique_ptr<Region> real, int* calls, int fail_at, absl::Status failure)
+      : real_(std::move(real)), calls_(calls), fail_at_(fail_at), failure_(std::move(failure)) {}
   uint8_t* base() const override { return real_->base(); }
   size_t size() const override { return real_->size(); }
   absl::Status Commit(size_t offset, size_t bytes) override {
-    if (++*calls_ == fail_at_) return absl::InternalError("injected Commit failure");
+    if (++*calls_ == fail_at_) return failure_;
     ++committed;
     return real_->Commit(offset, bytes);
   }
@@ -101,16 +135,19 @@ class FaultyRegion : public Region {
   std::unique_ptr<Region> real_;
   int* const calls_;
   const int fail_at_;
+  const absl::Status failure_;
 };
 
 class FaultyBackend : public Backend {
  public:
-  explicit FaultyBackend(int fail_at) : fail_at_(fail_at) {}
+  explicit FaultyBackend(int fail_at,
+                         absl::Status failure = absl::InternalError("injected Commit failure"))
+      : fail_at_(fail_at), failure_(std::move(failure)) {}
   std::string name() const override { return "faulty"; }
   absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes, const std::string& label) override {
     auto r = real_->Reserve(bytes, label);
     if (!r.ok()) return r.status();
-    auto region = std::make_unique<FaultyRegion>(*std::move(r), &calls_, fail_at_);
+    auto region = std::make_unique<FaultyRegion>(*std::move(r), &calls_, fail_at_, failure_);
     last = region.get();
     return region;
   }
@@ -120,6 +157,7 @@ class FaultyBackend : public Backend {
   std::unique_ptr<Backend> real_ = NewHostBackend();
   int calls_ = 0;
   const int fail_at_;
+  const absl::Status failure_;
 };
 
 StoreOptions SmallArena(std::shared_ptr<KvKernels> kernels) {
@@ -192,6 +230,22 @@ TEST(KvStoreKernelsTest, AFailedChunkCommitLeavesNothingCommitted) {
   EXPECT_EQ(store->Stats().pools[0].chunks_committed, 0);
   ASSERT_TRUE(store->Append("", "a", 0, 0, k.Arg(), k.Arg()).ok());  // the fault was one-off
   EXPECT_EQ(store->Stats().pools[0].chunks_committed, 3);
+}
+
+// The device out of memory (what the CUDA backend's Commit says when cuMemCreate fails)
+// is a refusal of its own, not the arena budget's.
+TEST(KvStoreKernelsTest, ABackendOutOfMemoryIsRefusedAsDeviceMemory) {
+  StoreOptions o = SmallArena(nullptr);
+  auto backend = std::make_unique<FaultyBackend>(
+      /*fail_at=*/1, absl::ResourceExhaustedError("cuMemCreate: out of memory"));
+  auto store = *KvStore::Create(o, std::move(backend));
+  ASSERT_TRUE(store->Allocate("", Spec(1, 1, 128), "a").ok());
+  std::mt19937 rng(3);
+  OwnedTensor k = RandomTensor(rng, DType::kFloat32, 1, 4, 128);
+  const absl::Status s = store->Append("", "a", 0, 0, k.Arg(), k.Arg()).status();
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("cuMemCreate: out of memory"));
+  EXPECT_EQ(RefusalOf(s), Refusal::kDeviceMemory);
 }
 
 }  // namespace

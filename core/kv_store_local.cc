@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -88,16 +89,22 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   };
   for (const auto& [quota, n] : charge) {
     if (!quota->TryChargePages(n)) {
-      return undo(absl::ResourceExhaustedError(absl::StrCat(
+      return undo(RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
           "reserve: needs ", n, " page(s) but the session's caches hold ", quota->pages(),
           " of session_max_pages=", quota->max_pages())));
     }
     charged.emplace_back(quota, n);
   }
-  for (const auto& [pool, n] : need) {
+  // Pools that cannot give their pages straight away go first: if one of them refuses,
+  // no other pool has reclaimed cached pages for this call yet.
+  std::vector<std::pair<PagePool*, int64_t>> order(need.begin(), need.end());
+  if (order.size() > 1) {
+    std::stable_partition(order.begin(), order.end(), [](const auto& p) { return !p.first->CanAllocate(p.second); });
+  }
+  for (const auto& [pool, n] : order) {
     std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = pool->Allocate(n, &ids, &committed[pool]); !s.ok()) {
-      return undo(absl::Status(s.code(), absl::StrCat("reserve: ", s.message())));
+    if (absl::Status s = impl_->AllocatePages(pool, n, &ids, &committed[pool]); !s.ok()) {
+      return undo(Annotated(s, "reserve: "));
     }
     // No slot of a reserved page may show what its last owner wrote.
     if (absl::Status s = impl_->kernels->ClearPages(pool->layout(), pool->base(), ids.data(),

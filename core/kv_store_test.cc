@@ -274,6 +274,31 @@ TEST_F(StoreTest, DetachedSessionsReleaseAfterGrace) {
   EXPECT_EQ(store_->Stats().num_sessions, 0);
 }
 
+TEST_F(StoreTest, SessionCountersFollowOpenDetachAndReap) {
+  const std::string s1 = *store_->OpenSession("w1");
+  const std::string s2 = *store_->OpenSession("w2");
+  ASSERT_TRUE(store_->Allocate(s1, Spec(1, 2, 8), "a").ok());
+  ASSERT_TRUE(store_->Allocate(s1, Spec(1, 2, 8), "b").ok());
+  store_->DetachSession(s1, absl::Seconds(5));
+  store_->DetachSession(s1, absl::Seconds(5));  // once is what counts
+  store_->DetachSession("unknown", absl::Seconds(5));
+  ArenaStats st = store_->Stats();
+  EXPECT_EQ(st.num_sessions, 2);
+  EXPECT_EQ(st.sessions_in_grace, 1);
+  EXPECT_EQ(st.sessions_opened, 2u);
+  EXPECT_EQ(st.sessions_detached, 1u);
+  EXPECT_EQ(st.sessions_reaped, 0u);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(store_->Reap(), 2);
+  st = store_->Stats();
+  EXPECT_EQ(st.num_sessions, 1);
+  EXPECT_EQ(st.sessions_in_grace, 0);
+  EXPECT_EQ(st.sessions_reaped, 1u);
+  EXPECT_EQ(st.caches_reaped_grace, 2u);
+  EXPECT_EQ(st.caches_reaped_idle, 0u);
+  EXPECT_TRUE(store_->HasSession(s2));
+}
+
 TEST_F(StoreTest, ReserveIsAllOrNothingAcrossCaches) {
   MakeStore(kChunkGranularity);  // 4096 pages of 512 bytes
   const std::string a = Alloc(Spec(2, 2, 8));

@@ -11,6 +11,20 @@ int64_t LayerTable::BlocksMissing(int64_t end, int page_size) const {
   return std::max<int64_t>(0, CeilDiv(end, page_size) - first_block_ - num_blocks());
 }
 
+int32_t LayerTable::ReplaceBlock(int64_t b, int32_t id) {
+  int32_t& slot = pages_[head_ + size_t(b - first_block_)];
+  const int32_t old = slot;
+  slot = id;
+  return old;
+}
+
+void LayerTable::Adopt(int64_t first_block, const int32_t* ids, int64_t n, int64_t len) {
+  pages_.assign(ids, ids + n);
+  head_ = 0;
+  first_block_ = first_block;
+  len_ = len;
+}
+
 void LayerTable::AddBlocks(const int32_t* ids, int64_t n) { pages_.insert(pages_.end(), ids, ids + n); }
 
 void LayerTable::EvictBelow(int64_t pos, int page_size, std::vector<int32_t>* freed) {

@@ -23,6 +23,14 @@ class LayerTable {
   int64_t num_blocks() const { return int64_t(pages_.size() - head_); }
   const int32_t* blocks() const { return pages_.data() + head_; }
 
+  // The page of absolute block b (REQUIRES first_block() <= b < first_block() + num_blocks()).
+  int32_t block(int64_t b) const { return blocks()[b - first_block_]; }
+  // Replaces the page of absolute block b; returns the one it held.
+  int32_t ReplaceBlock(int64_t b, int32_t id);
+  // REQUIRES: an empty table (len 0, no blocks). Takes blocks [first_block, first_block +
+  // n) as ids and len: a prefix adopted from other caches, or a fork's copy.
+  void Adopt(int64_t first_block, const int32_t* ids, int64_t n, int64_t len);
+
   // Blocks still to be added so that positions [first_pos, end) are covered.
   int64_t BlocksMissing(int64_t end, int page_size) const;
   void AddBlocks(const int32_t* ids, int64_t n);

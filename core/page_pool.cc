@@ -2,13 +2,22 @@
 
 #include <algorithm>
 #include <limits>
-#include <limits>
 #include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 
 namespace kvarena {
+namespace {
+
+// A backend's RESOURCE_EXHAUSTED (the device is out of memory) tagged as such.
+absl::Status BackendRefusal(const absl::Status& s) {
+  if (!absl::IsResourceExhausted(s) || RefusalOf(s) != Refusal::kOther) return s;
+  return RefusedError(Refusal::kDeviceMemory, s.message());
+}
+
+}  // namespace
 
 bool ArenaBudget::TryCharge(size_t bytes) {
   size_t used = used_.load(std::memory_order_relaxed);
@@ -26,7 +35,8 @@ size_t ChunkBytesFor(size_t page_bytes) {
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const PageLayout& layout,
                                                            Backend* backend, ArenaBudget* budget,
-                                                           int empty_chunks_kept) {
+                                                           int empty_chunks_kept,
+                                                           PoolCounters* counters) {
   const size_t page_bytes = layout.PageBytes();
   const size_t chunk_bytes = ChunkBytesFor(page_bytes);
   // Page ids are int32 (the block-table format of FlashInfer and vLLM): a pool of tiny
@@ -35,19 +45,20 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
   const size_t max_chunks = std::min(budget->limit() / chunk_bytes,
                                      size_t{std::numeric_limits<int32_t>::max()} / pages_per_chunk);
   if (max_chunks == 0) {
-    return absl::ResourceExhaustedError(
+    return RefusedError(Refusal::kArenaFull,
         absl::StrCat("pool: a chunk of ", chunk_bytes, " bytes (pages of ", page_bytes,
                      " bytes) does not fit arena_bytes=", budget->limit()));
   }
   auto region = backend->Reserve(max_chunks * chunk_bytes,
                                  absl::StrCat("kvarena-pool-", id));
-  if (!region.ok()) return region.status();
+  if (!region.ok()) return BackendRefusal(region.status());
   return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
-                                                chunk_bytes, empty_chunks_kept));
+                                                chunk_bytes, empty_chunks_kept, counters));
 }
 
 PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
-                   ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept)
+                   ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept,
+                   PoolCounters* counters)
     : id_(id),
       layout_(layout),
       page_bytes_(layout.PageBytes()),
@@ -55,7 +66,8 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       pages_per_chunk_(int32_t(chunk_bytes / layout.PageBytes())),
       empty_chunks_kept_(empty_chunks_kept),
       region_(std::move(region)),
-      budget_(budget) {
+      budget_(budget),
+      counters_(counters) {
   const int32_t num_chunks = int32_t(std::min<size_t>(
       region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
@@ -93,7 +105,7 @@ void PagePool::CloseLocked(int32_t c) {
 absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* out) {
   if (count > int64_t(uncommitted_.size()) ||
       !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kArenaFull, absl::StrCat(
         "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
         budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
   }
@@ -105,7 +117,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
       // newest first so the uncommitted list keeps its order, and the rest is refunded.
       budget_->Refund(size_t(count - i) * chunk_bytes_);
       for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
-      return s;
+      return BackendRefusal(s);
     }
     committed.push_back(c);
     uncommitted_.pop_back();
@@ -114,6 +126,8 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
     chunk.used = 0;
     chunk.free.resize(pages_per_chunk_);
     chunk.taken.assign(size_t(pages_per_chunk_), false);
+    chunk.refs.assign(size_t(pages_per_chunk_), 0);
+    chunk.cached = 0;
     const int32_t first = c * pages_per_chunk_;
     for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
     OpenLocked(c);
@@ -132,6 +146,8 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   chunk.free.shrink_to_fit();
   chunk.taken.clear();
   chunk.taken.shrink_to_fit();
+  chunk.refs.clear();
+  chunk.refs.shrink_to_fit();
   // A failed punch leaves the memory resident but the chunk reusable; nothing to undo.
   (void)region_->Decommit(size_t(c) * chunk_bytes_, chunk_bytes_);
   uncommitted_.push_back(c);
@@ -140,18 +156,7 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   budget_->Refund(chunk_bytes_);
 }
 
-absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
-                                std::vector<int32_t>* committed) {
-  if (n <= 0) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  const int64_t missing = n - FreeCommittedLocked();
-  if (missing > 0) {
-    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
-    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("allocate ", n, " page(s) of ", page_bytes_,
-                                                 " bytes: ", s.message()));
-    }
-  }
+void PagePool::TakeFreeLocked(int64_t n, std::vector<int32_t>* out) {
   out->reserve(out->size() + size_t(n));
   for (int64_t i = 0; i < n; ++i) {
     const int32_t c = open_chunks_.back();
@@ -161,28 +166,88 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
     out->push_back(id);
     chunk.free.pop_back();
     chunk.taken[size_t(id - c * pages_per_chunk_)] = true;
+    chunk.refs[size_t(id - c * pages_per_chunk_)] = 1;
     ++chunk.used;
     if (chunk.free.empty()) CloseLocked(c);
   }
   pages_used_ += n;
+}
+
+absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
+                                std::vector<int32_t>* committed) {
+  if (n <= 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  int64_t reclaim = 0;
+  const int64_t missing = n - FreeCommittedLocked();
+  if (missing > 0) {
+    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
+    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
+      // The budget falls short: commit the chunks it still covers, reclaim cached pages
+      // for the rest — or, when they are too few, refuse having changed nothing.
+      const int64_t cached = absl::IsResourceExhausted(s) ? index_.parked() : 0;
+      int64_t can = std::min<int64_t>({chunks - 1, int64_t(uncommitted_.size()),
+                                       int64_t(budget_->available() / chunk_bytes_)});
+      if (can > 0 && missing - can * pages_per_chunk_ <= cached &&
+          !CommitChunksLocked(can, committed).ok()) {
+        can = 0;  // the budget went elsewhere meanwhile
+      }
+      reclaim = std::max<int64_t>(0, missing - can * pages_per_chunk_);
+      if (reclaim > cached) {
+        absl::Status refused(s.code(), absl::StrCat(
+            "allocate ", n, " page(s) of ", page_bytes_, " bytes: ", s.message(),
+            cached > 0 ? absl::StrCat(" and only ", cached, " cached page(s) are reclaimable") : ""));
+        // Keeps the refusal's tag (core/refusal.h).
+        s.ForEachPayload([&](absl::string_view url, const absl::Cord& tag) { refused.SetPayload(url, tag); });
+        return refused;
+      }
+      reclaim = std::max<int64_t>(0, n - FreeCommittedLocked());
+    }
+  }
+  TakeFreeLocked(n - reclaim, out);
+  for (int64_t i = 0; i < reclaim; ++i) out->push_back(ReclaimLocked());
+  if (reclaim > 0 && counters_ != nullptr) counters_->pages_reclaimed += uint64_t(reclaim);
   return absl::OkStatus();
 }
 
 void PagePool::Free(absl::Span<const int32_t> ids) {
   absl::MutexLock lock(&mu_);
-  FreeLocked(ids);
+  std::vector<int32_t> unused;
+  for (const int32_t id : ids) {
+    int32_t& refs = RefsLocked(id);
+    if (--refs == 1) --pages_shared_;
+    if (refs > 0) continue;
+    if (index_.IsRegistered(id)) {
+      ParkLocked(id);
+    } else {
+      unused.push_back(id);
+    }
+  }
+  FreeLocked(unused);
 }
 
-void PagePool::FreeLocked(absl::Span<const int32_t> ids) {
+void PagePool::Ref(absl::Span<const int32_t> ids) {
+  absl::MutexLock lock(&mu_);
+  for (const int32_t id : ids) {
+    if (++RefsLocked(id) == 2) ++pages_shared_;
+  }
+}
+
+bool PagePool::Writable(int32_t id) const {
+  absl::MutexLock lock(&mu_);
+  return RefsLocked(id) == 1 && !index_.IsRegistered(id);
+}
+
+void PagePool::FreeLocked(absl::Span<const int32_t> ids, bool force_decommit) {
   for (const int32_t id : ids) {
     const int32_t c = id / pages_per_chunk_;
     Chunk& chunk = chunks_[c];
     if (chunk.free.empty()) OpenLocked(c);
     chunk.free.push_back(id);
     chunk.taken[size_t(id - c * pages_per_chunk_)] = false;
+    chunk.refs[size_t(id - c * pages_per_chunk_)] = 0;
     if (--chunk.used == 0) {
       ++empty_committed_;
-      if (empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
+      if (force_decommit || empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
     }
   }
   pages_used_ -= int64_t(ids.size());
@@ -198,9 +263,76 @@ void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_
   }
 }
 
+void PagePool::ParkLocked(int32_t id) {
+  index_.Park(id);
+  ++ChunkOf(id).cached;
+}
+
+void PagePool::UnparkLocked(int32_t id) {
+  index_.Unpark(id);
+  --ChunkOf(id).cached;
+}
+
+int32_t PagePool::ReclaimLocked() {
+  const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
+  --ChunkOf(id).cached;
+  RefsLocked(id) = 1;
+  return id;
+}
+
+size_t PagePool::ReclaimableBytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t chunks = 0;
+  for (const Chunk& c : chunks_) chunks += c.committed && c.used == c.cached;
+  return size_t(chunks) * chunk_bytes_;
+}
+
+size_t PagePool::TrimCached(size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  const int64_t before = chunks_committed_;
+  auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return size_t(before - chunks_committed_) * chunk_bytes_;
+  };
+  for (int32_t c = 0; c < int32_t(chunks_.size()) && freed() < bytes; ++c) {
+    if (chunks_[c].committed && chunks_[c].used == 0) DecommitChunkLocked(c);
+  }
+  if (freed() >= bytes || index_.parked() == 0) return freed();
+  for (int32_t id : index_.ParkedOldestFirst()) {
+    if (freed() >= bytes) break;
+    Chunk& chunk = ChunkOf(id);
+    if (chunk.used != chunk.cached) continue;  // live pages keep this chunk committed
+    index_.ReclaimPage(id);
+    --chunk.cached;
+    FreeLocked({&id, 1}, /*force_decommit=*/true);
+    if (counters_ != nullptr) ++counters_->pages_reclaimed;
+  }
+  return freed();
+}
+
+size_t PagePool::BudgetShortfall(int64_t n) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t missing = n - FreeCommittedLocked() - index_.parked();
+  if (missing <= 0) return 0;
+  const size_t need = size_t((missing + pages_per_chunk_ - 1) / pages_per_chunk_) * chunk_bytes_;
+  const size_t available = budget_->available();
+  return need > available ? need - available : 0;
+}
+
+bool PagePool::CanAllocate(int64_t n) const {
+  absl::MutexLock lock(&mu_);
+  const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
+                                                  int64_t(uncommitted_.size()));
+  return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + index_.parked();
+}
+
 int64_t PagePool::pages_used() const {
   absl::MutexLock lock(&mu_);
-  return pages_used_;
+  return pages_used_ - index_.parked();
+}
+
+int64_t PagePool::pages_cached() const {
+  absl::MutexLock lock(&mu_);
+  return index_.parked();
 }
 
 PoolStats PagePool::Stats() const {
@@ -212,8 +344,10 @@ PoolStats PagePool::Stats() const {
   absl::MutexLock lock(&mu_);
   const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
                                                   int64_t(uncommitted_.size()));
-  s.pages_used = pages_used_;
-  s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_;
+  s.pages_cached = index_.parked();
+  s.pages_shared = pages_shared_;
+  s.pages_used = pages_used_ - s.pages_cached;
+  s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + s.pages_cached;
   s.num_pages = s.pages_used + s.pages_free;
   s.chunks_committed = chunks_committed_;
   s.bytes_committed = uint64_t(chunks_committed_) * chunk_bytes_;
@@ -225,7 +359,14 @@ bool PagePool::TEST_IsAllocated(int32_t id) const {
   if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size()) return false;
   const Chunk& chunk = chunks_[size_t(id / pages_per_chunk_)];
   if (!chunk.committed) return false;
-  return chunk.taken[size_t(id % pages_per_chunk_)];
+  return chunk.refs[size_t(id % pages_per_chunk_)] > 0;
+}
+
+int32_t PagePool::TEST_Refs(int32_t id) const {
+  return TEST_IsAllocated(id) ? [&] {
+    absl::MutexLock lock(&mu_);
+    return RefsLocked(id);
+  }() : 0;
 }
 
 }  // namespace kvarena

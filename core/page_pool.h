@@ -7,23 +7,36 @@
 // `empty_chunks_kept` empty chunks per pool to avoid churn. Allocate and Free are O(1)
 // per page (amortised), except the commit/decommit of a chunk.
 //
+// Pages are reference-counted: a page taken by Allocate has one reference, Ref adds one
+// (a fork sharing it), Free drops one. A page whose last reference drops returns to the
+// free list — unless it is registered in the pool's PrefixIndex (content-addressed, for
+// prefix reuse): then it stays indexed as a cached page, reclaimable, until a cache
+// adopts it again (AdoptPrefix) or an Allocate that found no free page and no budget
+// reclaims it (least recently cached first). Registered pages are immutable: callers
+// write only pages that are Writable (one reference, not registered).
+//
 // Thread-safety: PagePool and ArenaBudget are safe for concurrent use; PagePool guards its
-// state with an internal mutex (taken after any cache lock).
+// state (the PrefixIndex included) with an internal mutex (taken after any cache lock),
+// so a prefix lookup and the adoption of what it found are one step no reclaim can split.
 #ifndef KVARENA_CORE_PAGE_POOL_H_
 #define KVARENA_CORE_PAGE_POOL_H_
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "arena/region.h"
+#include "core/prefix_index.h"
 #include "core/types.h"
 #include "kernels/paged_kv.h"
 
@@ -51,27 +64,116 @@ class ArenaBudget {
 // kChunkGranularity, and a multiple of it when that costs no more than 16 granules.
 size_t ChunkBytesFor(size_t page_bytes);
 
+// Arena-wide counts of what pools did for prefix reuse (owned by the store).
+struct PoolCounters {
+  std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
+};
+
+// A prefix to look up and adopt (AdoptPrefix), for a cache of num_layers layers.
+struct PrefixQuery {
+  std::string root_key;  // namespace and geometry, exactly (ResolvedRootKey)
+  Hash128 root_hash;
+  int num_layers = 0;
+  int page_size = 0;
+  std::vector<int> layer_windows;  // per layer
+  const Hash128* hashes = nullptr;  // [num_blocks] chained page hashes of the prompt
+  const int32_t* tokens = nullptr;  // [num_blocks * page_size] its token ids
+  int64_t num_blocks = 0;           // full pages of declared tokens
+  int64_t max_adopt = 0;            // adopt at most this many leading pages
+  // Charges the quota for n adopted pages; false: adopt nothing.
+  std::function<bool(int64_t)> charge;
+};
+
+// A cache's holds on the index: the root and one node per full page of declared tokens.
+// Guarded by the pool's lock (as PagePool's methods take it) and its cache's lock.
+struct PrefixChain {
+  uint64_t root = PrefixIndex::kNoNode;
+  std::vector<uint64_t> nodes;  // nodes[b]: the node of block b
+  bool blocked = false;         // a collision stopped the chain; it grows no further
+};
+
+// What AdoptPrefix found: `blocks` leading pages hit; per layer the pages adopted
+// (blocks [first_block, blocks)) — a sliding layer needs only what its window still sees.
+struct PrefixHit {
+  int64_t blocks = 0;
+  std::vector<int64_t> first_block;
+  std::vector<std::vector<int32_t>> pages;
+  int64_t pages_adopted = 0;
+};
+
+// One page to index: block `node` of a chain, `layer`, held by the caller.
+struct PageToRegister {
+  uint64_t node = PrefixIndex::kNoNode;
+  int layer = 0;
+  int32_t page = -1;
+};
+
 class PagePool {
  public:
   // Reserves a range big enough for the whole budget. Nothing is committed yet.
   // RESOURCE_EXHAUSTED when not even one chunk fits the budget.
+  // counters (optional) must outlive the pool.
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(uint64_t id, const PageLayout& layout,
                                                           Backend* backend, ArenaBudget* budget,
-                                                          int empty_chunks_kept);
+                                                          int empty_chunks_kept,
+                                                          PoolCounters* counters = nullptr);
   ~PagePool();
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 
-  // Appends n page ids to *out, all or nothing. RESOURCE_EXHAUSTED (naming the numbers)
-  // when the arena budget cannot cover the chunks they need.
+  // Appends n page ids to *out (one reference each), all or nothing: free pages of
+  // committed chunks, then new chunks the budget covers, then cached pages reclaimed
+  // (unregistered; least recently cached first). RESOURCE_EXHAUSTED (naming the numbers)
+  // when all of those together fall short; then nothing is reclaimed.
   // *committed (when given) receives the chunks this call committed, for Unallocate.
   absl::Status Allocate(int64_t n, std::vector<int32_t>* out,
                         std::vector<int32_t>* committed = nullptr);
-  // REQUIRES: every id was allocated from this pool and not yet freed.
+  // Drops one reference of each id, in order (a registered page losing its last one
+  // becomes the most recently cached: free a chain's tail before its head).
+  // REQUIRES: every id is referenced.
   void Free(absl::Span<const int32_t> ids);
+  // One more reference to each id. REQUIRES: every id is referenced.
+  void Ref(absl::Span<const int32_t> ids);
   // Undoes an Allocate: frees ids and decommits the chunks it committed that are empty
-  // again, so a refused request leaves the pool's memory as it found it.
+  // again, so a refused request leaves the pool's memory as it found it (pages it
+  // reclaimed stay reclaimed: their cached K/V are gone).
   void Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_t> committed);
+  // Whether a caller holding page id may write it: it is the only reference and the page
+  // is not registered.
+  bool Writable(int32_t id) const;
+  // Bytes TrimCached could give back to the budget: chunks holding only cached pages, and
+  // empty committed chunks.
+  size_t ReclaimableBytes() const;
+  // Gives committed memory back to the budget (another pool needs it) until `bytes` went
+  // back or ReclaimableBytes() is 0: decommits empty chunks, then reclaims the cached
+  // pages of chunks that hold nothing else, least recently cached first, and decommits
+  // those. Returns the bytes freed.
+  size_t TrimCached(size_t bytes);
+  // Budget bytes that Allocate(n) lacks now, beyond this pool's free and cached pages.
+  size_t BudgetShortfall(int64_t n) const;
+  // Whether Allocate(n) would find the pages now (free, budget, cached).
+  bool CanAllocate(int64_t n) const;
+
+  // --- prefix reuse (core/prefix_index.h); all under the pool's lock ---
+  // Extends *chain over blocks [chain->nodes.size(), num_blocks) of hashes/tokens,
+  // holding each node (creating those that are new), first the root when chain has none.
+  // Stops for good (chain->blocked) at a block whose hash names another prefix.
+  void ExtendChain(const PrefixQuery& q, PrefixChain* chain);
+  // ExtendChain, then finds the longest run of leading blocks b < q.max_adopt whose pages
+  // every layer needs are cached (a global layer: blocks [0, b); a sliding layer of window
+  // w: those a query at position b * page_size still sees), charges q.charge for them and
+  // adopts them (one reference each), all in one step. *hit is empty on a miss or when
+  // the charge is refused.
+  void AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* hit);
+  // Indexes each page (held by the caller, full, its tokens those of the node) unless
+  // its node already names a page for that layer. Returns how many were indexed.
+  int64_t Register(absl::Span<const PageToRegister> pages);
+  // Drops the chain's holds (nodes from `from` on; the root too when from == 0) and
+  // shortens it to `from` nodes.
+  void TruncateChain(PrefixChain* chain, size_t from);
+  // Another hold on each node of chain (a fork copies it).
+  void HoldChain(const PrefixChain& chain);
+  int64_t pages_cached() const;
 
   uint64_t id() const { return id_; }
   const PageLayout& layout() const { return layout_; }
@@ -80,13 +182,21 @@ class PagePool {
   uint8_t* base() const { return region_->base(); }
   const Region& region() const { return *region_; }
 
-  // pages_used, pages_free (committed free + what the budget could still commit),
+  // pages_used (referenced by caches), pages_cached, pages_shared, pages_free (committed
+  // free + what the budget could still commit + cached, reclaimable pages),
   // chunks, bytes. num_caches is left for the caller.
   PoolStats Stats() const;
-  int64_t pages_used() const;
+  int64_t pages_used() const;  // referenced by caches (cached pages not included)
 
-  // Whether page `id` is currently allocated (tests: no page has two owners).
+  // Whether page `id` is referenced by some cache.
   bool TEST_IsAllocated(int32_t id) const;
+  // References to page id (0 when free or cached).
+  int32_t TEST_Refs(int32_t id) const;
+  // Checks the pool against what the caches hold: refs[page] references to each page
+  // (every other page free or cached), holds[node] holds on each index node, the index
+  // consistent. INTERNAL naming the first discrepancy.
+  absl::Status TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& refs,
+                          const absl::flat_hash_map<uint64_t, int64_t>& holds) const;
 
  private:
   struct Chunk {
@@ -94,16 +204,36 @@ class PagePool {
     int32_t used = 0;
     int32_t open_index = -1;      // position in open_chunks_, -1 when full or uncommitted
     std::vector<int32_t> free;    // free page ids, popped from the back
-    std::vector<bool> taken;      // by page index in the chunk: allocated now
+    std::vector<bool> taken;      // by page index in the chunk: referenced or cached
+    std::vector<int32_t> refs;    // by page index in the chunk: references
+    int32_t cached = 0;           // taken pages with no reference (parked in the index)
   };
 
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
-           ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept);
+           ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept, PoolCounters* counters);
 
   int64_t FreeCommittedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitChunksLocked(int64_t count, std::vector<int32_t>* committed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FreeLocked(absl::Span<const int32_t> ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns ids (no references, not cached) to the free lists; force_decommit empties
+  // chunks regardless of empty_chunks_kept.
+  void FreeLocked(absl::Span<const int32_t> ids, bool force_decommit = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t& RefsLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return chunks_[size_t(id / pages_per_chunk_)].refs[size_t(id % pages_per_chunk_)];
+  }
+  int32_t RefsLocked(int32_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return chunks_[size_t(id / pages_per_chunk_)].refs[size_t(id % pages_per_chunk_)];
+  }
+  Chunk& ChunkOf(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return chunks_[size_t(id / pages_per_chunk_)]; }
+  // Moves a registered page with no reference into / out of the index's LRU.
+  void ParkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnparkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unregisters the least recently cached page for a new owner (one reference).
+  int32_t ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes n free pages of committed chunks (REQUIRES: that many are free).
+  void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecommitChunkLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OpenLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -116,12 +246,15 @@ class PagePool {
   const int empty_chunks_kept_;
   const std::unique_ptr<Region> region_;
   ArenaBudget* const budget_;
+  PoolCounters* const counters_;
 
   mutable absl::Mutex mu_;
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> open_chunks_ ABSL_GUARDED_BY(mu_);    // committed, with free pages
   std::vector<int32_t> uncommitted_ ABSL_GUARDED_BY(mu_);    // lowest index at the back
-  int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;  // taken: referenced or cached
+  int64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;  // with two or more references
+  PrefixIndex index_ ABSL_GUARDED_BY(mu_);
   int64_t chunks_committed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t empty_committed_ ABSL_GUARDED_BY(mu_) = 0;
 };

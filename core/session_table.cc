@@ -4,30 +4,64 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 
 namespace kvarena {
+namespace {
 
-absl::StatusOr<std::string> SessionTable::Open(NewSession session) {
+// 128 bits from the system's CSPRNG, as 32 hex digits.
+std::string RandomHex128() {
   char raw[16];
   size_t got = 0;
   while (got < sizeof(raw)) {
     const ssize_t r = getrandom(raw + got, sizeof(raw) - got, 0);
     if (r > 0) got += size_t(r);
   }
-  std::string id = absl::BytesToHexString(absl::string_view(raw, sizeof(raw)));
+  return absl::BytesToHexString(absl::string_view(raw, sizeof(raw)));
+}
+
+}  // namespace
+
+absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
+  SessionAttachment a;
+  a.session_id = RandomHex128();
+  a.resume_token = RandomHex128();
+  a.epoch = 1;
   absl::MutexLock lock(&mu_);
   if (int64_t(sessions_.size()) >= max_sessions_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
+    return RefusedError(Refusal::kMaxSessions, absl::StrCat(
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
-  Session& s = sessions_[id];
+  Session& s = sessions_[a.session_id];
   if (session.scratch) {
     scratch_bytes_ += session.scratch_charge;
     ++scratch_regions_;
   }
   s.info = std::move(session);
-  return id;
+  s.resume_token = a.resume_token;
+  by_token_[a.resume_token] = a.session_id;
+  ++counts_.opened;
+  return a;
+}
+
+absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume_token,
+                                                       absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto t = by_token_.find(resume_token);
+  Session* s = nullptr;
+  if (t != by_token_.end()) s = &sessions_.at(t->second);
+  if (s == nullptr || (s->detached && s->release_at <= now)) {
+    return absl::NotFoundError(
+        "attach: no session holds this resume_token (its grace period ended, kvarenad "
+        "restarted, or it was never issued); its caches are gone");
+  }
+  if (s->detached) --counts_.in_grace;
+  ++counts_.resumed;
+  s->detached = false;
+  s->release_at = absl::InfiniteFuture();
+  ++s->epoch;
+  return SessionAttachment{t->second, resume_token, s->epoch, /*resumed=*/true};
 }
 
 std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint64_t* scratch_id) const {
@@ -45,10 +79,14 @@ std::shared_ptr<Quota> SessionTable::QuotaOf(const std::string& id) const {
   return it->second.info.quota;
 }
 
-void SessionTable::Detach(const std::string& id, absl::Time release_at) {
+void SessionTable::Detach(const std::string& id, absl::Time release_at, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return;
+  if (it == sessions_.end() || (epoch != 0 && epoch != it->second.epoch)) return;
+  if (!it->second.detached) {
+    ++counts_.in_grace;
+    ++counts_.detached;
+  }
   it->second.detached = true;
   it->second.release_at = release_at;
 }
@@ -72,6 +110,13 @@ size_t SessionTable::scratch_bytes() const {
 int64_t SessionTable::scratch_regions() const {
   absl::MutexLock lock(&mu_);
   return scratch_regions_;
+}
+
+SessionTable::Counts SessionTable::counts() const {
+  absl::MutexLock lock(&mu_);
+  Counts c = counts_;
+  c.held = int64_t(sessions_.size());
+  return c;
 }
 
 absl::Status SessionTable::AddCache(const std::string& id, const std::string& cache_id) {
@@ -108,6 +153,8 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
       --scratch_regions_;
     }
     out.push_back(std::move(e));
+    by_token_.erase(s.resume_token);
+    --counts_.in_grace;
     sessions_.erase(it++);
   }
   return out;

@@ -1,6 +1,8 @@
-// SessionTable: the attached workers. Each session has an unguessable id, the caches it
-// owns, its Quota, its scratch region and — once its Attach stream broke — the time its
-// caches are to be released.
+// SessionTable: the attached workers. Each session has an unguessable id, an unguessable
+// resume token (a later Attach stream presenting it takes the session over), the caches
+// it owns, its Quota, its scratch region and — once its Attach stream broke — the time its
+// caches are to be released. Each attachment of a session has an epoch, so the end of a
+// stream that was taken over does not detach the session from the stream that took it.
 //
 // Thread-safety: safe for concurrent use (internal mutex). It only records cache ids;
 // releasing them is the store's job.
@@ -24,6 +26,14 @@
 
 namespace kvarena {
 
+// One attachment of a session to an Attach stream.
+struct SessionAttachment {
+  std::string session_id;
+  std::string resume_token;  // 32 hex digits; a credential, like the session id
+  uint64_t epoch = 0;        // 1 when opened, one more on each resume
+  bool resumed = false;      // this attachment resumed an existing session
+};
+
 class SessionTable {
  public:
   // max_sessions bounds the sessions held (attached or in their grace period).
@@ -36,20 +46,37 @@ class SessionTable {
     size_t scratch_charge = 0;  // arena bytes charged for it, refunded when the session goes
     std::shared_ptr<Quota> quota;
   };
-  // Returns a fresh id: 128 bits from the system's CSPRNG, as 32 hex digits.
-  // RESOURCE_EXHAUSTED when max_sessions are held.
-  absl::StatusOr<std::string> Open(NewSession session);
+  // Opens a session with a fresh id and resume token (each 128 bits from the system's
+  // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held.
+  absl::StatusOr<SessionAttachment> Open(NewSession session);
+  // Attaches the session resume_token names again, at the next epoch, whether it is in
+  // its grace period or still attached (a stream the client gave up on the daemon may not
+  // have noticed ending yet). NOT_FOUND when no session holds the token, or its grace
+  // ended by `now` (reaped or about to be: it is gone either way).
+  absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now);
   // The scratch region of a live session; null when unknown, detached or without one.
   std::shared_ptr<const Region> Scratch(const std::string& id, uint64_t* scratch_id) const;
   // The quota of a live session; null when unknown or detached.
   std::shared_ptr<Quota> QuotaOf(const std::string& id) const;
-  // Starts the grace period; a no-op for an unknown id.
-  void Detach(const std::string& id, absl::Time release_at);
+  // Starts the grace period; a no-op for an unknown id, or when epoch is not 0 and the
+  // session was attached again since that epoch.
+  void Detach(const std::string& id, absl::Time release_at, uint64_t epoch = 0);
   bool Contains(const std::string& id) const;
   int64_t size() const;
   // Scratch bytes charged by the sessions held, and how many regions.
   size_t scratch_bytes() const;
   int64_t scratch_regions() const;
+
+  // The sessions held now (in_grace of them detached), and how many were opened,
+  // detached and resumed since the table was made.
+  struct Counts {
+    int64_t held = 0;
+    int64_t in_grace = 0;
+    uint64_t opened = 0;
+    uint64_t detached = 0;
+    uint64_t resumed = 0;
+  };
+  Counts counts() const;
 
   // Records that cache_id belongs to session id. FAILED_PRECONDITION when the session is
   // unknown or detached (its caches are on their way out).
@@ -68,14 +95,18 @@ class SessionTable {
   struct Session {
     NewSession info;
     absl::flat_hash_set<std::string> caches;
+    std::string resume_token;
+    uint64_t epoch = 1;
     bool detached = false;
     absl::Time release_at = absl::InfiniteFuture();
   };
   const int64_t max_sessions_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);  // -> id
   size_t scratch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t scratch_regions_ ABSL_GUARDED_BY(mu_) = 0;
+  Counts counts_ ABSL_GUARDED_BY(mu_);  // held is sessions_.size(), filled in by counts()
 };
 
 }  // namespace kvarena

@@ -21,6 +21,10 @@ struct CacheSpec {
   int page_size = 0;               // 0: the store's default
   std::vector<int> layer_windows;  // empty, or one per layer; 0 = global, w >= 2 = sliding
   int64_t max_tokens = 0;          // 0: no limit beyond the arena
+  // What must match for K/V to be interchangeable (model, adapter, tenant salt): full
+  // pages are shared only between caches of one namespace and one geometry. "" shares
+  // nothing (README "Prefix reuse").
+  std::string prefix_namespace;
 };
 
 struct CacheInfo {
@@ -33,6 +37,25 @@ struct CacheInfo {
   std::vector<int64_t> layer_first_pos;
   uint64_t pool_id = 0;
   uint64_t page_bytes = 0;
+  // Leading positions filled from other caches' pages rather than by this cache's writes:
+  // the prefix adopted at Allocate (a fork: every position of its source); popn and reset
+  // lower it with seq_len.
+  int64_t cached_tokens = 0;
+  // Leading positions whose token ids are known (prompt_tokens, SetTokens).
+  int64_t tokens_known = 0;
+};
+
+// Allocate's optional prompt: its token ids (>= 0) are the cache's first positions; with
+// a prefix namespace the longest cached prefix of them is adopted (CacheInfo.cached_tokens).
+struct AllocateOptions {
+  std::vector<int32_t> prompt_tokens;
+};
+
+// SetTokens: token ids of positions [first_pos, first_pos + token_ids.size()).
+struct SetTokensArgs {
+  std::string cache_id;
+  int64_t first_pos = 0;
+  std::vector<int32_t> token_ids;
 };
 
 // A borrowed, contiguous, row-major tensor: [1, heads, tokens, head_dim] at the API.
@@ -126,6 +149,16 @@ struct PageStats {
   uint64_t bytes_used = 0;      // pages_used x page bytes
   uint64_t pages_evicted = 0;   // freed by sliding windows, since creation
   uint64_t refusals = 0;        // popn refusals and rejected appends / reserves, since creation
+  // Prefix reuse. Arena: gauges now and counters since start. One cache: its own
+  // prefix_* (its Allocate's lookup) and cow_copies; the pool-wide fields stay 0.
+  int64_t pages_cached = 0;            // unreferenced registered pages, reclaimable (in pages_free)
+  int64_t pages_shared = 0;            // pages referenced by two or more caches
+  uint64_t pages_evicted_lru = 0;      // cached pages reclaimed for new allocations
+  uint64_t prefix_lookups = 0;         // Allocates with prompt_tokens and a namespace
+  uint64_t prefix_requested_tokens = 0;  // their prompt lengths, summed
+  uint64_t prefix_hit_tokens = 0;      // the cached_tokens they got, summed
+  uint64_t forks = 0;
+  uint64_t cow_copies = 0;             // pages copied because a popn cut into a shared page
 };
 
 struct PoolStats {
@@ -135,6 +168,9 @@ struct PoolStats {
   int64_t num_pages = 0;  // pages_used + pages_free
   int64_t pages_used = 0;
   int64_t pages_free = 0;  // free in committed chunks + what the uncommitted budget could give
+                           // + pages_cached
+  int64_t pages_cached = 0;  // unreferenced, still indexed for prefix reuse, reclaimable
+  int64_t pages_shared = 0;  // referenced by two or more caches
   int64_t chunks_committed = 0;
   uint64_t chunk_bytes = 0;
   uint64_t bytes_committed = 0;
@@ -152,6 +188,18 @@ struct ArenaStats {
   int64_t num_sessions = 0;
   uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
   int64_t scratch_regions = 0;
+  // Sessions: of num_sessions, those detached and in their grace period; since creation,
+  // those opened, detached, resumed (a new stream with the resume token) and reaped
+  // (grace over: the session gone, its caches released).
+  int64_t sessions_in_grace = 0;
+  uint64_t sessions_opened = 0;
+  uint64_t sessions_detached = 0;
+  uint64_t sessions_resumed = 0;
+  uint64_t sessions_reaped = 0;
+  // Caches Reap released since creation: a reaped session's, and sessionless ones idle
+  // past idle_ttl.
+  uint64_t caches_reaped_grace = 0;
+  uint64_t caches_reaped_idle = 0;
 };
 
 }  // namespace kvarena

@@ -59,7 +59,23 @@ absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_si
     }
   }
   KVARENA_RETURN_IF_ERROR(CheckRange("max_tokens", s.max_tokens, 0, limits.max_positions));
+  if (s.prefix_namespace.size() > kMaxPrefixNamespaceBytes) {
+    return Bad(absl::StrCat("allocate: spec.prefix_namespace has ", s.prefix_namespace.size(),
+                            " bytes; at most ", kMaxPrefixNamespaceBytes));
+  }
   return s;
+}
+
+absl::Status CheckTokenIds(absl::string_view op, absl::string_view field, const std::vector<int32_t>& ids,
+                           const RequestLimits& limits) {
+  if (int64_t(ids.size()) > limits.max_request_tokens) {
+    return Bad(absl::StrCat(op, ": ", field, " has ", ids.size(), " token ids; at most ",
+                            limits.max_request_tokens));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0) return Bad(absl::StrCat(op, ": ", field, "[", i, "]=", ids[i], " must be >= 0"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name,

@@ -21,6 +21,7 @@ inline constexpr int kMaxKvHeads = 1024;
 inline constexpr int kMaxHeadDim = 1024;
 inline constexpr int kMaxPageSize = 4096;
 inline constexpr size_t kMaxCacheIdBytes = 256;
+inline constexpr size_t kMaxPrefixNamespaceBytes = 1024;
 
 // What a request may ask for: the kernels' reach and the store's per-request bound.
 struct RequestLimits {
@@ -51,6 +52,12 @@ absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name
 absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, const TensorArg& q,
                                    const void* out, size_t out_bytes, double scale,
                                    const RequestLimits& limits);
+
+// Checks token ids a caller declares (Allocate's prompt_tokens, SetTokens' token_ids):
+// at most limits.max_request_tokens of them, each >= 0. INVALID_ARGUMENT naming
+// "op: field[i]=...".
+absl::Status CheckTokenIds(absl::string_view op, absl::string_view field, const std::vector<int32_t>& ids,
+                           const RequestLimits& limits);
 
 // Checks that n tokens more fit below limits.max_positions after `len` (n >= 0):
 // INVALID_ARGUMENT "op: <what> + n=... passes the largest position ...".

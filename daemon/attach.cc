@@ -8,28 +8,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/refusal.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
 namespace kvarena {
 namespace {
 
-// The session's regions as an AttachEvent (the id and the fd socket included).
-absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const std::string& session,
-                                             const std::string& fd_socket) {
-  absl::StatusOr<std::vector<RegionInfo>> regions = store.SessionRegions(session);
+// The attachment's regions as an AttachEvent (the session, its resume token, the grace
+// and the fd socket included).
+absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const SessionAttachment& a,
+                                             const AttachHub::Options& options) {
+  absl::StatusOr<std::vector<RegionInfo>> regions = store.SessionRegions(a.session_id);
   if (!regions.ok()) return regions.status();
   v1::AttachEvent event;
-  event.set_session_id(session);
-  event.set_fd_socket(fd_socket);
+  event.set_session_id(a.session_id);
+  event.set_resume_token(a.resume_token);
+  event.set_session_grace_ms(uint64_t(absl::ToInt64Milliseconds(options.session_grace)));
+  event.set_resumed(a.resumed);
+  event.set_fd_socket(options.fd_socket);
   for (const RegionInfo& r : *regions) ToProto(r, event.add_regions());
   return event;
+}
+
+// Marks a call the daemon ends because it is shutting down (kAttachEndMetadataKey).
+void MarkShutdown(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  if (absl::IsUnavailable(status)) ctx->AddTrailingMetadata(kAttachEndMetadataKey, kAttachEndShutdown);
 }
 
 // An Attach call refused before it opened a session: finishes at once.
 class RefusedAttach final : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
-  explicit RefusedAttach(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  RefusedAttach(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+    MarkShutdown(ctx, status);
+    Finish(ToGrpcStatus(status));
+  }
   void OnDone() override { delete this; }
 };
 
@@ -40,10 +53,12 @@ class RefusedAttach final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 // Its state is guarded by mu_; gRPC is called under mu_ (it runs no reaction inline).
 class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
  public:
-  AttachStream(AttachHub* hub, std::string session, std::string peer_host)
-      : hub_(hub), session_(std::move(session)), peer_host_(std::move(peer_host)) {}
+  AttachStream(AttachHub* hub, grpc::CallbackServerContext* ctx, SessionAttachment attachment,
+               std::string peer_host)
+      : hub_(hub), ctx_(ctx), attachment_(std::move(attachment)), peer_host_(std::move(peer_host)) {}
 
-  const std::string& session() const { return session_; }
+  const std::string& session() const { return attachment_.session_id; }
+  uint64_t epoch() const { return attachment_.epoch; }
   const std::string& peer_host() const { return peer_host_; }
 
   // Sends the session's current region list, now or after the write in flight.
@@ -57,7 +72,8 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
     WriteLocked();
   }
 
-  // Finishes the stream with `status`, now or after the write in flight; the first end wins.
+  // Finishes the stream with `status`, now or after the write in flight; the first end
+  // wins. UNAVAILABLE is the daemon shutting down: the end is marked so (MarkShutdown).
   void End(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (finished_ || end_.has_value()) return;
@@ -89,8 +105,7 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
  private:
   // Starts writing the current list unless it is the one last sent.
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<v1::AttachEvent> event =
-        RegionsEvent(*hub_->store_, session_, hub_->options_.fd_socket);
+    absl::StatusOr<v1::AttachEvent> event = RegionsEvent(*hub_->store_, attachment_, hub_->options_);
     if (!event.ok()) return FinishLocked(event.status());
     if (sent_any_ && event->SerializeAsString() == event_.SerializeAsString()) return;
     event_ = *std::move(event);
@@ -101,12 +116,14 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
-    hub_->rpcs_->Count(Rpc::kAttach, status.code());
+    hub_->rpcs_->RecordStreamEnd(Rpc::kAttach, status);
+    MarkShutdown(ctx_, status);
     Finish(ToGrpcStatus(status));
   }
 
   AttachHub* const hub_;
-  const std::string session_;
+  grpc::CallbackServerContext* const ctx_;  // gRPC's, valid until OnDone
+  const SessionAttachment attachment_;
   const std::string peer_host_;
 
   absl::Mutex mu_;
@@ -128,7 +145,7 @@ std::string PeerHost(absl::string_view peer) {
   return std::string(peer);
 }
 
-AttachHub::AttachHub(KvStore* store, RpcCounters* rpcs, Options options)
+AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)
     : store_(store), rpcs_(rpcs), options_(std::move(options)) {}
 
 AttachHub::~AttachHub() = default;
@@ -142,22 +159,32 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
-    refused = absl::ResourceExhaustedError(
-        absl::StrCat("attach: peer ", host, " holds ", it->second,
-                     " Attach streams; max_attach_per_peer=", options_.max_per_peer));
-  } else if (absl::StatusOr<std::string> session = store_->OpenSession(request.client_name());
-             !session.ok()) {
-    refused = session.status();
+    refused = RefusedError(Refusal::kMaxAttachPerPeer,
+                           absl::StrCat("attach: peer ", host, " holds ", it->second,
+                                        " Attach streams; max_attach_per_peer=",
+                                        options_.max_per_peer));
+  } else if (absl::StatusOr<SessionAttachment> a =
+                 store_->AttachSession(request.client_name(), request.resume_token());
+             !a.ok()) {
+    refused = a.status();
   } else {
-    auto* stream = new AttachStream(this, *std::move(session), host);
+    if (a->resumed) {
+      // The stream it takes over, if the daemon has not seen that one end yet.
+      for (AttachStream* old : streams_) {
+        if (old->session() == a->session_id) {
+          old->End(absl::AbortedError("attach: the session was resumed by a newer Attach stream"));
+        }
+      }
+    }
+    auto* stream = new AttachStream(this, ctx, *std::move(a), host);
     streams_.insert(stream);
     if (!host.empty()) ++per_peer_[host];
     // Under mu_, so no change of the regions slips between this list and the next event.
     stream->SendRegions();
     return stream;
   }
-  rpcs_->Count(Rpc::kAttach, refused.code());
-  return new RefusedAttach(refused);
+  rpcs_->RecordStreamEnd(Rpc::kAttach, refused);
+  return new RefusedAttach(ctx, refused);
 }
 
 void AttachHub::RegionsChanged() {
@@ -181,7 +208,8 @@ void AttachHub::Done(AttachStream* stream) {
       per_peer_.erase(it);
     }
   }
-  store_->DetachSession(stream->session(), options_.session_grace);
+  // A no-op when a newer stream resumed the session meanwhile.
+  store_->DetachSession(stream->session(), options_.session_grace, stream->epoch());
 }
 
 }  // namespace kvarena

@@ -1,13 +1,19 @@
 // AttachHub: every live Attach stream of the daemon, served on gRPC's callback API so a
 // held stream costs no thread and no CPU while nothing changes. Each stream opens a
-// session; its first event names the session, its regions and the fd socket, and a further
-// event (the whole updated region list) follows whenever a pool is created or destroyed
-// (RegionsChanged). When the stream ends — the client cancels or goes away, a write fails,
-// or the daemon shuts down — its session is detached with the grace, exactly once.
+// session, or resumes the one its request's resume_token names (ending the stream still
+// attached to it, if any, with ABORTED); its first event names the session, its resume
+// token, its regions and the fd socket, and a further event (the whole updated region
+// list) follows whenever a pool is created or destroyed (RegionsChanged). When the stream
+// ends — the client cancels or goes away, a write fails, or the daemon shuts down — its
+// session is detached with the grace, exactly once, unless a newer stream resumed it.
+// Streams ended by the shutdown carry kAttachEndMetadataKey: there is nothing to resume.
 //
 // Bounds: the store's max_sessions (its RESOURCE_EXHAUSTED passes through), and at most
 // max_per_peer live streams from one TCP peer address (Unix-socket peers are not counted:
 // gRPC cannot tell them apart).
+//
+// Metrics: each call is counted once in RpcMetrics, by the code it ends with (CANCELLED
+// when the worker went away, UNAVAILABLE at shutdown) or is refused with; it is not timed.
 //
 // Lifetime: gRPC owns each stream's reactor from Start() until its OnDone, which removes it
 // from the hub and deletes it. BeginShutdown() finishes every stream, and the server's
@@ -29,7 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace grpc {
@@ -52,7 +58,7 @@ class AttachHub {
     int max_per_peer = 64;         // live streams from one TCP peer address
   };
   // store and rpcs must outlive the hub.
-  AttachHub(KvStore* store, RpcCounters* rpcs, Options options);
+  AttachHub(KvStore* store, RpcMetrics* rpcs, Options options);
   // REQUIRES: no live stream (the server has shut down).
   ~AttachHub();
   AttachHub(const AttachHub&) = delete;
@@ -77,7 +83,7 @@ class AttachHub {
   void Done(AttachStream* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
   KvStore* const store_;
-  RpcCounters* const rpcs_;
+  RpcMetrics* const rpcs_;
   const Options options_;
 
   // Held while calling into reactors, which never run a reaction inline (gRPC dispatches

@@ -46,6 +46,7 @@ absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
   absl::StatusOr<int64_t> max_tokens = DecodeInt64("allocate", "spec.max_tokens", p.max_tokens());
   if (!max_tokens.ok()) return max_tokens.status();
   s.max_tokens = *max_tokens;
+  s.prefix_namespace = p.prefix_namespace();  // core bounds its length
   return s;
 }
 

@@ -48,9 +48,22 @@ v1::FdReply ExportRegion(const KvStore& store, const std::string& session,
 
 }  // namespace
 
+const char* FdOpName(FdOp op) {
+  switch (op) {
+    case FdOp::kNone: return "none";
+    case FdOp::kListRegions: return "list_regions";
+    case FdOp::kExportRegion: return "export_region";
+  }
+  return "none";
+}
+
 v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
-                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out) {
+                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out,
+                            FdOp* op) {
   pieces_out->clear();
+  FdOp ignored;
+  if (op == nullptr) op = &ignored;
+  *op = FdOp::kNone;
   if (!peer_access.ok()) return Error(peer_access);
   v1::FdRequest req;
   if (request.size() > size_t(INT_MAX) || !req.ParseFromArray(request.data(), int(request.size()))) {
@@ -59,8 +72,10 @@ v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
   }
   switch (req.op_case()) {
     case v1::FdRequest::kListRegions:
+      *op = FdOp::kListRegions;
       return ListRegions(store, req.session_id());
     case v1::FdRequest::kExportRegion:
+      *op = FdOp::kExportRegion;
       return ExportRegion(store, req.session_id(), req.export_region(), pieces_out);
     case v1::FdRequest::OP_NOT_SET:
       break;

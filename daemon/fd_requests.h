@@ -17,6 +17,13 @@
 
 namespace kvarena {
 
+// What a request asked for; kNone when it was refused before it was parsed, did not
+// parse or named no operation.
+enum class FdOp { kNone, kListRegions, kExportRegion };
+inline constexpr int kNumFdOps = static_cast<int>(FdOp::kExportRegion) + 1;
+// "none", "list_regions", "export_region": the metrics label.
+const char* FdOpName(FdOp op);
+
 // The reply to `request` (a serialized FdRequest). Errors travel in the reply's code and
 // message: peer_access itself when it is not OK (the peer may not fetch fds: see
 // CheckFdPeer; the request is not even parsed),
@@ -26,8 +33,10 @@ namespace kvarena {
 // total_pieces = how many there are after after_generation in all.
 // *pieces_out receives the page's pieces in reply.pieces() order; the caller owns their
 // fds (send them with the reply, then close them). It is left empty on any error.
+// *op (when given) receives what the request asked for.
 v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
-                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out);
+                            const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out,
+                            FdOp* op = nullptr);
 
 }  // namespace kvarena
 

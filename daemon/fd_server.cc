@@ -170,6 +170,7 @@ void FdServer::Admit(int conn) {
   std::lock_guard<std::mutex> lock(mu_);
   if (conns_.size() >= size_t(options_.max_connections)) {
     close(conn);  // the peer reads EOF at once; everyone already connected is still served
+    if (options_.metrics != nullptr) options_.metrics->ConnectionRefused();
     if (!refusing_) {
       Log(absl::StrCat("closing new connections: ", conns_.size(), " are open (--max_fd_connections=",
                        options_.max_connections, ")"));
@@ -179,9 +180,11 @@ void FdServer::Admit(int conn) {
   }
   refusing_ = false;
   conns_.push_back(conn);  // within the reserved capacity: cannot throw
+  if (options_.metrics != nullptr) options_.metrics->ConnectionOpened();
   try {
     std::thread([this, conn] { RunConnection(conn); }).detach();
   } catch (const std::exception& e) {  // std::system_error: no thread to be had now
+    if (options_.metrics != nullptr) options_.metrics->ConnectionClosed();
     conns_.pop_back();
     close(conn);
     Log(absl::StrCat("closing a connection: cannot start its thread: ", e.what()));
@@ -197,6 +200,7 @@ void FdServer::RunConnection(int conn) {
   std::lock_guard<std::mutex> lock(mu_);
   close(conn);
   std::erase(conns_, conn);
+  if (options_.metrics != nullptr) options_.metrics->ConnectionClosed();
   if (conns_.empty()) idle_.notify_all();
 }
 
@@ -231,10 +235,19 @@ void FdServer::Serve(int conn) {
     absl::Cleanup close_pieces = [&pieces] {
       for (const SharedPiece& p : pieces) close(p.fd);
     };
-    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, access, &pieces);
+    FdOp op = FdOp::kNone;
+    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, access, &pieces, &op);
     std::vector<int> fds;
-    for (const SharedPiece& p : pieces) fds.push_back(p.fd);
-    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok() || !access.ok()) return;
+    uint64_t bytes = 0;
+    for (const SharedPiece& p : pieces) {
+      fds.push_back(p.fd);
+      bytes += p.bytes;
+    }
+    FdMetrics* const metrics = options_.metrics;
+    if (metrics != nullptr) metrics->CountRequest(op, absl::StatusCode(reply.code()));
+    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok()) return;
+    if (metrics != nullptr) metrics->CountExport(fds.size(), bytes);
+    if (!access.ok()) return;
   }
 }
 

@@ -17,6 +17,9 @@
 // waits accept_backoff before trying again; it never stops accepting until destroyed.
 // No exception leaves its threads: a connection whose thread cannot be started is closed.
 //
+// Metrics (options.metrics): each request by operation and reply code, the fds and bytes
+// of every reply sent, the connections open and those refused over the bound.
+//
 // Thread-safety: Start/destroy from one thread; connections are served on their own
 // threads. Destruction stops accepting, wakes every connection and joins them.
 #ifndef KVARENA_DAEMON_FD_SERVER_H_
@@ -33,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/kv_store.h"
+#include "daemon/fd_metrics.h"
 #include "daemon/socket_access.h"
 
 namespace kvarena {
@@ -46,6 +50,9 @@ struct FdServerOptions {
   // The accept4(2) call: a connected fd, or -1 with errno set. A seam for tests that
   // inject its failures; null: accept4 with SOCK_CLOEXEC.
   std::function<int(int listen_fd)> accept;
+  // Where requests, exports and connections are counted; null: nowhere. Must outlive
+  // the server.
+  FdMetrics* metrics = nullptr;
 };
 
 class FdServer {

@@ -81,6 +81,9 @@ ABSL_FLAG(int, max_attach_per_peer, 64,
 ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
 ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
           "An fd-socket connection idle this long is closed (clients reconnect).");
+ABSL_FLAG(int, test_prefix_hash_bits, 128,
+          "Tests only: keep this many bits (0-128) of each prefix page hash, so that hashes "
+          "collide and the token-id check must catch them. Leave at 128.");
 
 namespace kvarena {
 
@@ -130,6 +133,7 @@ DaemonOptions OptionsFromFlags() {
   o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
+  o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);
   return o;
 }
 

@@ -1,6 +1,10 @@
-// The Prometheus endpoint of kvarenad (--metrics_address, --metrics_port): GET /metrics reads
-// KvStore::Stats() at scrape time (counters only, O(1) in caches and pages) plus the RPC
-// counters, so nothing is sampled in the background.
+// The Prometheus endpoint of kvarenad (--metrics_address, --metrics_port): GET /metrics
+// reads KvStore::Stats() (counters only, O(1) in caches and pages), the RPC metrics and
+// the fd socket's at scrape time, so nothing is sampled in the background. README
+// "Metrics" lists every family. Label values come from fixed sets (method, code, reason,
+// op, backend) or from a pool's geometry — never from a cache, session or pool id — so
+// the number of series stays bounded however many caches and sessions come and go.
+// prometheus-cpp writes the text exposition format (0.0.4).
 //
 // Thread-safety: scrapes run on the exposer's threads and only read thread-safe state.
 #ifndef KVARENA_DAEMON_METRICS_H_
@@ -12,7 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "core/kv_store.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/fd_metrics.h"
+#include "daemon/rpc_metrics.h"
 
 namespace prometheus {
 class Collectable;
@@ -22,18 +27,24 @@ struct MetricFamily;
 
 namespace kvarena {
 
-// Every family a scrape returns: kvarena_pages_used, kvarena_pool_pages_used{pool_id,...},
-// kvarena_rpc_total{method,code}, ...
-std::vector<prometheus::MetricFamily> CollectMetrics(const KvStore& store,
-                                                     const RpcCounters& rpcs);
+// What a scrape reads; every pointer must outlive whoever holds the sources.
+struct MetricSources {
+  const KvStore* store = nullptr;
+  const RpcMetrics* rpcs = nullptr;
+  const FdMetrics* fd = nullptr;
+};
+
+// Every family a scrape returns: kvarena_pages_used, kvarena_pool_pages_used{dtype,...},
+// kvarena_rpc_total{method,code}, kvarena_rpc_duration_seconds{method,code}, ...
+// A labelled family has a sample only for the label values seen (non-zero counts).
+std::vector<prometheus::MetricFamily> CollectMetrics(const MetricSources& sources);
 
 class MetricsServer {
  public:
-  // Serves http://address:port/metrics (an IPv6 address is bracketed for it). store and
-  // rpcs must outlive the server. UNAVAILABLE naming both flags when it cannot bind.
+  // Serves http://address:port/metrics (an IPv6 address is bracketed for it).
+  // UNAVAILABLE naming both flags when it cannot bind.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              int port, const KvStore* store,
-                                                              const RpcCounters* rpcs);
+                                                              int port, MetricSources sources);
   // "127.0.0.1:9464", "[::1]:9464": where it listens.
   const std::string& bind_address() const { return bind_address_; }
   ~MetricsServer();

@@ -46,7 +46,26 @@ absl::Status Requests::Allocate(S session, const v1::AllocateRequest& req,
                                 v1::AllocateResponse* resp) {
   absl::StatusOr<CacheSpec> spec = DecodeSpec(req.spec());
   if (!spec.ok()) return spec.status();
-  absl::StatusOr<CacheInfo> info = store_->Allocate(session, *spec, req.cache_id());
+  AllocateOptions options;
+  options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
+  absl::StatusOr<CacheInfo> info = store_->Allocate(session, *spec, req.cache_id(), options);
+  if (info.ok()) ToProto(*info, resp->mutable_cache());
+  return info.status();
+}
+
+absl::Status Requests::SetTokens(S session, const v1::SetTokensRequest& req,
+                                 v1::SetTokensResponse* resp) {
+  absl::StatusOr<int64_t> first_pos = DecodeInt64("set_tokens", "first_pos", req.first_pos());
+  if (!first_pos.ok()) return first_pos.status();
+  SetTokensArgs args{req.cache_id(), *first_pos,
+                     std::vector<int32_t>(req.token_ids().begin(), req.token_ids().end())};
+  absl::StatusOr<CacheInfo> info = store_->SetTokens(session, args);
+  if (info.ok()) ToProto(*info, resp->mutable_cache());
+  return info.status();
+}
+
+absl::Status Requests::Fork(S session, const v1::ForkRequest& req, v1::ForkResponse* resp) {
+  absl::StatusOr<CacheInfo> info = store_->Fork(session, req.cache_id(), req.new_cache_id());
   if (info.ok()) ToProto(*info, resp->mutable_cache());
   return info.status();
 }

@@ -34,6 +34,8 @@ class Requests {
   absl::Status Describe(S session, const v1::DescribeRequest& req, v1::DescribeResponse* resp);
   absl::Status Stats(const v1::StatsRequest& req, v1::StatsResponse* resp);
   absl::Status ListCaches(const v1::ListCachesRequest& req, v1::ListCachesResponse* resp);
+  absl::Status SetTokens(S session, const v1::SetTokensRequest& req, v1::SetTokensResponse* resp);
+  absl::Status Fork(S session, const v1::ForkRequest& req, v1::ForkResponse* resp);
 
  private:
   KvStore* const store_;

@@ -115,6 +115,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_request_tokens = options.max_request_tokens;
   store_options.max_reply_bytes = options.max_message_bytes;
   store_options.idle_ttl = options.idle_ttl;
+  store_options.TEST_prefix_hash_bits = options.test_prefix_hash_bits;
   // The store calls it only from served calls and the reaper, which start after attach_.
   Daemon* self = d.get();
   store_options.on_regions_changed = [self] { self->attach_->RegionsChanged(); };
@@ -130,8 +131,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_address, options.metrics_port, d->store_.get(),
-                             &d->rpcs_);
+        MetricsServer::Start(options.metrics_address, options.metrics_port,
+                             MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_});
     if (!metrics.ok()) return metrics.status();
     d->metrics_ = std::move(*metrics);
   }
@@ -146,6 +147,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     fd_options.idle_timeout = options.fd_idle_timeout;
     fd_options.access = *access;
     fd_options.allowed_uids = options.allowed_uids;
+    fd_options.metrics = &d->fd_metrics_;
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
         FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {

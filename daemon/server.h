@@ -24,10 +24,11 @@
 #include "absl/time/time.h"
 #include "core/kv_store.h"
 #include "daemon/attach.h"
+#include "daemon/fd_metrics.h"
 #include "daemon/fd_server.h"
 #include "daemon/listen.h"
 #include "daemon/metrics.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "daemon/service.h"
 #include "daemon/tcp_credentials.h"
 
@@ -63,6 +64,7 @@ struct DaemonOptions {
   int64_t session_max_pages = 0;  // 0: no per-session quota
   int64_t max_request_tokens = 1 << 20;
   absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
+  int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
   int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
   int max_fd_connections = 256;  // open fd-socket connections
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
@@ -94,9 +96,12 @@ class Daemon {
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
   std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
+  // Counted into by the service, the AttachHub and the fd socket, read by metrics_: they
+  // outlive all four.
+  RpcMetrics rpcs_;
+  FdMetrics fd_metrics_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
-  RpcCounters rpcs_;
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;

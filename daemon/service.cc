@@ -1,5 +1,6 @@
 #include "daemon/service.h"
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -18,69 +19,72 @@ std::string SessionOf(const grpc::ServerContext* ctx) {
 
 }  // namespace
 
-grpc::Status KvCacheServiceImpl::Done(Rpc rpc, const absl::Status& status) {
-  rpcs_->Count(rpc, status.code());
+template <typename Body>
+grpc::Status KvCacheServiceImpl::Serve(Rpc rpc, Body body) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = body();
+  rpcs_->RecordCall(rpc, status, absl::FromChrono(std::chrono::steady_clock::now() - start));
   return ToGrpcStatus(status);
 }
 
 grpc::Status KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* req,
                                           v1::AllocateResponse* resp) {
-  return Done(Rpc::kAllocate, requests_.Allocate(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kAllocate, [&] { return requests_.Allocate(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
                                         v1::AppendResponse* resp) {
-  return Done(Rpc::kAppend, requests_.Append(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kAppend, [&] { return requests_.Append(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
                                         v1::AttendResponse* resp) {
-  return Done(Rpc::kAttend, requests_.Attend(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kAttend, [&] { return requests_.Attend(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
                                       v1::PopnResponse* resp) {
-  return Done(Rpc::kPopn, requests_.Popn(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kPopn, [&] { return requests_.Popn(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Reset(Ctx* ctx, const v1::ResetRequest* req,
                                        v1::ResetResponse* resp) {
-  return Done(Rpc::kReset, requests_.Reset(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kReset, [&] { return requests_.Reset(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Release(Ctx* ctx, const v1::ReleaseRequest* req,
                                          v1::ReleaseResponse* resp) {
-  return Done(Rpc::kRelease, requests_.Release(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kRelease, [&] { return requests_.Release(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req,
                                          v1::ReserveResponse* resp) {
-  return Done(Rpc::kReserve, requests_.Reserve(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kReserve, [&] { return requests_.Reserve(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
                                         v1::CommitResponse* resp) {
-  return Done(Rpc::kCommit, requests_.Commit(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kCommit, [&] { return requests_.Commit(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
                                        v1::GetKvResponse* resp) {
-  return Done(Rpc::kGetKv, requests_.GetKv(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kGetKv, [&] { return requests_.GetKv(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Describe(Ctx* ctx, const v1::DescribeRequest* req,
                                           v1::DescribeResponse* resp) {
-  return Done(Rpc::kDescribe, requests_.Describe(SessionOf(ctx), *req, resp));
+  return Serve(Rpc::kDescribe, [&] { return requests_.Describe(SessionOf(ctx), *req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::Stats(Ctx*, const v1::StatsRequest* req,
                                        v1::StatsResponse* resp) {
-  return Done(Rpc::kStats, requests_.Stats(*req, resp));
+  return Serve(Rpc::kStats, [&] { return requests_.Stats(*req, resp); });
 }
 
 grpc::Status KvCacheServiceImpl::ListCaches(Ctx*, const v1::ListCachesRequest* req,
                                             v1::ListCachesResponse* resp) {
-  return Done(Rpc::kListCaches, requests_.ListCaches(*req, resp));
+  return Serve(Rpc::kListCaches, [&] { return requests_.ListCaches(*req, resp); });
 }
 
 grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
@@ -88,8 +92,17 @@ grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
   return attach_->Start(ctx, *req);
 }
 
+grpc::Status KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
+                                           v1::SetTokensResponse* resp) {
+  return Serve(Rpc::kSetTokens, [&] { return requests_.SetTokens(SessionOf(ctx), *req, resp); });
+}
+
+grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::ForkResponse* resp) {
+  return Serve(Rpc::kFork, [&] { return requests_.Fork(SessionOf(ctx), *req, resp); });
+}
+
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {
-  return Done(Rpc::kPing, absl::OkStatus());
+  return Serve(Rpc::kPing, [&] { return absl::OkStatus(); });
 }
 
 }  // namespace kvarena

@@ -1,8 +1,10 @@
 // KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each unary one passes the
 // caller's session (metadata `kvarena-session`, "" when absent) and the request to
-// Requests (daemon/requests.h: decode -> KvStore -> encode), counts the call and maps the
-// status (ToGrpcStatus). No rules and no locks live here: the store owns both. Attach
-// alone is on gRPC's callback API (a held stream takes no thread): the AttachHub serves it.
+// Requests (daemon/requests.h: decode -> KvStore -> encode) inside Serve, which times
+// and counts the call (RpcMetrics) and maps the status (ToGrpcStatus): every unary call
+// is dispatched through that one place. No rules and no locks live here: the store owns
+// both. Attach alone is on gRPC's callback API (a held stream takes no thread): the
+// AttachHub serves and counts it.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -11,7 +13,7 @@
 #include "core/kv_store.h"
 #include "daemon/attach.h"
 #include "daemon/requests.h"
-#include "daemon/rpc_counters.h"
+#include "daemon/rpc_metrics.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
 
@@ -21,7 +23,7 @@ class KvCacheServiceImpl final
     : public v1::KvCacheService::WithCallbackMethod_Attach<v1::KvCacheService::Service> {
  public:
   // store, rpcs and attach must outlive the service.
-  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, AttachHub* attach)
+  KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach)
       : requests_(store), rpcs_(rpcs), attach_(attach) {}
 
   using Ctx = grpc::ServerContext;
@@ -40,13 +42,17 @@ class KvCacheServiceImpl final
   grpc::ServerWriteReactor<v1::AttachEvent>* Attach(grpc::CallbackServerContext*,
                                                     const v1::AttachRequest*) override;
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
+  grpc::Status SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
+  grpc::Status Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
 
  private:
-  // Counts the call and maps its status.
-  grpc::Status Done(Rpc rpc, const absl::Status& status);
+  // Runs body (a Requests call), records its status and how long it took, and maps the
+  // status.
+  template <typename Body>
+  grpc::Status Serve(Rpc rpc, Body body);
 
   Requests requests_;
-  RpcCounters* const rpcs_;
+  RpcMetrics* const rpcs_;
   AttachHub* const attach_;
 };
 

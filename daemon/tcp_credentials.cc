@@ -1,16 +1,12 @@
 #include "daemon/tcp_credentials.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/small_file.h"
 #include "core/status_macros.h"
 #include "daemon/bearer_token.h"
 
@@ -20,28 +16,11 @@ namespace {
 // Certificates, keys and tokens are small; a larger file is not one of them.
 constexpr size_t kMaxFileBytes = size_t{1} << 20;
 
+// --flag=path's contents, errors prefixed with "--flag=".
 absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int err = errno;
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("--", flag, "=", path, ": cannot read: ", std::strerror(err)));
-  }
-  std::string out;
-  char buf[4096];
-  ssize_t n = 0;
-  while ((n = read(fd, buf, sizeof(buf))) > 0 && out.size() <= kMaxFileBytes) {
-    out.append(buf, size_t(n));
-  }
-  const int err = errno;
-  close(fd);
-  if (n < 0) {
-    return absl::Status(absl::ErrnoToStatusCode(err),
-                        absl::StrCat("--", flag, "=", path, ": cannot read: ", std::strerror(err)));
-  }
-  if (out.size() > kMaxFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", path, ": larger than ", kMaxFileBytes, " bytes"));
+  absl::StatusOr<std::string> out = ReadSmallFile(path, kMaxFileBytes);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(), absl::StrCat("--", flag, "=", out.status().message()));
   }
   return out;
 }

@@ -14,7 +14,8 @@ import struct
 CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
 OPS = {"allocate": 0, "append": 1, "attend": 2, "popn": 3, "reset": 4, "release": 5,
        "reserve": 6, "commit": 7, "get_kv": 8, "describe": 9, "stats": 10,
-       "open_session": 11, "detach": 12, "reap": 13, "list": 14}
+       "open_session": 11, "detach": 12, "reap": 13, "list": 14,
+       "allocate_prompt": 240, "set_tokens": 241, "fork": 242}
 IDS = {"a": 0, "b": 1, "c": 2, "d": 3}
 F32, F16, BF16 = 1, 2, 3
 NO_SESSION = 0  # with no session open, index 0 is "" (sessions + 0)
@@ -68,6 +69,25 @@ def allocate(name, session=NO_SESSION, **kw):
     return step("allocate", session) + spec(**kw) + cache(name)
 
 
+def token_ids(ids):
+    out = u8(len(ids))
+    for v in ids:
+        out += u8(v) if 0 <= v <= 3 else u8(200) + struct.pack("<i", v)
+    return out
+
+
+def allocate_prompt(name, prompt, namespace=1, session=NO_SESSION, **kw):  # namespace 1: "m"
+    return step("allocate_prompt", session) + spec(**kw) + u8(namespace) + cache(name) + token_ids(prompt)
+
+
+def set_tokens(name, first_pos, ids, session=NO_SESSION):
+    return step("set_tokens", session) + cache(name) + u64(first_pos) + token_ids(ids)
+
+
+def fork(name, new_name, session=NO_SESSION):
+    return step("fork", session) + cache(name) + cache(new_name)
+
+
 def append(name, layer, pos, tokens, session=NO_SESSION, kv=2, dim=8, dtype=F32):
     return (step("append", session) + cache(name) + u32(layer) + u64(pos) +
             tensor(dtype, kv, tokens, dim, seed=pos + 1) + u8(1))
@@ -111,6 +131,18 @@ SEEDS = {
         step("append", 0) + cache("a") + u32(0) + u64(0) +
         u8(F32) + u8(4) + i64(1) + i64(2) + i64(2) + i64(8, 8) + u8(0) + u8(0) + u64(0, 255) + u64(0, 255) +
         u8(1),
+    # Prefix reuse: b adopts a's first two pages, declared tokens register a's answer, a
+    # fork shares and copies, popn cuts into shared pages, released pages stay cached.
+    "prefix": allocate_prompt("a", list(range(10, 20))) + append("a", 0, 0, 10) + append("a", 1, 0, 10) +
+        allocate_prompt("b", list(range(10, 20))) + append("b", 0, 8, 2) + append("b", 1, 8, 2) +
+        set_tokens("a", 10, [7, 8]) + append("a", 0, 10, 2) + append("a", 1, 10, 2) + fork("a", "c") +
+        step("popn") + cache("c") + u64(7, 8) + step("popn") + cache("b") + u64(1, 8) +
+        step("release") + cache("a") + allocate_prompt("d", list(range(10, 20)) + [7, 8, 9]) +
+        step("reset") + cache("d") + u8(1) + step("release") + cache("b") + step("stats") + u8(0),
+    "prefix_sliding": allocate_prompt("a", [], windows=(0, 3)) + append("a", 0, 0, 9) + append("a", 1, 0, 9) +
+        append("a", 1, 9, 1) + set_tokens("a", 0, list(range(40, 50))) + append("a", 0, 9, 1) +
+        allocate_prompt("b", list(range(40, 51)), windows=(0, 3)) + fork("b", "c") +
+        items("reserve", [("b", 3), ("c", 2)]) + items("commit", [("b", 3)]),
 }
 
 

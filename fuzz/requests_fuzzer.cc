@@ -7,7 +7,12 @@
 // libFuzzer reports as a crash. KVARENA_FUZZ_TRACE=1 prints every step's status.
 //
 // The input is read front to back as a program (fuzz/make_seeds.py writes seeds in it):
-//   step    := op:u8 session:u8 fields...        (op % 15; session % (sessions + 2))
+//   step    := op:u8 session:u8 fields...        (op < 240: op % 15, the original 15 ops;
+//                                                 op >= 240: (op - 240) % 3 + 15, prefix
+//                                                 reuse: Allocate with a namespace and
+//                                                 prompt_tokens, SetTokens, Fork;
+//                                                 session % (sessions + 2))
+//   tokens  := n:u8 int... (n % 24 token ids, small ones mostly, so prompts share prefixes)
 //   int     := s:u8 [...]   s < 32: s % (small + 1); s < 48: an edge value (next u8);
 //                           else the next sizeof(T) bytes, little-endian
 //   id      := b:u8 [len:u8 bytes]   b < 224: one of a few ids; else a string of len bytes
@@ -93,6 +98,7 @@ class Harness {
     o.max_reply_bytes = 1 << 16;
     o.idle_ttl = absl::Seconds(30);
     o.clock = &clock_;
+    o.TEST_prefix_hash_bits = 6;  // collisions happen: the token-id check must hold
     auto store = KvStore::Create(o, NewHostBackend());
     if (!store.ok()) Fail(std::string(store.status().message()));
     store_ = *std::move(store);
@@ -125,6 +131,11 @@ class Harness {
     const int windows = in.Byte() % 5;
     for (int i = 0; i < windows; ++i) s->add_layer_windows(in.Int<uint32_t>(9));
     if (in.Bool()) s->set_max_tokens(in.Int<uint64_t>(40));
+  }
+  template <typename Field>
+  void FillTokens(Program& in, Field* ids) {
+    const int n = in.Byte() % 24;
+    for (int i = 0; i < n; ++i) ids->Add(in.Int<int32_t>(3));
   }
   void FillTensor(Program& in, v1::Tensor* t) {
     t->set_dtype(v1::DType(in.Byte() % 5));
@@ -179,7 +190,8 @@ class Harness {
 };
 
 void Harness::Step(Program& in) {
-  const int op = in.Byte() % 15;
+  const uint8_t code = in.Byte();
+  const int op = code < 240 ? code % 15 : 15 + (code - 240) % 3;
   const std::string session = Session(in);
   const std::string before = store_->TEST_DebugState();
   absl::Status status;
@@ -324,10 +336,41 @@ void Harness::Step(Program& in) {
       store_->Reap();
       return Check(name, absl::OkStatus(), before);
     }
-    default: {
+    case 14: {
       name = "ListCaches";
       v1::ListCachesResponse resp;
       status = requests_->ListCaches(v1::ListCachesRequest(), &resp);
+      break;
+    }
+    case 15: {
+      name = "AllocatePrompt";
+      v1::AllocateRequest req;
+      FillSpec(in, req.mutable_spec());
+      static const char* kNamespaces[] = {"", "m", "n"};
+      req.mutable_spec()->set_prefix_namespace(kNamespaces[in.Byte() % 3]);
+      req.set_cache_id(CacheId(in));
+      FillTokens(in, req.mutable_prompt_tokens());
+      v1::AllocateResponse resp;
+      status = requests_->Allocate(session, req, &resp);
+      break;
+    }
+    case 16: {
+      name = "SetTokens";
+      v1::SetTokensRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_first_pos(in.Int<uint64_t>(40));
+      FillTokens(in, req.mutable_token_ids());
+      v1::SetTokensResponse resp;
+      status = requests_->SetTokens(session, req, &resp);
+      break;
+    }
+    default: {
+      name = "Fork";
+      v1::ForkRequest req;
+      req.set_cache_id(CacheId(in));
+      req.set_new_cache_id(CacheId(in));
+      v1::ForkResponse resp;
+      status = requests_->Fork(session, req, &resp);
     }
   }
   Check(name, status, before);

@@ -43,6 +43,10 @@ class KvKernels {
   // [head_dim]), so no slot of a page handed to a cache holds another cache's bytes.
   virtual absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                                   int64_t n) = 0;
+  // Copies pages within the pool (copy-on-write of a shared page, a fork's partial last
+  // page): copies[0..n), each src != dst, no dst written twice, as PageCopy says.
+  virtual absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                                 int64_t n) = 0;
   // Returns once every operation these kernels started has finished with the pages it
   // touched (a no-op for synchronous kernels). Callers run it before they give pages back.
   virtual absl::Status Synchronize() { return absl::OkStatus(); }

@@ -75,6 +75,14 @@ struct PagedKvView {
   }
 };
 
+// One page copy (KvKernels::CopyPages): token slots [0, tokens) of K and of V of page
+// src go to the same slots of page dst; dst's slots [tokens, page_size) are zeroed.
+struct PageCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+  int32_t tokens = 0;  // 0 <= tokens <= page_size
+};
+
 }  // namespace kvarena
 
 #endif  // KVARENA_KERNELS_PAGED_KV_H_

@@ -34,6 +34,7 @@ CacheSpec FromProto(const v1::CacheSpec& p) {
   s.page_size = static_cast<int>(p.page_size());
   s.layer_windows.assign(p.layer_windows().begin(), p.layer_windows().end());
   s.max_tokens = static_cast<int64_t>(p.max_tokens());
+  s.prefix_namespace = p.prefix_namespace();
   return s;
 }
 
@@ -45,6 +46,7 @@ void ToProto(const CacheSpec& s, v1::CacheSpec* p) {
   p->set_page_size(static_cast<uint32_t>(s.page_size));
   p->mutable_layer_windows()->Assign(s.layer_windows.begin(), s.layer_windows.end());
   p->set_max_tokens(static_cast<uint64_t>(s.max_tokens));
+  p->set_prefix_namespace(s.prefix_namespace);
 }
 
 CacheInfo FromProto(const v1::CacheInfo& p) {
@@ -56,6 +58,8 @@ CacheInfo FromProto(const v1::CacheInfo& p) {
   c.layer_first_pos.assign(p.layer_first_pos().begin(), p.layer_first_pos().end());
   c.pool_id = p.pool_id();
   c.page_bytes = p.page_bytes();
+  c.cached_tokens = static_cast<int64_t>(p.cached_tokens());
+  c.tokens_known = static_cast<int64_t>(p.tokens_known());
   return c;
 }
 
@@ -67,6 +71,8 @@ void ToProto(const CacheInfo& c, v1::CacheInfo* p) {
   p->mutable_layer_first_pos()->Assign(c.layer_first_pos.begin(), c.layer_first_pos.end());
   p->set_pool_id(c.pool_id);
   p->set_page_bytes(c.page_bytes);
+  p->set_cached_tokens(static_cast<uint64_t>(c.cached_tokens));
+  p->set_tokens_known(static_cast<uint64_t>(c.tokens_known));
 }
 
 // A message without an inline payload decodes to data == nullptr, bytes == 0: "absent".
@@ -182,6 +188,14 @@ PageStats FromProto(const v1::PageStats& p) {
   s.bytes_used = p.bytes_used();
   s.pages_evicted = p.pages_evicted();
   s.refusals = p.refusals();
+  s.pages_cached = static_cast<int64_t>(p.pages_cached());
+  s.pages_shared = static_cast<int64_t>(p.pages_shared());
+  s.pages_evicted_lru = p.pages_evicted_lru();
+  s.prefix_lookups = p.prefix_lookups();
+  s.prefix_requested_tokens = p.prefix_requested_tokens();
+  s.prefix_hit_tokens = p.prefix_hit_tokens();
+  s.forks = p.forks();
+  s.cow_copies = p.cow_copies();
   return s;
 }
 
@@ -197,6 +211,14 @@ void ToProto(const PageStats& s, v1::PageStats* p) {
   p->set_bytes_used(s.bytes_used);
   p->set_pages_evicted(s.pages_evicted);
   p->set_refusals(s.refusals);
+  p->set_pages_cached(static_cast<uint64_t>(s.pages_cached));
+  p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
+  p->set_pages_evicted_lru(s.pages_evicted_lru);
+  p->set_prefix_lookups(s.prefix_lookups);
+  p->set_prefix_requested_tokens(s.prefix_requested_tokens);
+  p->set_prefix_hit_tokens(s.prefix_hit_tokens);
+  p->set_forks(s.forks);
+  p->set_cow_copies(s.cow_copies);
 }
 
 PoolStats FromProto(const v1::PoolStats& p) {
@@ -214,6 +236,8 @@ PoolStats FromProto(const v1::PoolStats& p) {
   s.chunk_bytes = p.chunk_bytes();
   s.bytes_committed = p.bytes_committed();
   s.num_caches = static_cast<int64_t>(p.num_caches());
+  s.pages_cached = static_cast<int64_t>(p.pages_cached());
+  s.pages_shared = static_cast<int64_t>(p.pages_shared());
   return s;
 }
 
@@ -231,6 +255,8 @@ void ToProto(const PoolStats& s, v1::PoolStats* p) {
   p->set_chunk_bytes(s.chunk_bytes);
   p->set_bytes_committed(s.bytes_committed);
   p->set_num_caches(static_cast<uint64_t>(s.num_caches));
+  p->set_pages_cached(static_cast<uint64_t>(s.pages_cached));
+  p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
 }
 
 ArenaStats FromProto(const v1::StatsResponse& p) {

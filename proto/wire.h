@@ -15,6 +15,10 @@ namespace kvarena {
 
 // The call metadata that carries the caller's session id (from its Attach stream).
 inline constexpr char kSessionMetadataKey[] = "kvarena-session";
+// Trailing metadata of an Attach stream the daemon ended for good: its value says why
+// ("shutdown": kvarenad is draining, so resuming the session there is pointless).
+inline constexpr char kAttachEndMetadataKey[] = "kvarena-attach-end";
+inline constexpr char kAttachEndShutdown[] = "shutdown";
 
 DType FromProto(v1::DType d);
 v1::DType ToProto(DType d);

@@ -10,7 +10,7 @@ BUILD=${ASAN_BUILD_DIR:-build-asan}
 SECONDS_PER_TARGET=${FUZZ_SECONDS:-60}
 cmake -S . -B "$BUILD" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF -DKVARENA_SANITIZE=address \
-  -DKVARENA_FUZZ=ON >/dev/null
+  -DKVARENA_FUZZ=ON -DKVARENA_THREAD_SAFETY=ON >/dev/null
 targets=$(cd fuzz && ls *_fuzzer.cc | sed 's/\.cc$//')
 cmake --build "$BUILD" -j"$(nproc)" --target $targets
 for t in $targets; do

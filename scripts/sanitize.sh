@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Builds the host code with clang-14 under a sanitizer and runs the tests under it:
 #   scripts/sanitize.sh address   ASan + UBSan in build-asan (also the fuzz build:
-#                                 scripts/fuzz.sh reuses it)
-#   scripts/sanitize.sh thread    TSan in build-tsan, which also compiles everything with
-#                                 -Wthread-safety -Werror=thread-safety
+#                                 scripts/fuzz.sh reuses it), compiled with clang's
+#                                 -Wthread-safety -Werror=thread-safety; scripts/test.sh
+#                                 runs it
+#   scripts/sanitize.sh thread    TSan in build-tsan (also with the thread-safety analysis).
+#                                 Not in scripts/test.sh: Debian's abseil and gRPC are not
+#                                 built for TSan, so it cannot see absl::Mutex and reports
+#                                 every access a mutex orders (README "Sanitizers").
 # It builds the test binaries of core, arena, daemon, client, the zero-copy and the
 # multi-process tests (and the binaries they start) and runs all of their tests; with
 # SANITIZE_ALL=1 also kernels/cpu's (slow under TSan). Exits non-zero on any failure or
@@ -12,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/sanitize.sh address|thread}
 case "$mode" in
-  address) build=${ASAN_BUILD_DIR:-build-asan}; extra=(-DKVARENA_SANITIZE=address -DKVARENA_FUZZ=ON) ;;
+  address) build=${ASAN_BUILD_DIR:-build-asan}
+           extra=(-DKVARENA_SANITIZE=address -DKVARENA_FUZZ=ON -DKVARENA_THREAD_SAFETY=ON) ;;
   thread)  build=${TSAN_BUILD_DIR:-build-tsan}; extra=(-DKVARENA_SANITIZE=thread -DKVARENA_THREAD_SAFETY=ON) ;;
   *) echo "sanitize.sh: mode $mode: use address or thread" >&2; exit 2 ;;
 esac

@@ -9,8 +9,17 @@ scripts/build.sh
 if [ -f tests/node/package.json ]; then
   (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
 fi
+# The deploy manifests' test: the exact versions of its package-lock.json.
+if [ -f tests/deploy/package-lock.json ]; then
+  (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
+fi
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 300 -j"$(nproc)")
-# The same tree under Bazel: bazel test //... (README: Building with Bazel).
+# The same tree under Bazel: the binaries and a representative set of the host tests
+# (//:representative_tests; README: Building with Bazel). KVARENA_BAZEL=0 skips it.
 [ "${KVARENA_BAZEL:-1}" = 0 ] || scripts/bazel.sh
-# libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each.
+# Core, arena, daemon, client, zero-copy and multi-process tests again under ASan + UBSan,
+# compiled with clang's thread-safety analysis as errors.
+scripts/sanitize.sh address
+# libFuzzer over the request path, the decoders and the fd socket: ${FUZZ_SECONDS:-60}s each
+# (the same build).
 scripts/fuzz.sh

@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "kernels/kv_kernels.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena {
@@ -98,6 +99,24 @@ TEST_F(AppendGatherTest, GatherReadsASubRangeAtItsPositions) {
       ASSERT_TRUE(std::equal(v.begin() + (h * n + i) * row, v.begin() + (h * n + i + 1) * row,
                              layer.At(1, pos + i, h, 0)));
     }
+  }
+}
+
+TEST_F(AppendGatherTest, CopyPagesCopiesTheKeptSlotsAndZeroesTheRest) {
+  const PageLayout layout = Layout(DType::kFloat16, 4, 2, 8);
+  const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
+  std::vector<uint8_t> pool = RandomStored(DType::kFloat16, 4 * page / 2, rng_);
+  const std::vector<uint8_t> before = pool;
+  std::unique_ptr<KvKernels> k = NewCpuKvKernels(0);
+  const PageCopy copies[] = {{0, 2, 3}, {1, 3, 0}};
+  ASSERT_TRUE(k->CopyPages(layout, pool.data(), copies, 2).ok());
+  EXPECT_TRUE(std::equal(pool.begin(), pool.begin() + 2 * page, before.begin()));  // sources untouched
+  for (size_t part : {size_t{0}, half}) {
+    const uint8_t* dst = pool.data() + 2 * page + part;
+    EXPECT_TRUE(std::equal(dst, dst + 3 * token, before.data() + part));
+    EXPECT_TRUE(std::all_of(dst + 3 * token, dst + half, [](uint8_t b) { return b == 0; }));
+    const uint8_t* empty = pool.data() + 3 * page + part;
+    EXPECT_TRUE(std::all_of(empty, empty + half, [](uint8_t b) { return b == 0; }));
   }
 }
 

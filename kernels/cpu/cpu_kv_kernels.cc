@@ -23,6 +23,20 @@ class CpuKvKernels final : public KvKernels {
     }
     return absl::OkStatus();
   }
+  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                         int64_t n) override {
+    const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
+    for (int64_t i = 0; i < n; ++i) {
+      const PageCopy& c = copies[i];
+      const size_t kept = size_t(c.tokens) * token;
+      for (size_t part : {size_t{0}, half}) {  // K, then V
+        uint8_t* dst = pool_base + size_t(c.dst) * page + part;
+        std::memcpy(dst, pool_base + size_t(c.src) * page + part, kept);
+        std::memset(dst + kept, 0, half - kept);
+      }
+    }
+    return absl::OkStatus();
+  }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     kvarena::AppendKv(view, pos, n, k, v);

@@ -104,6 +104,29 @@ class CudaKvKernels final : public KvKernels {
     return call.Finish();
   }
 
+  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                         int64_t n) override {
+    Call call(this, "CopyPages");
+    const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
+    for (int64_t i = 0; i < n; ++i) {
+      const PageCopy& c = copies[i];
+      const size_t kept = size_t(c.tokens) * token;
+      for (size_t part : {size_t{0}, half}) {  // K, then V
+        uint8_t* dst = pool_base + size_t(c.dst) * page + part;
+        if (kept > 0 && !call.Check(cudaMemcpyAsync(dst, pool_base + size_t(c.src) * page + part, kept,
+                                                    cudaMemcpyDeviceToDevice, call.stream()),
+                                    "cudaMemcpyAsync(D2D)")) {
+          return call.Finish();
+        }
+        if (kept < half && !call.Check(cudaMemsetAsync(dst + kept, 0, half - kept, call.stream()),
+                                       "cudaMemsetAsync")) {
+          return call.Finish();
+        }
+      }
+    }
+    return call.Finish();
+  }
+
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     Call call(this, "AppendKv");

@@ -48,6 +48,27 @@ TEST(CudaKvKernelsTest, WithoutDeviceFailsCleanly) {
   EXPECT_EQ(NewCudaKvKernels(0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(CudaKvKernelsTest, CopyPagesMatchesCpuKvKernels) {
+  if (!GpuPresent()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(kvarena::testing::TestSeed());
+  auto cuda = NewCudaKvKernels(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::unique_ptr<KvKernels> cpu = NewCpuKvKernels(0);
+  const PageLayout layout{DType::kBFloat16, 16, 2, 128};
+  const size_t page = layout.PageBytes();
+  std::vector<uint8_t> host = RandomStored(layout.dtype, 6 * page / 2, rng);
+  void* dpool = nullptr;
+  ASSERT_EQ(cudaMalloc(&dpool, host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dpool, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  const PageCopy copies[] = {{0, 3, 5}, {1, 4, 16}, {2, 5, 0}};
+  ASSERT_TRUE(cpu->CopyPages(layout, host.data(), copies, 3).ok());
+  ASSERT_TRUE((*cuda)->CopyPages(layout, static_cast<uint8_t*>(dpool), copies, 3).ok());
+  std::vector<uint8_t> back(host.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), dpool, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(dpool);
+  EXPECT_TRUE(back == host);
+}
+
 TEST(CudaKvKernelsTest, MatchesCpuKvKernels) {
   if (!GpuPresent()) GTEST_SKIP() << "no CUDA device";
   const uint64_t seed = kvarena::testing::TestSeed();

@@ -93,6 +93,29 @@ class ExtremesTest : public KvarenadTest {
     v1::GetKvResponse resp;
     return stub_->GetKv(Ctx().get(), req, &resp);
   }
+  grpc::Status AllocatePrompt(const std::vector<int32_t>& prompt, const std::string& ns = "m") {
+    v1::AllocateRequest req;
+    *req.mutable_spec() = Spec(2, 2, 8);
+    req.mutable_spec()->set_prefix_namespace(ns);
+    req.mutable_prompt_tokens()->Assign(prompt.begin(), prompt.end());
+    v1::AllocateResponse resp;
+    return stub_->Allocate(Ctx().get(), req, &resp);
+  }
+  grpc::Status SetTokens(const std::string& id, uint64_t first_pos, const std::vector<int32_t>& ids) {
+    v1::SetTokensRequest req;
+    req.set_cache_id(id);
+    req.set_first_pos(first_pos);
+    req.mutable_token_ids()->Assign(ids.begin(), ids.end());
+    v1::SetTokensResponse resp;
+    return stub_->SetTokens(Ctx().get(), req, &resp);
+  }
+  grpc::Status Fork(const std::string& id, const std::string& new_id) {
+    v1::ForkRequest req;
+    req.set_cache_id(id);
+    req.set_new_cache_id(new_id);
+    v1::ForkResponse resp;
+    return stub_->Fork(Ctx().get(), req, &resp);
+  }
   grpc::Status Popn(uint64_t n, std::string* refusal) {
     v1::PopnRequest req;
     req.set_cache_id("c");
@@ -294,6 +317,40 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
        StatusCode::INVALID_ARGUMENT, "get_kv: max_tokens=9223372036854775808"},
       {"get_kv from_pos=2^63-1 is an empty range", [](ExtremesTest* t) { return t->GetKvRange(0, uint64_t(kI64Max), 1); },
        StatusCode::OK, ""},
+      // Prefix reuse: prompt_tokens, SetTokens, Fork.
+      {"allocate prompt_tokens with a negative id", [](ExtremesTest* t) { return t->AllocatePrompt({1, -1, 2}); },
+       StatusCode::INVALID_ARGUMENT, "allocate: prompt_tokens[1]=-1 must be >= 0"},
+      {"allocate prompt_tokens of 2^20 + 1 ids", [](ExtremesTest* t) {
+         return t->AllocatePrompt(std::vector<int32_t>((1 << 20) + 1, 7)); },
+       StatusCode::INVALID_ARGUMENT, "prompt_tokens has 1048577 token ids; at most 1048576"},
+      {"allocate prompt_tokens of int32 min", [](ExtremesTest* t) {
+         return t->AllocatePrompt({std::numeric_limits<int32_t>::min()}); },
+       StatusCode::INVALID_ARGUMENT, "prompt_tokens[0]=-2147483648"},
+      {"allocate a 1 MiB prefix_namespace", [&mib_id](ExtremesTest* t) { return t->AllocatePrompt({1}, mib_id); },
+       StatusCode::INVALID_ARGUMENT, "spec.prefix_namespace has 1048576 bytes; at most 1024"},
+      {"set_tokens first_pos=u64max", [](ExtremesTest* t) { return t->SetTokens("c", kU64Max, {1}); },
+       StatusCode::INVALID_ARGUMENT, "set_tokens: first_pos=18446744073709551615 must be below 2^63"},
+      {"set_tokens first_pos=2^63-1", [](ExtremesTest* t) { return t->SetTokens("c", uint64_t(kI64Max), {1}); },
+       StatusCode::INVALID_ARGUMENT, "first_pos=9223372036854775807 but cache 'c' knows the token ids of positions [0, 0)"},
+      {"set_tokens past what is known (a gap)", [](ExtremesTest* t) { return t->SetTokens("c", 1, {1}); },
+       StatusCode::INVALID_ARGUMENT, "set_tokens: first_pos=1"},
+      {"set_tokens a negative id", [](ExtremesTest* t) { return t->SetTokens("c", 0, {3, -5}); },
+       StatusCode::INVALID_ARGUMENT, "set_tokens: token_ids[1]=-5 must be >= 0"},
+      {"set_tokens 2^20 + 1 ids", [](ExtremesTest* t) {
+         return t->SetTokens("c", 0, std::vector<int32_t>((1 << 20) + 1, 1)); },
+       StatusCode::INVALID_ARGUMENT, "token_ids has 1048577 token ids"},
+      {"set_tokens on a missing cache", [](ExtremesTest* t) { return t->SetTokens("nope", 0, {1}); },
+       StatusCode::NOT_FOUND, "cache 'nope' not found"},
+      {"set_tokens of no ids changes nothing", [](ExtremesTest* t) { return t->SetTokens("c", 0, {}); },
+       StatusCode::OK, ""},
+      {"fork a missing cache", [](ExtremesTest* t) { return t->Fork("nope", "e"); },
+       StatusCode::NOT_FOUND, "cache 'nope' not found"},
+      {"fork an empty id", [](ExtremesTest* t) { return t->Fork("", "e"); },
+       StatusCode::NOT_FOUND, "cache '' not found"},
+      {"fork into an id in use", [](ExtremesTest* t) { return t->Fork("c", "d"); },
+       StatusCode::ALREADY_EXISTS, "fork: cache 'd' already exists"},
+      {"fork into a 1 MiB id", [&mib_id](ExtremesTest* t) { return t->Fork("c", mib_id); },
+       StatusCode::INVALID_ARGUMENT, "fork: new_cache_id has 1048576 bytes; at most 256"},
       // Ids on every other RPC.
       {"describe a 1 MiB id", [&mib_id](ExtremesTest* t) {
          v1::DescribeRequest req;

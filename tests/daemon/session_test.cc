@@ -2,9 +2,12 @@
 // Nothing here asserts a duration or sleeps to show that something did not happen: each
 // test waits for the event it checks (a detached session, a released cache), and shows a
 // cache was kept by the order of events or by a grace that cannot run out meanwhile.
+#include <signal.h>
+
 #include <functional>
 
 #include "absl/time/clock.h"
+#include "proto/wire.h"
 #include "tests/daemon/rpc_test_util.h"
 
 namespace kvarena {
@@ -141,6 +144,92 @@ TEST_F(SessionTest, CachesWithoutSessionOutliveBrokenStreams) {
       << Stats().ShortDebugString();
   EXPECT_EQ(Stats().num_sessions(), 0u);
   EXPECT_EQ(Stats(id).pages().seq_len(), 4u);
+}
+
+// A raw Attach stream with its first event.
+struct RawStream {
+  std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::AttachEvent>> reader;
+  v1::AttachEvent first;
+  bool got_first = false;
+};
+
+RawStream OpenStream(const DaemonProcess& d, const std::string& resume_token) {
+  RawStream r;
+  v1::AttachRequest req;
+  req.set_client_name("raw");
+  req.set_resume_token(resume_token);
+  r.reader = v1::KvCacheService::NewStub(d.NewChannel())->Attach(r.ctx.get(), req);
+  r.got_first = r.reader->Read(&r.first);
+  return r;
+}
+
+// The grace is 1 h: nothing runs out while the test watches.
+TEST_F(SessionTest, AResumeTokenTakesTheSessionOverWithItsCaches) {
+  StartDaemon({"--arena_bytes=16Mi", "--session_grace=1h", "--scratch_bytes=2Mi"});
+  RawStream a = OpenStream(*daemon_, "");
+  ASSERT_TRUE(a.got_first);
+  const std::string session = a.first.session_id();
+  EXPECT_EQ(a.first.resume_token().size(), 32u);
+  EXPECT_NE(a.first.resume_token(), session);
+  EXPECT_EQ(a.first.session_grace_ms(), 3600u * 1000);
+  EXPECT_FALSE(a.first.resumed());
+  const std::string id = Allocate(Spec(1, 1, 4), session);
+  ASSERT_TRUE(AppendF32(id, 0, 0, 8, 1, 4, 1, session).ok());
+
+  // Taken over while still attached: the old stream ends ABORTED.
+  RawStream b = OpenStream(*daemon_, a.first.resume_token());
+  ASSERT_TRUE(b.got_first);
+  EXPECT_EQ(b.first.session_id(), session);
+  EXPECT_TRUE(b.first.resumed());
+  v1::AttachEvent more;
+  while (a.reader->Read(&more)) {}
+  EXPECT_THAT(a.reader->Finish(), StatusIs(StatusCode::ABORTED, "resumed by a newer Attach"));
+  EXPECT_TRUE(Allocate(Spec(1, 1, 4), session).size() > 0);
+
+  // Broken, then resumed from its grace: the cache is there and the session acts again.
+  b.ctx->TryCancel();
+  ASSERT_TRUE(WaitUntilDetached(session, id));
+  RawStream c = OpenStream(*daemon_, a.first.resume_token());
+  ASSERT_TRUE(c.got_first);
+  EXPECT_EQ(c.first.session_id(), session);
+  EXPECT_EQ(Stats(id).pages().seq_len(), 8u);
+  EXPECT_TRUE(AppendF32(id, 0, 8, 1, 1, 4, 2, session).ok());
+  EXPECT_EQ(Stats().num_sessions(), 1u);
+  c.ctx->TryCancel();
+  c.reader->Finish();
+  b.reader->Finish();
+}
+
+TEST_F(SessionTest, AResumeTokenPastTheGraceIsNotFound) {
+  RawStream a = OpenStream(*daemon_, "");
+  ASSERT_TRUE(a.got_first);
+  const std::string id = Allocate(Spec(1, 1, 4), a.first.session_id());
+  a.ctx->TryCancel();
+  a.reader->Finish();
+  ASSERT_TRUE(WaitForArena([](const v1::StatsResponse& st) {
+    return st.num_caches() == 0 && st.num_sessions() == 0;
+  })) << Stats().ShortDebugString();
+  RawStream late = OpenStream(*daemon_, a.first.resume_token());
+  EXPECT_FALSE(late.got_first);
+  EXPECT_THAT(late.reader->Finish(), StatusIs(StatusCode::NOT_FOUND, "resume_token"));
+  RawStream bogus = OpenStream(*daemon_, std::string(64, 'f'));
+  EXPECT_FALSE(bogus.got_first);
+  EXPECT_THAT(bogus.reader->Finish(), StatusIs(StatusCode::NOT_FOUND));
+  EXPECT_EQ(Stats().num_sessions(), 0u);
+}
+
+TEST_F(SessionTest, StreamsEndedByTheShutdownSaySo) {
+  RawStream a = OpenStream(*daemon_, "");
+  ASSERT_TRUE(a.got_first);
+  daemon_->Signal(SIGTERM);
+  v1::AttachEvent more;
+  while (a.reader->Read(&more)) {}
+  EXPECT_THAT(a.reader->Finish(), StatusIs(StatusCode::UNAVAILABLE, "shutting down"));
+  const auto& trailers = a.ctx->GetServerTrailingMetadata();
+  auto it = trailers.find(kAttachEndMetadataKey);
+  ASSERT_NE(it, trailers.end());
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), kAttachEndShutdown);
 }
 
 }  // namespace

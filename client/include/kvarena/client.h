@@ -5,9 +5,11 @@
 // A remote client opens an Attach stream (when options.attach) and holds it for its
 // lifetime: the daemon gives it a session id, every call carries it as the
 // `kvarena-session` metadata, and caches it allocates belong to that session. When the
-// stream breaks (the daemon went away) the client is disconnected for good: its calls
-// fail with UNAVAILABLE and its handles report is_valid() == false; connect a new Client.
-// If the client process dies, the daemon releases its caches after --session_grace.
+// stream breaks the client resumes the session on a new stream with the resume token the
+// daemon gave it (ClientOptions::resume); when that fails (the daemon went away, shut
+// down, or the grace ran out) the client is disconnected for good: its calls fail with
+// UNAVAILABLE and its handles report is_valid() == false; connect a new Client. If the
+// client process dies, the daemon releases its caches after --session_grace.
 //
 // Over a unix: address an attached client also maps the daemon's memory through its fd
 // socket (AttachEvent.fd_socket): pool views (key_cache, ...) and the local path work as
@@ -56,6 +58,12 @@ struct ClientOptions {
   // Open a session (Attach). Without one, caches this client allocates belong to no
   // session and outlive it until released; tools (the CLI) that only read stats set false.
   bool attach = true;
+  // When the Attach stream breaks other than by the daemon shutting down, open a new one
+  // with the session's resume token, keeping the session and its caches: over TCP retried
+  // until the daemon's --session_grace (which it announces) runs out, over a Unix socket
+  // tried once (a daemon that cannot be reached there is gone). Calls made meanwhile may
+  // fail UNAVAILABLE; connected() stays true until resuming fails.
+  bool resume = true;
 
   // Send tensors as inline bytes even where the scratch region is mapped (tests and
   // benchmarks compare the two); pools are still mapped.
@@ -130,12 +138,19 @@ class Client {
   // session, so print SessionIdForLog(id), never the id.
   std::string session_id() const;
   bool is_inproc() const;
-  // False once the daemon went away (never true again).
+  // False once the session is gone: the daemon went away or its Attach stream broke and
+  // could not be resumed (never true again).
   bool connected() const;
+  // How many times the session was resumed after its Attach stream broke.
+  int64_t resumes() const;
 
   // A new cache; cache_id "" lets the arena pick one. ALREADY_EXISTS when the id is taken.
+  // options.prompt_tokens: the token ids of the prompt; with spec.prefix_namespace the
+  // cache starts with the longest cached prefix of it already filled on every layer
+  // (handle->cached_tokens(), a multiple of page_size below the prompt's length): compute
+  // positions from there on (README "Prefix reuse").
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Allocate(
-      const CacheSpec& spec, const std::string& cache_id = "");
+      const CacheSpec& spec, const std::string& cache_id = "", const AllocateOptions& options = {});
   // A handle to an existing cache (one this session owns, or one with no session).
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> OpenCache(const std::string& cache_id);
   // Releases a cache by id (what handle->release() does, without a handle; it too first

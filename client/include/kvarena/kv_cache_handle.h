@@ -24,8 +24,10 @@
 // for the synchronous CPU kernels, and when no local kernel ran yet). If that wait fails,
 // the call returns its error and sends nothing. A cache with no sliding layer frees
 // nothing on commit, append or attention, so those do not wait (a decode step's Commit
-// stays one RPC). Kernels the caller launched itself over views or block tables from this
-// handle are the caller's to finish before these calls.
+// stays one RPC) — unless it has a prefix namespace: then commit, set_tokens and fork wait
+// too, since what they make full and known other caches may adopt and read. Kernels the
+// caller launched itself over views or block tables from this handle are the caller's to
+// finish before these calls.
 //
 // Handles are references, not owners: dropping one leaves the cache allocated;
 // release() frees it (and invalidates every clone); a session's caches are also freed when
@@ -179,6 +181,20 @@ class GenericKvCacheHandle {
   // mapped, like the local path; sees committed tokens, as get_kv does.
   absl::StatusOr<GetKvResult> get_kv_local(int layer) const;
 
+  // --- prefix reuse (README "Prefix reuse"; needs spec.prefix_namespace to share) ---
+  // Leading positions filled from other caches' pages (CacheInfo.cached_tokens): the
+  // prefix adopted at Allocate, every position for a fork; as this handle last saw.
+  int64_t cached_tokens() const;
+  // Declares the token ids of positions [first_pos, first_pos + token_ids.size()) — the
+  // tokens a worker generated — so that a later prompt containing them finds their pages
+  // (SetTokens). first_pos at most what the arena knows (tokens_known); ids of written
+  // positions cannot change (FAILED_PRECONDITION).
+  absl::Status set_tokens(int64_t first_pos, const std::vector<int32_t>& token_ids);
+  // A new cache (new_cache_id "" lets the arena pick) that shares every full page of this
+  // one and holds a copy of each layer's partial last page (Fork): a beam or a branch.
+  // The two diverge independently; a popn into a shared page copies it first.
+  absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> fork(const std::string& new_cache_id = "") const;
+
   // --- local path (needs the pool mapped: inproc:, or a unix: client) ---
   // Makes sure every layer has pages for positions [num_tokens(), num_tokens() + tokens).
   // No RPC while the pages this handle holds cover them; else one Reserve RPC for at least
@@ -220,6 +236,9 @@ class GenericKvCacheHandle {
   absl::Status FinishLocalKernels(const char* op) const;
   // Whether some layer has a window: its writes and commits may evict pages.
   bool HasSlidingLayer() const;
+  // Whether the cache has a prefix namespace: its committed full pages become readable by
+  // other processes' caches, so local writes must have landed before a commit.
+  bool PublishesPages() const { return !info_.spec.prefix_namespace.empty(); }
   // The layer's pages from Describe, narrowed to limit_.
   absl::StatusOr<LayerPages> Pages(const char* op, int layer) const;
   absl::StatusOr<KvCacheRef> View(KvCacheRef::Part part, int layer) const;

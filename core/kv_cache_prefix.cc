@@ -1,0 +1,271 @@
+// KvCache's prefix reuse: declared token ids and their chained page hashes, registering
+// full pages in the pool's PrefixIndex, adopting a cached prefix at the start, SetTokens,
+// Fork, and popn's copy-on-write (kv_cache.h).
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked.h"
+#include "core/kv_cache.h"
+#include "core/status_macros.h"
+#include "core/validate.h"
+
+namespace kvarena {
+
+PrefixQuery KvCache::QueryLocked() const {
+  PrefixQuery q;
+  q.root_key = root_key_;
+  q.root_hash = root_hash_;
+  q.num_layers = spec_.num_layers;
+  q.page_size = spec_.page_size;
+  q.layer_windows = spec_.layer_windows;
+  q.hashes = keys_.data();
+  q.tokens = tokens_.data();
+  q.num_blocks = int64_t(keys_.size());
+  return q;
+}
+
+void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
+  tokens_ = std::move(tokens);
+  const int64_t page = spec_.page_size;
+  const size_t kept = std::min(hashes_.size(), size_t(changed_from / page));
+  hashes_.resize(kept);
+  keys_.resize(kept);
+  for (size_t b = kept; (b + 1) * size_t(page) <= tokens_.size(); ++b) {
+    const Hash128 parent = b == 0 ? root_hash_ : hashes_[b - 1];
+    hashes_.push_back(PrefixPageHash(parent, tokens_.data() + b * size_t(page), int(page)));
+    keys_.push_back(KeepHashBits(hashes_.back(), ctx_.prefix_hash_bits));
+  }
+  if (!sharing()) return;
+  for (int64_t& next : reg_next_) next = std::min<int64_t>(next, int64_t(kept));
+  if (kept < chain_.nodes.size() || (chain_.blocked && kept == chain_.nodes.size())) {
+    ctx_.pool->TruncateChain(&chain_, kept);
+  }
+  if (keys_.size() > chain_.nodes.size() && !chain_.blocked) ctx_.pool->ExtendChain(QueryLocked(), &chain_);
+}
+
+void KvCache::ForgetTokensLocked(int64_t pos) {
+  if (int64_t(tokens_.size()) <= pos) return;
+  DeclareLocked(std::vector<int32_t>(tokens_.begin(), tokens_.begin() + pos), pos);
+}
+
+void KvCache::RegisterLocked(int layer) {
+  if (!sharing() || chain_.nodes.empty()) return;
+  std::vector<PageToRegister> pages;
+  auto collect = [&](int l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const LayerTable& t = layers_[size_t(l)];
+    const int64_t full = std::min<int64_t>(t.len() / spec_.page_size, int64_t(chain_.nodes.size()));
+    int64_t& next = reg_next_[size_t(l)];
+    for (int64_t b = std::max(next, t.first_block()); b < full; ++b) {
+      pages.push_back(PageToRegister{chain_.nodes[size_t(b)], l, t.block(b)});
+    }
+    next = std::max(next, full);
+  };
+  if (layer >= 0) {
+    collect(layer);
+  } else {
+    for (int l = 0; l < spec_.num_layers; ++l) collect(l);
+  }
+  if (!pages.empty()) ctx_.pool->Register(pages);
+}
+
+void KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
+  absl::MutexLock lock(&mu_);
+  if (prompt.empty()) return;
+  DeclareLocked(prompt, 0);
+  if (!sharing()) return;
+  prefix_requested_ = prompt.size();
+  ctx_.counters->prefix_lookups += 1;
+  ctx_.counters->prefix_requested_tokens += prompt.size();
+  const int64_t page = spec_.page_size;
+  PrefixQuery q = QueryLocked();
+  // Leave the last prompt position to compute: its output is what the worker samples from.
+  q.max_adopt = (int64_t(prompt.size()) - 1) / page;
+  if (spec_.max_tokens > 0) q.max_adopt = std::min(q.max_adopt, spec_.max_tokens / page);
+  Quota* quota = ctx_.quota.get();
+  q.charge = [quota](int64_t n) { return quota->TryChargePages(n); };
+  PrefixHit hit;
+  ctx_.pool->AdoptPrefix(q, &chain_, &hit);
+  if (hit.blocks == 0) return;
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const std::vector<int32_t>& ids = hit.pages[size_t(l)];
+    layers_[size_t(l)].Adopt(hit.first_block[size_t(l)], ids.data(), int64_t(ids.size()), hit.blocks * page);
+    reg_next_[size_t(l)] = hit.blocks;
+  }
+  pages_held_ += hit.pages_adopted;
+  cached_tokens_ = hit.blocks * page;
+  prefix_hit_ = uint64_t(cached_tokens_);
+  ctx_.counters->prefix_hit_tokens += uint64_t(cached_tokens_);
+  PublishLocked(0, 0);
+}
+
+absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vector<int32_t>& ids) {
+  absl::MutexLock lock(&mu_);
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
+  KVARENA_RETURN_IF_ERROR(CheckTokenIds("set_tokens", "token_ids", ids, limits()));
+  const int64_t known = int64_t(tokens_.size());
+  if (first_pos < 0 || first_pos > known) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "set_tokens: first_pos=", first_pos, " but cache ", Quoted(id_), " knows the token ids of positions [0, ",
+        known, ") only; declare them in order"));
+  }
+  const int64_t n = int64_t(ids.size());
+  KVARENA_RETURN_IF_ERROR(CheckGrowth("set_tokens", "first_pos", first_pos, n, limits()));
+  const int64_t seq = SeqLenLocked();
+  for (int64_t p = first_pos; p < std::min({first_pos + n, known, seq}); ++p) {
+    if (ids[size_t(p - first_pos)] != tokens_[size_t(p)]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "set_tokens: token_ids[", p - first_pos, "]=", ids[size_t(p - first_pos)], " but position ", p,
+          " holds token ", tokens_[size_t(p)], "; the ids of written positions (below seq_len=", seq,
+          ") cannot change"));
+    }
+  }
+  std::vector<int32_t> next(tokens_.begin(), tokens_.begin() + first_pos);
+  next.insert(next.end(), ids.begin(), ids.end());
+  // Declared ids of written positions stay; those of unwritten ones past the call go.
+  const int64_t keep = std::min(known, seq);
+  if (int64_t(next.size()) < keep) next.insert(next.end(), tokens_.begin() + int64_t(next.size()), tokens_.begin() + keep);
+  int64_t changed = first_pos;
+  while (changed < std::min<int64_t>(known, int64_t(next.size())) && next[size_t(changed)] == tokens_[size_t(changed)]) {
+    ++changed;
+  }
+  DeclareLocked(std::move(next), changed);
+  RegisterLocked(-1);
+  return InfoLocked();
+}
+
+absl::Status KvCache::CopyKeptPagesLocked(int64_t end) {
+  const int page = spec_.page_size;
+  if (end % page == 0) return absl::OkStatus();
+  std::vector<int> layers;
+  std::vector<PageCopy> copies;
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const LayerTable& t = layers_[size_t(l)];
+    const int64_t b = end / page;
+    if (t.len() <= end || b < t.first_block()) continue;
+    const int32_t id = t.block(b);
+    if (ctx_.pool->Writable(id)) continue;
+    layers.push_back(l);
+    copies.push_back(PageCopy{id, -1, int32_t(end % page)});
+  }
+  if (copies.empty()) return absl::OkStatus();
+  const int64_t n = int64_t(copies.size());
+  if (!ctx_.quota->TryChargePages(n)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "popn: copying ", n, " shared page(s) it cuts into needs ", n, " page(s) but the session's caches hold ",
+        ctx_.quota->pages(), " of session_max_pages=", ctx_.quota->max_pages()));
+  }
+  std::vector<int32_t> ids, chunks;
+  if (absl::Status s = AllocateLocked(n, &ids, &chunks); !s.ok()) {
+    ctx_.quota->RefundPages(n);
+    return absl::Status(s.code(), absl::StrCat("popn: copying ", n, " shared page(s) it cuts into: ", s.message()));
+  }
+  for (size_t i = 0; i < copies.size(); ++i) copies[i].dst = ids[i];
+  if (absl::Status s = kernels().CopyPages(ctx_.pool->layout(), ctx_.pool->base(), copies.data(), n); !s.ok()) {
+    ctx_.pool->Unallocate(ids, chunks);
+    ctx_.quota->RefundPages(n);
+    return absl::InternalError(absl::StrCat("popn: ", s.message()));
+  }
+  std::vector<int32_t> old;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    old.push_back(layers_[size_t(layers[i])].ReplaceBlock(end / page, ids[i]));
+  }
+  pages_held_ += n;
+  ReturnPagesLocked(old);
+  cow_copies_ += uint64_t(n);
+  ctx_.counters->cow_copies += uint64_t(n);
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::ForkFrom(KvCache& src) {
+  // Both locks in address order, as MultiLock takes them (this cache is not visible yet,
+  // but the order keeps absl's deadlock detector's lock graph acyclic).
+  absl::MutexLock first(&std::min(this, &src)->mu_);
+  absl::MutexLock second(&std::max(this, &src)->mu_);
+  src.mu_.AssertHeld();
+  mu_.AssertHeld();
+  KVARENA_RETURN_IF_ERROR(src.CheckLiveLocked());
+  const int page = spec_.page_size;
+  std::vector<std::vector<int32_t>> shared(layers_.size());
+  std::vector<int> copy_layers;
+  std::vector<PageCopy> copies;
+  std::vector<int32_t> all_shared;
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const LayerTable& t = src.layers_[size_t(l)];
+    for (int64_t b = t.first_block(); b < t.len() / page; ++b) shared[size_t(l)].push_back(t.block(b));
+    all_shared.insert(all_shared.end(), shared[size_t(l)].begin(), shared[size_t(l)].end());
+    if (t.len() % page != 0 && t.len() / page >= t.first_block()) {
+      copy_layers.push_back(l);
+      copies.push_back(PageCopy{t.block(t.len() / page), -1, int32_t(t.len() % page)});
+    }
+  }
+  const int64_t total = int64_t(all_shared.size() + copies.size());
+  if (!ctx_.quota->TryChargePages(total)) {
+    CountRefusal();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "fork: cache ", Quoted(src.id_), " holds ", total, " page(s) to share or copy but the session's caches hold ",
+        ctx_.quota->pages(), " of session_max_pages=", ctx_.quota->max_pages()));
+  }
+  std::vector<int32_t> ids, chunks;
+  if (absl::Status s = AllocateLocked(int64_t(copies.size()), &ids, &chunks); !s.ok()) {
+    ctx_.quota->RefundPages(total);
+    CountRefusal();
+    return absl::Status(s.code(), absl::StrCat("fork: copying ", copies.size(), " partial page(s): ", s.message()));
+  }
+  for (size_t i = 0; i < copies.size(); ++i) copies[i].dst = ids[i];
+  if (!copies.empty()) {
+    if (absl::Status s = kernels().CopyPages(ctx_.pool->layout(), ctx_.pool->base(), copies.data(),
+                                             int64_t(copies.size()));
+        !s.ok()) {
+      ctx_.pool->Unallocate(ids, chunks);
+      ctx_.quota->RefundPages(total);
+      return absl::InternalError(absl::StrCat("fork: ", s.message()));
+    }
+  }
+  ctx_.pool->Ref(all_shared);
+  for (size_t i = 0; i < copy_layers.size(); ++i) shared[size_t(copy_layers[i])].push_back(ids[i]);
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const LayerTable& t = src.layers_[size_t(l)];
+    const std::vector<int32_t>& v = shared[size_t(l)];
+    layers_[size_t(l)].Adopt(t.first_block(), v.data(), int64_t(v.size()), t.len());
+  }
+  pages_held_ = total;
+  tokens_ = src.tokens_;
+  hashes_ = src.hashes_;
+  keys_ = src.keys_;
+  reg_next_ = src.reg_next_;
+  if (sharing()) {
+    chain_ = src.chain_;
+    ctx_.pool->HoldChain(chain_);
+  }
+  cached_tokens_ = SeqLenLocked();
+  PublishLocked(0, 0);
+  return absl::OkStatus();
+}
+
+absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds) {
+  absl::MutexLock lock(&mu_);
+  if (chain_.root != PrefixIndex::kNoNode) ++(*holds)[chain_.root];
+  for (uint64_t node : chain_.nodes) ++(*holds)[node];
+  const size_t page = size_t(spec_.page_size);
+  if (hashes_.size() != tokens_.size() / page || keys_.size() != hashes_.size()) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", tokens_.size(), " tokens but hashes ",
+                                            hashes_.size(), " pages"));
+  }
+  if (chain_.nodes.size() > keys_.size() || (sharing() && !chain_.blocked && chain_.nodes.size() != keys_.size())) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", chain_.nodes.size(), " of ",
+                                            keys_.size(), " known pages"));
+  }
+  for (int l = 0; l < spec_.num_layers; ++l) {
+    const LayerTable& t = layers_[size_t(l)];
+    for (int64_t b = std::max(t.first_block(), t.len() / int64_t(page)); b < t.first_block() + t.num_blocks(); ++b) {
+      if (!ctx_.pool->Writable(t.block(b))) {
+        return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " layer ", l, " may write block ", b,
+                                                " (page ", t.block(b), ") but it is shared or registered"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvarena

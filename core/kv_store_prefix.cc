@@ -1,0 +1,109 @@
+// KvStore's prefix-reuse operations (SetTokens, Fork) and the arena-wide reclaiming of
+// cached pages when a pool runs out of budget.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked.h"
+#include "core/kv_store.h"
+#include "core/kv_store_impl.h"
+#include "core/status_macros.h"
+#include "core/validate.h"
+
+namespace kvarena {
+
+bool KvStore::Impl::TrimOtherPools(const PagePool* pool, int64_t n) {
+  const size_t shortfall = pool->BudgetShortfall(n);
+  if (shortfall == 0) return false;
+  std::vector<std::shared_ptr<PagePool>> others;
+  {
+    absl::MutexLock lock(&pools_mu);
+    for (const auto& p : live_pools) {
+      if (p.get() != pool) others.push_back(p);
+    }
+  }
+  size_t reclaimable = 0;
+  for (const auto& p : others) reclaimable += p->ReclaimableBytes();
+  if (reclaimable < shortfall) return false;
+  size_t freed = 0;
+  for (const auto& p : others) {
+    if (freed < shortfall) freed += p->TrimCached(shortfall - freed);
+  }
+  return freed >= shortfall;
+}
+
+absl::Status KvStore::Impl::AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                                          std::vector<int32_t>* committed) {
+  absl::Status s = pool->Allocate(n, ids, committed);
+  if (absl::IsResourceExhausted(s) && TrimOtherPools(pool, n)) {
+    s = pool->Allocate(n, ids, committed);
+  }
+  return s;
+}
+
+absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session, const SetTokensArgs& args) {
+  auto cache = impl_->Find(session, args.cache_id);
+  if (!cache.ok()) return cache.status();
+  return (*cache)->SetTokens(args.first_pos, args.token_ids);
+}
+
+absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::string& cache_id,
+                                        const std::string& new_cache_id) {
+  Impl& im = *impl_;
+  auto src = im.Find(session, cache_id);
+  if (!src.ok()) return src.status();
+  if (new_cache_id.size() > kMaxCacheIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("fork: new_cache_id has ", new_cache_id.size(),
+                                                   " bytes; at most ", kMaxCacheIdBytes));
+  }
+  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
+  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
+    if (int64_t(im.caches.size()) >= im.options.max_caches) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fork: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
+    }
+    if (!new_cache_id.empty() && im.caches.contains(new_cache_id)) {
+      return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
+    }
+    auto p = im.pools_by_id.find((*src)->pool()->id());
+    if (p == im.pools_by_id.end() || p->second.get() != (*src)->pool()) {
+      return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " was released"));
+    }
+    return absl::OkStatus();
+  };
+  std::shared_ptr<PagePool> pool;
+  std::string id = new_cache_id;
+  {
+    absl::MutexLock lock(&im.mu);
+    KVARENA_RETURN_IF_ERROR(refusal());
+    pool = im.pools_by_id.at((*src)->pool()->id());
+    if (id.empty()) {
+      do id = absl::StrCat("cache-", im.next_cache++);
+      while (im.caches.contains(id));
+    }
+  }
+  if (!quota->TryAddCache()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "fork: ", session.empty() ? "the caches without a session" : "the session", " hold ",
+        quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+  }
+  // Built outside the map lock (it waits for src's lock); the cache counts in the quota
+  // from here and gives everything back when dropped.
+  auto cache = std::make_shared<KvCache>(id, (*src)->spec(), session, im.ContextFor(pool, quota), im.clock->Now());
+  KVARENA_RETURN_IF_ERROR(cache->ForkFrom(**src));
+  {
+    absl::MutexLock lock(&im.mu);
+    KVARENA_RETURN_IF_ERROR(refusal());
+    if (im.caches.contains(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(id), " already exists"));
+    }
+    if (!session.empty()) KVARENA_RETURN_IF_ERROR(im.sessions.AddCache(session, id));
+    ++im.caches_per_pool[pool->id()];
+    im.caches.emplace(id, cache);
+  }
+  im.counters.forks += 1;
+  return cache->Info();
+}
+
+}  // namespace kvarena

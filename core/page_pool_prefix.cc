@@ -1,0 +1,159 @@
+// PagePool's prefix-reuse operations: chains of index nodes, lookup and adoption, page
+// registration, and the audit of references (page_pool.h).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/page_pool.h"
+
+namespace kvarena {
+
+void PagePool::ExtendChain(const PrefixQuery& q, PrefixChain* chain) {
+  absl::MutexLock lock(&mu_);
+  ExtendChainLocked(q, chain);
+}
+
+void PagePool::ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) {
+  if (chain->blocked || q.num_blocks <= int64_t(chain->nodes.size())) return;
+  if (chain->root == PrefixIndex::kNoNode) chain->root = index_.HoldRoot(q.root_key, q.root_hash, q.num_layers);
+  for (int64_t b = int64_t(chain->nodes.size()); b < q.num_blocks; ++b) {
+    const uint64_t parent = b == 0 ? chain->root : chain->nodes[size_t(b - 1)];
+    const uint64_t node = index_.HoldChild(parent, q.hashes[b], q.tokens + b * q.page_size, q.page_size);
+    if (node == PrefixIndex::kNoNode) {
+      chain->blocked = true;
+      return;
+    }
+    chain->nodes.push_back(node);
+  }
+}
+
+void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* hit) {
+  *hit = PrefixHit{};
+  absl::MutexLock lock(&mu_);
+  ExtendChainLocked(q, chain);
+  const int64_t most = std::min<int64_t>(int64_t(chain->nodes.size()), q.max_adopt);
+  const int64_t page = q.page_size;
+  auto has = [&](int64_t b, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0; };
+  // The first block a layer needs when the next position is k * page_size.
+  auto first_needed = [&](int layer, int64_t k) -> int64_t {
+    const int w = q.layer_windows[size_t(layer)];
+    if (w == 0) return 0;
+    return std::max<int64_t>(0, k * page - w + 1) / page;
+  };
+  // Global layers need every leading block: the shortest run bounds the hit.
+  int64_t k = most;
+  for (int l = 0; l < q.num_layers && k > 0; ++l) {
+    if (q.layer_windows[size_t(l)] != 0) continue;
+    int64_t run = 0;
+    while (run < k && has(run, l)) ++run;
+    k = run;
+  }
+  // Sliding layers need only the blocks their window still sees: try shorter hits.
+  for (; k > 0; --k) {
+    bool all = true;
+    for (int l = 0; l < q.num_layers && all; ++l) {
+      if (q.layer_windows[size_t(l)] == 0) continue;
+      for (int64_t b = first_needed(l, k); b < k && all; ++b) all = has(b, l);
+    }
+    if (all) break;
+  }
+  if (k == 0) return;
+  int64_t count = 0;
+  for (int l = 0; l < q.num_layers; ++l) count += k - first_needed(l, k);
+  if (q.charge && !q.charge(count)) return;
+  hit->blocks = k;
+  hit->pages_adopted = count;
+  hit->first_block.resize(size_t(q.num_layers));
+  hit->pages.resize(size_t(q.num_layers));
+  for (int l = 0; l < q.num_layers; ++l) {
+    const int64_t first = first_needed(l, k);
+    hit->first_block[size_t(l)] = first;
+    std::vector<int32_t>& ids = hit->pages[size_t(l)];
+    for (int64_t b = first; b < k; ++b) {
+      const int32_t id = index_.PageOf(chain->nodes[size_t(b)], l);
+      int32_t& refs = RefsLocked(id);
+      if (refs == 0) UnparkLocked(id);
+      if (++refs == 2) ++pages_shared_;
+      ids.push_back(id);
+    }
+  }
+}
+
+int64_t PagePool::Register(absl::Span<const PageToRegister> pages) {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const PageToRegister& p : pages) n += index_.Register(p.node, p.layer, p.page);
+  return n;
+}
+
+void PagePool::TruncateChain(PrefixChain* chain, size_t from) {
+  absl::MutexLock lock(&mu_);
+  if (from <= chain->nodes.size()) chain->blocked = false;
+  while (chain->nodes.size() > from) {  // deepest first: a node goes only without children
+    index_.Unhold(chain->nodes.back());
+    chain->nodes.pop_back();
+  }
+  if (from == 0 && chain->root != PrefixIndex::kNoNode) {
+    index_.Unhold(chain->root);
+    chain->root = PrefixIndex::kNoNode;
+  }
+}
+
+void PagePool::HoldChain(const PrefixChain& chain) {
+  absl::MutexLock lock(&mu_);
+  if (chain.root != PrefixIndex::kNoNode) index_.Hold(chain.root);
+  for (uint64_t node : chain.nodes) index_.Hold(node);
+}
+
+absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& refs,
+                                  const absl::flat_hash_map<uint64_t, int64_t>& holds) const {
+  absl::MutexLock lock(&mu_);
+  int64_t taken = 0, shared = 0, parked = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const Chunk& chunk = chunks_[c];
+    if (!chunk.committed) continue;
+    int32_t chunk_cached = 0;
+    for (int32_t i = 0; i < pages_per_chunk_; ++i) {
+      const int32_t id = int32_t(c) * pages_per_chunk_ + i;
+      auto want = refs.find(id);
+      const int32_t expect = want == refs.end() ? 0 : want->second;
+      const int32_t have = chunk.refs[size_t(i)];
+      if (have != expect) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " counts ", have,
+                                                " references but caches hold it ", expect, " times"));
+      }
+      const bool cached = index_.IsParked(id);
+      if (chunk.taken[size_t(i)] != (have > 0 || cached)) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is ",
+                                                chunk.taken[size_t(i)] ? "taken" : "free", " with ", have,
+                                                " references", cached ? ", cached" : ""));
+      }
+      if (have == 0 && index_.IsRegistered(id) != cached) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is registered but unreferenced and not cached"));
+      }
+      if (have > 0 && cached) {
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is referenced and cached"));
+      }
+      taken += chunk.taken[size_t(i)];
+      chunk_cached += cached;
+      shared += have >= 2;
+      parked += cached;
+    }
+    if (chunk_cached != chunk.cached) {
+      return absl::InternalError(absl::StrCat("chunk ", c, " of pool ", id_, " counts ", chunk.cached,
+                                              " cached pages but holds ", chunk_cached));
+    }
+  }
+  for (const auto& [id, n] : refs) {
+    if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size() || !chunks_[size_t(id / pages_per_chunk_)].committed) {
+      return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is held by a cache but not committed"));
+    }
+  }
+  if (taken != pages_used_ || shared != pages_shared_ || parked != index_.parked()) {
+    return absl::InternalError(absl::StrCat("pool ", id_, " counts ", pages_used_, " taken, ", pages_shared_,
+                                            " shared, ", index_.parked(), " cached pages but holds ", taken, ", ",
+                                            shared, ", ", parked));
+  }
+  return index_.TEST_Audit(holds);
+}
+
+}  // namespace kvarena

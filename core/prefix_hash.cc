@@ -1,0 +1,55 @@
+#include "core/prefix_hash.h"
+
+#include <cstring>
+#include <string>
+
+#include <xxhash.h>
+
+#include "absl/strings/str_format.h"
+
+namespace kvarena {
+namespace {
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(char((v >> (8 * i)) & 0xff));
+}
+void PutU64(std::string* out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out->push_back(char((v >> (8 * i)) & 0xff));
+}
+
+Hash128 Xxh128(const std::string& bytes) {
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  return Hash128{h.low64, h.high64};
+}
+
+}  // namespace
+
+std::string Hash128::Hex() const { return absl::StrFormat("%016x%016x", high, low); }
+
+Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec) {
+  std::string b = "kvarena.prefix.v1";
+  PutU32(&b, uint32_t(prefix_namespace.size()));
+  b.append(prefix_namespace.data(), prefix_namespace.size());
+  for (int v : {int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim, spec.num_layers}) {
+    PutU32(&b, uint32_t(v));
+  }
+  return Xxh128(b);
+}
+
+Hash128 PrefixPageHash(const Hash128& parent, const int32_t* tokens, int n) {
+  std::string b;
+  b.reserve(16 + 4 * size_t(n));
+  PutU64(&b, parent.low);
+  PutU64(&b, parent.high);
+  for (int i = 0; i < n; ++i) PutU32(&b, uint32_t(tokens[i]));
+  return Xxh128(b);
+}
+
+Hash128 KeepHashBits(const Hash128& h, int bits) {
+  if (bits >= 128) return h;
+  if (bits <= 0) return Hash128{};
+  if (bits >= 64) return Hash128{h.low, bits == 64 ? 0 : h.high & ((uint64_t{1} << (bits - 64)) - 1)};
+  return Hash128{h.low & ((uint64_t{1} << bits) - 1), 0};
+}
+
+}  // namespace kvarena

@@ -1,0 +1,54 @@
+// Content addresses of full pages for prefix reuse (README "Prefix reuse").
+//
+// Every full page of a cache whose token ids are known is named by a chained 128-bit
+// hash: a page's hash covers its parent's hash (the page before it, or the root for the
+// first page) and its own page_size token ids; the root covers the prefix namespace and
+// the geometry (dtype, page_size, num_kv_heads, head_dim, num_layers). The hash is
+// XXH3-128 (xxHash 0.8, a fixed, documented algorithm: the same bytes give the same hash
+// in every process, build and version since 0.8.0) over little-endian encodings:
+//
+//   root      = XXH3_128("kvarena.prefix.v1" ‖ u32 len(ns) ‖ ns ‖ u32 dtype ‖ u32 page_size
+//                        ‖ u32 num_kv_heads ‖ u32 head_dim ‖ u32 num_layers)
+//   page hash = XXH3_128(u64 parent.low ‖ u64 parent.high ‖ i32 token[0] ‖ ... ‖ i32 token[P-1])
+//
+// A hash only finds candidates: a hit is confirmed by comparing token ids and the parent
+// link (core/prefix_index.h), so a collision never hands out another prompt's K/V.
+//
+// Pure functions; thread-safe.
+#ifndef KVARENA_CORE_PREFIX_HASH_H_
+#define KVARENA_CORE_PREFIX_HASH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "core/types.h"
+
+namespace kvarena {
+
+struct Hash128 {
+  uint64_t low = 0;
+  uint64_t high = 0;
+
+  friend bool operator==(const Hash128& a, const Hash128& b) {
+    return a.low == b.low && a.high == b.high;
+  }
+  friend bool operator!=(const Hash128& a, const Hash128& b) { return !(a == b); }
+  template <typename H>
+  friend H AbslHashValue(H h, const Hash128& x) {
+    return H::combine(std::move(h), x.low, x.high);
+  }
+  // 32 hex digits, high then low (XXH128's canonical order).
+  std::string Hex() const;
+};
+
+// The root of every chain of caches with this namespace and this (resolved) geometry.
+Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec);
+// The hash of a page holding tokens[0..n) whose parent hash is `parent`.
+Hash128 PrefixPageHash(const Hash128& parent, const int32_t* tokens, int n);
+// Keeps the low `bits` bits of h (tests force collisions with few bits; 128: h itself).
+Hash128 KeepHashBits(const Hash128& h, int bits);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_PREFIX_HASH_H_

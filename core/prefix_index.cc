@@ -1,0 +1,193 @@
+#include "core/prefix_index.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvarena {
+
+uint64_t PrefixIndex::HoldRoot(const std::string& key, const Hash128& hash, int num_layers) {
+  auto it = roots_.find(key);
+  if (it != roots_.end()) {
+    ++At(it->second).holds;
+    return it->second;
+  }
+  const uint64_t serial = next_serial_++;
+  Node& n = nodes_[serial];
+  n.hash = hash;
+  n.root_key = key;
+  n.pages.assign(size_t(num_layers), -1);
+  n.holds = 1;
+  roots_.emplace(key, serial);
+  return serial;
+}
+
+uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t* tokens, int n) {
+  auto it = by_hash_.find(h);
+  if (it != by_hash_.end()) {
+    Node& node = At(it->second);
+    if (node.parent != parent || !std::equal(node.tokens.begin(), node.tokens.end(), tokens, tokens + n) ||
+        int(node.tokens.size()) != n) {
+      return kNoNode;  // the hash names another prefix
+    }
+    ++node.holds;
+    return it->second;
+  }
+  const uint64_t serial = next_serial_++;
+  Node& p = At(parent);
+  ++p.children;
+  Node& node = nodes_[serial];
+  node.hash = h;
+  node.parent = parent;
+  node.tokens.assign(tokens, tokens + n);
+  node.pages.assign(At(parent).pages.size(), -1);
+  node.holds = 1;
+  by_hash_.emplace(h, serial);
+  return serial;
+}
+
+void PrefixIndex::Hold(uint64_t node) { ++At(node).holds; }
+
+void PrefixIndex::Unhold(uint64_t node) {
+  --At(node).holds;
+  DeleteIfUnused(node);
+}
+
+void PrefixIndex::DeleteIfUnused(uint64_t node) {
+  while (node != kNoNode) {
+    auto it = nodes_.find(node);
+    const Node& n = it->second;
+    if (n.holds > 0 || n.children > 0 || n.num_pages > 0) return;
+    const uint64_t parent = n.parent;
+    if (parent == kNoNode) {
+      roots_.erase(n.root_key);
+    } else {
+      by_hash_.erase(n.hash);
+      --At(parent).children;
+    }
+    nodes_.erase(it);
+    node = parent;
+  }
+}
+
+int32_t PrefixIndex::PageOf(uint64_t node, int layer) const {
+  return nodes_.at(node).pages[size_t(layer)];
+}
+
+const Hash128& PrefixIndex::HashOf(uint64_t node) const { return nodes_.at(node).hash; }
+
+bool PrefixIndex::Register(uint64_t node, int layer, int32_t page) {
+  Node& n = At(node);
+  if (n.pages[size_t(layer)] >= 0 || pages_.contains(page)) return false;
+  n.pages[size_t(layer)] = page;
+  ++n.num_pages;
+  PageEntry& e = pages_[page];
+  e.node = node;
+  e.layer = layer;
+  return true;
+}
+
+void PrefixIndex::Park(int32_t page) {
+  PageEntry& e = pages_.at(page);
+  lru_.push_front(page);
+  e.lru = lru_.begin();
+  e.parked = true;
+}
+
+void PrefixIndex::Unpark(int32_t page) {
+  PageEntry& e = pages_.at(page);
+  lru_.erase(e.lru);
+  e.parked = false;
+}
+
+bool PrefixIndex::IsParked(int32_t page) const {
+  auto it = pages_.find(page);
+  return it != pages_.end() && it->second.parked;
+}
+
+int32_t PrefixIndex::Reclaim() {
+  const int32_t page = lru_.back();
+  ReclaimPage(page);
+  return page;
+}
+
+void PrefixIndex::ReclaimPage(int32_t page) {
+  auto it = pages_.find(page);
+  lru_.erase(it->second.lru);
+  const uint64_t node = it->second.node;
+  Node& n = At(node);
+  n.pages[size_t(it->second.layer)] = -1;
+  --n.num_pages;
+  pages_.erase(it);
+  DeleteIfUnused(node);
+}
+
+absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const {
+  absl::flat_hash_map<uint64_t, int32_t> children;
+  for (const auto& [serial, n] : nodes_) {
+    if (n.parent != kNoNode) ++children[n.parent];
+  }
+  for (const auto& [serial, n] : nodes_) {
+    if (n.parent != kNoNode) {
+      if (!nodes_.contains(n.parent)) return absl::InternalError(absl::StrCat("node ", serial, " has a deleted parent"));
+      auto h = by_hash_.find(n.hash);
+      if (h == by_hash_.end() || h->second != serial) {
+        return absl::InternalError(absl::StrCat("node ", serial, " is not indexed by its hash"));
+      }
+    } else {
+      auto r = roots_.find(n.root_key);
+      if (r == roots_.end() || r->second != serial) {
+        return absl::InternalError(absl::StrCat("root ", serial, " is not indexed by its key"));
+      }
+    }
+    int32_t pages = 0;
+    for (size_t l = 0; l < n.pages.size(); ++l) {
+      if (n.pages[l] < 0) continue;
+      ++pages;
+      auto e = pages_.find(n.pages[l]);
+      if (e == pages_.end() || e->second.node != serial || e->second.layer != int(l)) {
+        return absl::InternalError(absl::StrCat("node ", serial, " names page ", n.pages[l], " for layer ", l,
+                                                " but the page is registered elsewhere"));
+      }
+    }
+    if (pages != n.num_pages) {
+      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.num_pages, " pages but names ", pages));
+    }
+    auto want = holds.find(serial);
+    const int64_t held = want == holds.end() ? 0 : want->second;
+    if (held != n.holds) {
+      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.holds, " holds but caches hold it ", held,
+                                              " times"));
+    }
+    auto c = children.find(serial);
+    if ((c == children.end() ? 0 : c->second) != n.children) {
+      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.children, " children"));
+    }
+    if (n.holds == 0 && n.num_pages == 0 && n.children == 0) {
+      return absl::InternalError(absl::StrCat("node ", serial, " is kept by nothing"));
+    }
+  }
+  for (const auto& [serial, count] : holds) {
+    if (count > 0 && !nodes_.contains(serial)) {
+      return absl::InternalError(absl::StrCat("a cache holds deleted node ", serial));
+    }
+  }
+  if (by_hash_.size() + roots_.size() != nodes_.size()) {
+    return absl::InternalError("the hash and root maps do not cover the nodes exactly");
+  }
+  size_t parked = 0;
+  for (const auto& [page, e] : pages_) parked += e.parked;
+  if (parked != lru_.size()) {
+    return absl::InternalError(absl::StrCat(parked, " pages are parked but the LRU holds ", lru_.size()));
+  }
+  for (int32_t page : lru_) {
+    auto e = pages_.find(page);
+    if (e == pages_.end() || !e->second.parked) {
+      return absl::InternalError(absl::StrCat("LRU page ", page, " is not a parked registered page"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvarena

@@ -1,0 +1,109 @@
+// PrefixIndex: the content-addressed pages of one pool, for prefix reuse across caches
+// (README "Prefix reuse"). A tree of nodes, one per distinct (namespace, token prefix)
+// ending at a page boundary: a root per namespace and geometry, and below it one node per
+// full page of token ids, found by its chained hash (core/prefix_hash.h). A node names
+// at most one page per layer, the page that holds that layer's K/V of the node's tokens.
+//
+// A hash only proposes a node: a node is the child of `parent` for tokens t only when it
+// records exactly that parent and those token ids, so two prefixes whose hashes collide
+// never share a node (the second finds the slot taken and is not indexed). With every
+// node reached through verified parents from a root found by its exact namespace string,
+// a node's K/V belong to exactly its namespace and full token prefix.
+//
+// Lifetimes: a node lives while it names a page, has a child or is held by a cache that
+// declared its tokens (PrefixChain); the last of them going deletes it, and its parent
+// may follow. A registered page lives while caches reference it (counted by the pool);
+// when the last reference drops it is parked in an LRU of reclaimable pages, still
+// indexed, until a cache adopts it again or the pool reclaims it for a new allocation
+// (least recently parked first: callers park a chain's tail before its head, so heads
+// outlive tails). Reclaiming unregisters the page.
+//
+// Not thread-safe: the owning PagePool's lock guards it.
+#ifndef KVARENA_CORE_PREFIX_INDEX_H_
+#define KVARENA_CORE_PREFIX_INDEX_H_
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "core/prefix_hash.h"
+
+namespace kvarena {
+
+class PrefixIndex {
+ public:
+  static constexpr uint64_t kNoNode = 0;
+
+  // Holds the root of `key` (an exact encoding of namespace and geometry), created when new.
+  uint64_t HoldRoot(const std::string& key, const Hash128& hash, int num_layers);
+  // Holds the child of `parent` (a held node) for page hash h and tokens[0..n), created
+  // when new. kNoNode, holding nothing, when h names another node (a collision).
+  uint64_t HoldChild(uint64_t parent, const Hash128& h, const int32_t* tokens, int n);
+  void Hold(uint64_t node);
+  // Drops one hold; may delete the node and then its unused ancestors.
+  void Unhold(uint64_t node);
+
+  // The page node names for `layer`, or -1.
+  int32_t PageOf(uint64_t node, int layer) const;
+  const Hash128& HashOf(uint64_t node) const;
+  // Makes `page` node's page for layer. False (nothing changes) when the node already
+  // names one for that layer or the page is registered.
+  bool Register(uint64_t node, int layer, int32_t page);
+  bool IsRegistered(int32_t page) const { return pages_.contains(page); }
+
+  // LRU of reclaimable pages. Park: a registered page lost its last reference (it becomes
+  // the most recently parked). Unpark: it is referenced again.
+  void Park(int32_t page);
+  void Unpark(int32_t page);
+  bool IsParked(int32_t page) const;
+  int64_t parked() const { return int64_t(lru_.size()); }
+  // Unregisters the least recently parked page and returns it (REQUIRES parked() > 0).
+  int32_t Reclaim();
+  // Unregisters a parked page (REQUIRES IsParked(page)).
+  void ReclaimPage(int32_t page);
+  // The parked pages, least recently parked first.
+  std::vector<int32_t> ParkedOldestFirst() const { return std::vector<int32_t>(lru_.rbegin(), lru_.rend()); }
+
+  int64_t nodes() const { return int64_t(nodes_.size()); }
+  int64_t registered() const { return int64_t(pages_.size()); }
+  // INTERNAL naming the first inconsistency: holds and children counts against `holds`
+  // (node -> holds the caches declare), every page's node naming it back, the LRU holding
+  // exactly the parked pages, no node left that nothing keeps.
+  absl::Status TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const;
+
+ private:
+  struct Node {
+    Hash128 hash;
+    uint64_t parent = kNoNode;
+    std::vector<int32_t> tokens;  // empty for a root
+    std::vector<int32_t> pages;   // per layer; -1 none
+    std::string root_key;         // roots only
+    int64_t holds = 0;
+    int32_t children = 0;
+    int32_t num_pages = 0;
+  };
+  struct PageEntry {
+    uint64_t node = kNoNode;
+    int layer = 0;
+    bool parked = false;
+    std::list<int32_t>::iterator lru;  // valid when parked
+  };
+
+  Node& At(uint64_t node) { return nodes_.at(node); }
+  // Deletes node and then each ancestor that nothing keeps any more.
+  void DeleteIfUnused(uint64_t node);
+
+  uint64_t next_serial_ = 1;
+  absl::flat_hash_map<uint64_t, Node> nodes_;
+  absl::flat_hash_map<std::string, uint64_t> roots_;
+  absl::flat_hash_map<Hash128, uint64_t> by_hash_;  // non-root nodes
+  absl::flat_hash_map<int32_t, PageEntry> pages_;   // registered pages
+  std::list<int32_t> lru_;                          // front: most recently parked
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_PREFIX_INDEX_H_

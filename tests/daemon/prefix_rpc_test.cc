@@ -1,0 +1,132 @@
+// Prefix reuse at the wire, against a real kvarenad: prompt_tokens on Allocate, SetTokens,
+// Fork, the prefix fields of CacheInfo and PageStats, and the /metrics families.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/daemon/rpc_test_util.h"
+
+namespace kvarena {
+namespace {
+
+using ::testing::HasSubstr;
+
+// GET /metrics on 127.0.0.1:port with a bare socket; the body ("" on failure).
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == ssize_t(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, size_t(n));
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+class PrefixRpcTest : public KvarenadTest {
+ protected:
+  void SetUp() override {
+    port_ = PickUnusedPort();
+    StartDaemon({"--arena_bytes=16Mi", "--metrics_port=" + std::to_string(port_)});
+  }
+  v1::CacheInfo AllocatePrompt(const std::vector<int32_t>& prompt, const std::string& id) {
+    v1::AllocateRequest req;
+    *req.mutable_spec() = Spec(2, 2, 8);  // page_size 4
+    req.mutable_spec()->set_prefix_namespace("model-x");
+    req.set_cache_id(id);
+    req.mutable_prompt_tokens()->Assign(prompt.begin(), prompt.end());
+    v1::AllocateResponse resp;
+    const grpc::Status s = stub_->Allocate(Ctx().get(), req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.cache();
+  }
+  int port_ = 0;
+};
+
+TEST_F(PrefixRpcTest, PromptTokensSetTokensAndForkOverTheWire) {
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  v1::CacheInfo a = AllocatePrompt(prompt, "a");
+  EXPECT_EQ(a.cached_tokens(), 0u);
+  EXPECT_EQ(a.tokens_known(), 9u);
+  EXPECT_EQ(a.spec().prefix_namespace(), "model-x");
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(AppendF32("a", l, 0, 9, 2, 8, 1.0f + l).ok());
+
+  v1::CacheInfo b = AllocatePrompt(prompt, "b");
+  EXPECT_EQ(b.cached_tokens(), 8u);
+  EXPECT_EQ(b.seq_len(), 8u);
+  // b's K/V of the adopted positions are a's, bit for bit ([1, heads, tokens, dim]).
+  constexpr size_t kRow = 8 * 4;  // one token of one head
+  for (uint32_t l = 0; l < 2; ++l) {
+    const v1::GetKvResponse ka = GetKv("a", l), kb = GetKv("b", l);
+    ASSERT_EQ(kb.k().data().size(), 2 * 8 * kRow);
+    for (size_t h = 0; h < 2; ++h) {
+      EXPECT_EQ(kb.k().data().substr(h * 8 * kRow, 8 * kRow), ka.k().data().substr(h * 9 * kRow, 8 * kRow));
+      EXPECT_EQ(kb.v().data().substr(h * 8 * kRow, 8 * kRow), ka.v().data().substr(h * 9 * kRow, 8 * kRow));
+    }
+  }
+  v1::StatsResponse st = Stats();
+  EXPECT_EQ(st.pages().pages_shared(), 4u);
+  EXPECT_EQ(st.pages().prefix_lookups(), 2u);
+  EXPECT_EQ(st.pages().prefix_requested_tokens(), 18u);
+  EXPECT_EQ(st.pages().prefix_hit_tokens(), 8u);
+  EXPECT_EQ(st.pools(0).pages_shared(), 4u);
+
+  v1::SetTokensRequest set;
+  set.set_cache_id("a");
+  set.set_first_pos(9);
+  set.add_token_ids(42);
+  v1::SetTokensResponse set_resp;
+  ASSERT_TRUE(stub_->SetTokens(Ctx().get(), set, &set_resp).ok());
+  EXPECT_EQ(set_resp.cache().tokens_known(), 10u);
+  set.set_first_pos(2);  // position 2 holds token 7
+  set.set_token_ids(0, 99);
+  EXPECT_THAT(stub_->SetTokens(Ctx().get(), set, &set_resp),
+              StatusIs(grpc::StatusCode::FAILED_PRECONDITION, "position 2 holds token 7"));
+
+  v1::ForkRequest fork;
+  fork.set_cache_id("a");
+  fork.set_new_cache_id("f");
+  v1::ForkResponse forked;
+  ASSERT_TRUE(stub_->Fork(Ctx().get(), fork, &forked).ok());
+  EXPECT_EQ(forked.cache().cache_id(), "f");
+  EXPECT_EQ(forked.cache().seq_len(), 9u);
+  EXPECT_EQ(forked.cache().cached_tokens(), 9u);
+  EXPECT_EQ(GetKv("f", 1).v().data(), GetKv("a", 1).v().data());
+  EXPECT_EQ(Stats().pages().forks(), 1u);
+
+  for (const char* id : {"a", "b", "f"}) {
+    v1::ReleaseRequest release;
+    release.set_cache_id(id);
+    v1::ReleaseResponse released;
+    ASSERT_TRUE(stub_->Release(Ctx().get(), release, &released).ok());
+  }
+  st = Stats();
+  EXPECT_EQ(st.pages().pages_used(), 0u);
+  EXPECT_EQ(st.pages().pages_cached(), 4u);  // a's two full pages on each layer
+  EXPECT_EQ(st.pools_size(), 1);             // kept for them
+  EXPECT_EQ(st.pools(0).pages_cached(), 4u);
+
+  const std::string metrics = Scrape(port_);
+  EXPECT_THAT(metrics, HasSubstr("kvarena_pages_cached 4"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_prefix_lookups_total 2"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_prefix_requested_tokens_total 18"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_prefix_hit_tokens_total 8"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_forks_total 1"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_cow_copies_total 0"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"lru\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"window\"} 0"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"Fork\",code=\"OK\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"SetTokens\",code=\"FAILED_PRECONDITION\"} 1"));
+}
+
+}  // namespace
+}  // namespace kvarena
