@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds, and runs the whole suite under ctest,
-# then the Bazel build and its tests (scripts/bazel.sh; KVARENA_BAZEL=0 skips them) and the
-# fuzzers. Exits non-zero on any failure.
+# then the Bazel build with a representative set of its tests (scripts/bazel.sh;
+# KVARENA_BAZEL=0 skips it), the sanitizer build's tests and the fuzzers. Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps
