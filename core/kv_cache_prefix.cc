@@ -52,7 +52,7 @@ void KvCache::ForgetTokensLocked(int64_t pos) {
 void KvCache::RegisterLocked(int layer) {
   if (!sharing() || chain_.nodes.empty()) return;
   std::vector<PageToRegister> pages;
-  auto collect = [&](int l) {
+  auto collect = [&](int l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const LayerTable& t = layers_[size_t(l)];
     const int64_t full = std::min<int64_t>(t.len() / spec_.page_size, int64_t(chain_.nodes.size()));
     int64_t& next = reg_next_[size_t(l)];

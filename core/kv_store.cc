@@ -111,7 +111,13 @@ int KvStore::Impl::DropIdlePoolsLocked() {
 }
 
 CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
-  CacheContext ctx{std::move(pool), std::move(quota), kernels.get(), &counters, &limits, options.max_reply_bytes};
+  CacheContext ctx;
+  ctx.pool = std::move(pool);
+  ctx.quota = std::move(quota);
+  ctx.kernels = kernels.get();
+  ctx.counters = &counters;
+  ctx.limits = &limits;
+  ctx.max_reply_bytes = options.max_reply_bytes;
   ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return TrimOtherPools(p, n); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
   return ctx;

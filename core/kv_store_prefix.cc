@@ -58,7 +58,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   }
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
-  auto refusal = [&]() -> absl::Status ABSL_SHARED_LOCKS_REQUIRED(im.mu) {
+  auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
     if (int64_t(im.caches.size()) >= im.options.max_caches) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "fork: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));

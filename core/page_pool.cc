@@ -277,7 +277,7 @@ size_t PagePool::ReclaimableBytes() const {
 size_t PagePool::TrimCached(size_t bytes) {
   absl::MutexLock lock(&mu_);
   const int64_t before = chunks_committed_;
-  auto freed = [&] { return size_t(before - chunks_committed_) * chunk_bytes_; };
+  auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return size_t(before - chunks_committed_) * chunk_bytes_; };
   for (int32_t c = 0; c < int32_t(chunks_.size()) && freed() < bytes; ++c) {
     if (chunks_[c].committed && chunks_[c].used == 0) DecommitChunkLocked(c);
   }

@@ -32,7 +32,9 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
   ExtendChainLocked(q, chain);
   const int64_t most = std::min<int64_t>(int64_t(chain->nodes.size()), q.max_adopt);
   const int64_t page = q.page_size;
-  auto has = [&](int64_t b, int layer) { return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0; };
+  auto has = [&](int64_t b, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0;
+  };
   // The first block a layer needs when the next position is k * page_size.
   auto first_needed = [&](int layer, int64_t k) -> int64_t {
     const int w = q.layer_windows[size_t(layer)];
