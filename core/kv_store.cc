@@ -151,6 +151,9 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_request_tokens", options.max_request_tokens)}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
   }
+  if (options.prefix_event_capacity < 1) {
+    return absl::InvalidArgumentError("prefix_event_capacity must be >= 1");
+  }
   if (options.TEST_prefix_hash_bits < 0 || options.TEST_prefix_hash_bits > 128) {
     return absl::InvalidArgumentError(absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits,
                                                    " must be in [0, 128]"));

@@ -83,7 +83,19 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
 int64_t PagePool::Register(absl::Span<const PageToRegister> pages) {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const PageToRegister& p : pages) n += index_.Register(p.node, p.layer, p.page);
+  for (const PageToRegister& p : pages) {
+    if (!index_.Register(p.node, p.layer, p.page)) continue;
+    ++n;
+    if (counters_ == nullptr || counters_->events == nullptr) continue;
+    PrefixEvent e;
+    e.kind = PrefixEvent::Kind::kStored;
+    e.pool_id = id_;
+    e.layer = p.layer;
+    e.hash = index_.HashOf(p.node);
+    e.parent_hash = index_.ParentHashOf(p.node);
+    e.token_ids = index_.TokensOf(p.node);
+    counters_->events->Append(std::move(e));
+  }
   return n;
 }
 

@@ -77,6 +77,16 @@ int32_t PrefixIndex::PageOf(uint64_t node, int layer) const {
 
 const Hash128& PrefixIndex::HashOf(uint64_t node) const { return nodes_.at(node).hash; }
 
+const Hash128& PrefixIndex::ParentHashOf(uint64_t node) const {
+  const Node& n = nodes_.at(node);
+  return n.parent == kNoNode ? n.hash : nodes_.at(n.parent).hash;
+}
+
+std::pair<Hash128, int> PrefixIndex::KeyOfPage(int32_t page) const {
+  const PageEntry& e = pages_.at(page);
+  return {nodes_.at(e.node).hash, e.layer};
+}
+
 bool PrefixIndex::Register(uint64_t node, int layer, int32_t page) {
   Node& n = At(node);
   if (n.pages[size_t(layer)] >= 0 || pages_.contains(page)) return false;

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -49,6 +50,12 @@ class PrefixIndex {
   // The page node names for `layer`, or -1.
   int32_t PageOf(uint64_t node, int layer) const;
   const Hash128& HashOf(uint64_t node) const;
+  // The hash of node's parent (a root's own hash for the first page of a chain) and the
+  // node's token ids, for events.
+  const Hash128& ParentHashOf(uint64_t node) const;
+  const std::vector<int32_t>& TokensOf(uint64_t node) const { return nodes_.at(node).tokens; }
+  // The node's hash and the layer a registered page is indexed under.
+  std::pair<Hash128, int> KeyOfPage(int32_t page) const;
   // Makes `page` node's page for layer. False (nothing changes) when the node already
   // names one for that layer or the page is registered.
   bool Register(uint64_t node, int layer, int32_t page);
@@ -60,6 +67,7 @@ class PrefixIndex {
   void Unpark(int32_t page);
   bool IsParked(int32_t page) const;
   int64_t parked() const { return int64_t(lru_.size()); }
+  int32_t OldestParked() const { return lru_.back(); }  // REQUIRES parked() > 0
   // Unregisters the least recently parked page and returns it (REQUIRES parked() > 0).
   int32_t Reclaim();
   // Unregisters a parked page (REQUIRES IsParked(page)).
