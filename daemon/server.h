@@ -95,6 +95,8 @@ class Daemon {
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
   std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
+  // Before store_, so it outlives it: a pool the store destroys last still records an event.
+  std::unique_ptr<EventsHub> events_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
   RpcCounters rpcs_;

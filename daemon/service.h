@@ -1,8 +1,9 @@
 // KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each unary one passes the
 // caller's session (metadata `kvarena-session`, "" when absent) and the request to
 // Requests (daemon/requests.h: decode -> KvStore -> encode), counts the call and maps the
-// status (ToGrpcStatus). No rules and no locks live here: the store owns both. Attach
-// alone is on gRPC's callback API (a held stream takes no thread): the AttachHub serves it.
+// status (ToGrpcStatus). No rules and no locks live here: the store owns both. Attach and
+// WatchEvents are on gRPC's callback API (a held stream takes no thread): the AttachHub
+// and the EventsHub serve them.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -10,6 +11,7 @@
 
 #include "core/kv_store.h"
 #include "daemon/attach.h"
+#include "daemon/events.h"
 #include "daemon/requests.h"
 #include "daemon/rpc_counters.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -18,11 +20,12 @@
 namespace kvarena {
 
 class KvCacheServiceImpl final
-    : public v1::KvCacheService::WithCallbackMethod_Attach<v1::KvCacheService::Service> {
+    : public v1::KvCacheService::WithCallbackMethod_Attach<
+          v1::KvCacheService::WithCallbackMethod_WatchEvents<v1::KvCacheService::Service>> {
  public:
-  // store, rpcs and attach must outlive the service.
-  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, AttachHub* attach)
-      : requests_(store), rpcs_(rpcs), attach_(attach) {}
+  // store, rpcs, attach and events must outlive the service.
+  KvCacheServiceImpl(KvStore* store, RpcCounters* rpcs, AttachHub* attach, EventsHub* events)
+      : requests_(store), rpcs_(rpcs), attach_(attach), events_(events) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
@@ -42,6 +45,8 @@ class KvCacheServiceImpl final
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
   grpc::Status SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
   grpc::Status Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(grpc::CallbackServerContext*,
+                                                                 const v1::WatchEventsRequest*) override;
 
  private:
   // Counts the call and maps its status.
@@ -50,6 +55,7 @@ class KvCacheServiceImpl final
   Requests requests_;
   RpcCounters* const rpcs_;
   AttachHub* const attach_;
+  EventsHub* const events_;
 };
 
 }  // namespace kvarena

@@ -1,9 +1,13 @@
 // Prefix reuse at the wire, against a real kvarenad: prompt_tokens on Allocate, SetTokens,
 // Fork, the prefix fields of CacheInfo and PageStats, and the /metrics families.
 #include <arpa/inet.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include "tests/daemon/rpc_test_util.h"
 
@@ -126,6 +130,64 @@ TEST_F(PrefixRpcTest, PromptTokensSetTokensAndForkOverTheWire) {
   EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"window\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"Fork\",code=\"OK\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"SetTokens\",code=\"FAILED_PRECONDITION\"} 1"));
+}
+
+TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->WatchEvents(&ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // at once: nothing recorded yet
+  EXPECT_EQ(msg.events_size(), 0);
+  EXPECT_EQ(msg.next_seq(), 1u);
+  EXPECT_FALSE(msg.events_lost());
+
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  AllocatePrompt(prompt, "a");
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(AppendF32("a", l, 0, 9, 2, 8, 1.0f + l).ok());
+  std::vector<v1::KvEvent> events;
+  while (events.size() < 4 && reader->Read(&msg)) events.insert(events.end(), msg.events().begin(), msg.events().end());
+  ASSERT_EQ(events.size(), 4u);  // two full pages on each layer
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(events[i].seq(), i + 1);
+    ASSERT_TRUE(events[i].has_stored());
+    const v1::KvEvent::BlockStored& st = events[i].stored();
+    EXPECT_EQ(st.layer(), i / 2);
+    EXPECT_EQ(st.block_hash().size(), 16u);
+    EXPECT_EQ(std::vector<int32_t>(st.token_ids().begin(), st.token_ids().end()),
+              std::vector<int32_t>(prompt.begin() + (i % 2) * 4, prompt.begin() + (i % 2) * 4 + 4));
+    if (i % 2 == 1) EXPECT_EQ(st.parent_hash(), events[i - 1].stored().block_hash());  // chained
+  }
+  EXPECT_EQ(events[0].stored().block_hash(), events[2].stored().block_hash());  // same page, next layer
+
+  // A second watcher replays from seq 3.
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchEventsRequest from3;
+  from3.set_from_seq(3);
+  auto replay = stub_->WatchEvents(&ctx2, from3);
+  ASSERT_TRUE(replay->Read(&msg));
+  ASSERT_EQ(msg.events_size(), 2);
+  EXPECT_EQ(msg.events(0).seq(), 3u);
+  EXPECT_EQ(msg.next_seq(), 5u);
+  ctx.TryCancel();
+  ctx2.TryCancel();
+}
+
+TEST_F(PrefixRpcTest, AWatcherDoesNotHoldUpShutdown) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->WatchEvents(&ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  daemon_->Signal(SIGTERM);
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  const std::optional<int> exit = daemon_->WaitExit(absl::Seconds(30));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << daemon_->Log();
 }
 
 }  // namespace
