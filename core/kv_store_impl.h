@@ -39,8 +39,8 @@ struct KvStore::Impl {
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
         limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
         clock(o.clock ? o.clock : RealClock()),
-        sessions(o.max_sessions),
         events(o.prefix_event_capacity),
+        sessions(o.max_sessions),
         sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {
     pool_counters.events = &events;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
