@@ -68,7 +68,7 @@ struct StepTensors {  // one decode token of one layer
       : q(kQHeads, 1, rng), k(kKvHeads, 1, rng), v(kKvHeads, 1, rng) {}
 };
 
-CacheSpec Spec() { return CacheSpec{kLayers, kKvHeads, kHeadDim, DType::kFloat16, kPageSize, {}, 0}; }
+CacheSpec Spec() { return CacheSpec{kLayers, kKvHeads, kHeadDim, DType::kFloat16, kPageSize, {}, 0, ""}; }
 
 bool Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "decode_loop_bench: %s: %s\n", what, s.ToString().c_str());

@@ -171,7 +171,7 @@ int Run(const std::string& kvarenad, bool quick) {
     alloc.mutable_spec()->set_num_kv_heads(kKvHeads);
     alloc.mutable_spec()->set_head_dim(kHeadDim);
     alloc.mutable_spec()->set_dtype(v1::FLOAT16);
-    const CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0};
+    const CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
     v1::AllocateResponse allocated;
     for (const char* id : {"append", "context"}) {
       alloc.set_cache_id(id);

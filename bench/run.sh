@@ -23,3 +23,7 @@ if [ -x "$B/bench/decode_loop_bench" ]; then
   echo; echo "== Decode loop: in-process vs local path vs served path (bench/decode_loop_bench)"
   "$B/bench/decode_loop_bench"
 fi
+if [ -x "$B/bench/prefix_bench" ]; then
+  echo; echo "== Shared-prefix workload with and without prefix reuse (bench/prefix_bench)"
+  "$B/bench/prefix_bench"
+fi

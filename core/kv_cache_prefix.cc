@@ -15,6 +15,7 @@ namespace kvarena {
 PrefixQuery KvCache::QueryLocked() const {
   PrefixQuery q;
   q.root_key = root_key_;
+  q.prefix_namespace = spec_.prefix_namespace;
   q.root_hash = root_hash_;
   q.num_layers = spec_.num_layers;
   q.page_size = spec_.page_size;

@@ -112,7 +112,13 @@ int KvStore::Impl::DropIdlePoolsLocked() {
 }
 
 CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
-  CacheContext ctx{std::move(pool), std::move(quota), kernels.get(), &counters, &limits, options.max_reply_bytes};
+  CacheContext ctx;
+  ctx.pool = std::move(pool);
+  ctx.quota = std::move(quota);
+  ctx.kernels = kernels.get();
+  ctx.counters = &counters;
+  ctx.limits = &limits;
+  ctx.max_reply_bytes = options.max_reply_bytes;
   ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return TrimOtherPools(p, n); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
   return ctx;
@@ -145,6 +151,9 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_caches_per_session", options.max_caches_per_session),
                              std::pair("max_request_tokens", options.max_request_tokens)}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
+  }
+  if (options.prefix_event_capacity < 1) {
+    return absl::InvalidArgumentError("prefix_event_capacity must be >= 1");
   }
   if (options.TEST_prefix_hash_bits < 0 || options.TEST_prefix_hash_bits > 128) {
     return absl::InvalidArgumentError(absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits,

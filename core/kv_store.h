@@ -36,6 +36,7 @@
 #include "arena/region.h"
 #include "core/clock.h"
 #include "core/session_table.h"
+#include "core/prefix_events.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 
@@ -64,6 +65,13 @@ struct StoreOptions {
   size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
+
+  // Prefix-index events kept for WatchEvents (the oldest go first); at least 1.
+  size_t prefix_event_capacity = 65536;
+  // Called after each prefix-index event is recorded, under the lock of the pool that
+  // changed: it may only schedule work (the daemon pokes its WatchEvents streams) and must
+  // not call the store.
+  std::function<void()> on_prefix_events;
 
   // Tests only: keep this many bits of each page hash (fewer force collisions, which the
   // token-id check must catch). 128: the whole hash.
@@ -198,6 +206,14 @@ class KvStore {
   // outside it; PERMISSION_DENIED for any other region.
   absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,
                                              uint64_t offset, uint64_t length) const;
+  // Prefix-index events (BlockStored / BlockRemoved / AllCleared, core/prefix_events.h):
+  // up to max with seq >= from_seq (0: the oldest kept), oldest first; *lost when some
+  // from from_seq on are no longer kept. Any caller (like Stats).
+  std::vector<PrefixEvent> PrefixEvents(uint64_t from_seq, size_t max, bool* lost) const;
+  uint64_t NextPrefixEventSeq() const;
+  // Where the pages live, as events and handles name it: "cpu" (host backend), "cuda:0".
+  std::string Medium() const;
+
   // The pool memory in this process (inproc clients view pages through it).
   absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) const;
 

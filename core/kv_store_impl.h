@@ -39,8 +39,12 @@ struct KvStore::Impl {
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
         limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
         clock(o.clock ? o.clock : RealClock()),
+        events(o.prefix_event_capacity),
         sessions(o.max_sessions),
-        sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {}
+        sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {
+    pool_counters.events = &events;
+    if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
+  }
 
   // The live cache named id, if `session` may touch it; marks it used.
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
@@ -81,6 +85,7 @@ struct KvStore::Impl {
   const RequestLimits limits;
   Clock* const clock;
   StoreCounters counters;
+  PrefixEventLog events;  // before the pools: a pool destroyed last still records into it
   PoolCounters pool_counters;
   SessionTable sessions;
   const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session

@@ -106,4 +106,15 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   return cache->Info();
 }
 
+std::vector<PrefixEvent> KvStore::PrefixEvents(uint64_t from_seq, size_t max, bool* lost) const {
+  return impl_->events.ReadFrom(from_seq, max, lost);
+}
+
+uint64_t KvStore::NextPrefixEventSeq() const { return impl_->events.next_seq(); }
+
+std::string KvStore::Medium() const {
+  const std::string backend = impl_->backend->name();
+  return backend == "host" ? "cpu" : backend == "cuda" ? "cuda:0" : backend;
+}
+
 }  // namespace kvarena

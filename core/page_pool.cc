@@ -77,6 +77,12 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
 
 PagePool::~PagePool() {
   absl::MutexLock lock(&mu_);
+  if (index_.registered() > 0 && counters_ != nullptr && counters_->events != nullptr) {
+    PrefixEvent e;
+    e.kind = PrefixEvent::Kind::kAllCleared;
+    e.pool_id = id_;
+    counters_->events->Append(std::move(e));
+  }
   // Punch the memory out even where a peer still maps the region: the budget gets it back.
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (chunks_[c].committed) (void)region_->Decommit(c * chunk_bytes_, chunk_bytes_);
@@ -273,7 +279,19 @@ void PagePool::UnparkLocked(int32_t id) {
   --ChunkOf(id).cached;
 }
 
+void PagePool::RecordRemovedLocked(int32_t page) {
+  if (counters_ == nullptr || counters_->events == nullptr) return;
+  auto [hash, layer] = index_.KeyOfPage(page);
+  PrefixEvent e;
+  e.kind = PrefixEvent::Kind::kRemoved;
+  e.pool_id = id_;
+  e.layer = layer;
+  e.hash = hash;
+  counters_->events->Append(std::move(e));
+}
+
 int32_t PagePool::ReclaimLocked() {
+  RecordRemovedLocked(index_.OldestParked());
   const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
   --ChunkOf(id).cached;
   RefsLocked(id) = 1;
@@ -301,6 +319,7 @@ size_t PagePool::TrimCached(size_t bytes) {
     if (freed() >= bytes) break;
     Chunk& chunk = ChunkOf(id);
     if (chunk.used != chunk.cached) continue;  // live pages keep this chunk committed
+    RecordRemovedLocked(id);
     index_.ReclaimPage(id);
     --chunk.cached;
     FreeLocked({&id, 1}, /*force_decommit=*/true);

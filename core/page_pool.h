@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "arena/region.h"
+#include "core/prefix_events.h"
 #include "core/prefix_index.h"
 #include "core/types.h"
 #include "kernels/paged_kv.h"
@@ -67,11 +68,13 @@ size_t ChunkBytesFor(size_t page_bytes);
 // Arena-wide counts of what pools did for prefix reuse (owned by the store).
 struct PoolCounters {
   std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
+  PrefixEventLog* events = nullptr;          // where pools record index changes, if anywhere
 };
 
 // A prefix to look up and adopt (AdoptPrefix), for a cache of num_layers layers.
 struct PrefixQuery {
   std::string root_key;  // namespace and geometry, exactly (ResolvedRootKey)
+  std::string prefix_namespace;
   Hash128 root_hash;
   int num_layers = 0;
   int page_size = 0;
@@ -231,6 +234,8 @@ class PagePool {
   void UnparkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unregisters the least recently cached page for a new owner (one reference).
   int32_t ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that page (registered) leaves the index: BlockRemoved.
+  void RecordRemovedLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -14,7 +14,7 @@ void PagePool::ExtendChain(const PrefixQuery& q, PrefixChain* chain) {
 
 void PagePool::ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) {
   if (chain->blocked || q.num_blocks <= int64_t(chain->nodes.size())) return;
-  if (chain->root == PrefixIndex::kNoNode) chain->root = index_.HoldRoot(q.root_key, q.root_hash, q.num_layers);
+  if (chain->root == PrefixIndex::kNoNode) chain->root = index_.HoldRoot(q.root_key, q.prefix_namespace, q.root_hash, q.num_layers);
   for (int64_t b = int64_t(chain->nodes.size()); b < q.num_blocks; ++b) {
     const uint64_t parent = b == 0 ? chain->root : chain->nodes[size_t(b - 1)];
     const uint64_t node = index_.HoldChild(parent, q.hashes[b], q.tokens + b * q.page_size, q.page_size);
@@ -32,7 +32,9 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
   ExtendChainLocked(q, chain);
   const int64_t most = std::min<int64_t>(int64_t(chain->nodes.size()), q.max_adopt);
   const int64_t page = q.page_size;
-  auto has = [&](int64_t b, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0; };
+  auto has = [&](int64_t b, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0;
+  };
   // The first block a layer needs when the next position is k * page_size.
   auto first_needed = [&](int layer, int64_t k) -> int64_t {
     const int w = q.layer_windows[size_t(layer)];
@@ -81,7 +83,20 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
 int64_t PagePool::Register(absl::Span<const PageToRegister> pages) {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const PageToRegister& p : pages) n += index_.Register(p.node, p.layer, p.page);
+  for (const PageToRegister& p : pages) {
+    if (!index_.Register(p.node, p.layer, p.page)) continue;
+    ++n;
+    if (counters_ == nullptr || counters_->events == nullptr) continue;
+    PrefixEvent e;
+    e.kind = PrefixEvent::Kind::kStored;
+    e.pool_id = id_;
+    e.layer = p.layer;
+    e.hash = index_.HashOf(p.node);
+    e.parent_hash = index_.ParentHashOf(p.node);
+    e.token_ids = index_.TokensOf(p.node);
+    e.prefix_namespace = index_.NamespaceOf(p.node);
+    counters_->events->Append(std::move(e));
+  }
   return n;
 }
 

@@ -7,7 +7,8 @@
 
 namespace kvarena {
 
-uint64_t PrefixIndex::HoldRoot(const std::string& key, const Hash128& hash, int num_layers) {
+uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
+                               int num_layers) {
   auto it = roots_.find(key);
   if (it != roots_.end()) {
     ++At(it->second).holds;
@@ -16,7 +17,9 @@ uint64_t PrefixIndex::HoldRoot(const std::string& key, const Hash128& hash, int 
   const uint64_t serial = next_serial_++;
   Node& n = nodes_[serial];
   n.hash = hash;
+  n.root = serial;
   n.root_key = key;
+  n.prefix_namespace = prefix_namespace;
   n.pages.assign(size_t(num_layers), -1);
   n.holds = 1;
   roots_.emplace(key, serial);
@@ -40,6 +43,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
   Node& node = nodes_[serial];
   node.hash = h;
   node.parent = parent;
+  node.root = At(parent).root;
   node.tokens.assign(tokens, tokens + n);
   node.pages.assign(At(parent).pages.size(), -1);
   node.holds = 1;
@@ -76,6 +80,20 @@ int32_t PrefixIndex::PageOf(uint64_t node, int layer) const {
 }
 
 const Hash128& PrefixIndex::HashOf(uint64_t node) const { return nodes_.at(node).hash; }
+
+const Hash128& PrefixIndex::ParentHashOf(uint64_t node) const {
+  const Node& n = nodes_.at(node);
+  return n.parent == kNoNode ? n.hash : nodes_.at(n.parent).hash;
+}
+
+const std::string& PrefixIndex::NamespaceOf(uint64_t node) const {
+  return nodes_.at(nodes_.at(node).root).prefix_namespace;
+}
+
+std::pair<Hash128, int> PrefixIndex::KeyOfPage(int32_t page) const {
+  const PageEntry& e = pages_.at(page);
+  return {nodes_.at(e.node).hash, e.layer};
+}
 
 bool PrefixIndex::Register(uint64_t node, int layer, int32_t page) {
   Node& n = At(node);

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -38,7 +39,8 @@ class PrefixIndex {
   static constexpr uint64_t kNoNode = 0;
 
   // Holds the root of `key` (an exact encoding of namespace and geometry), created when new.
-  uint64_t HoldRoot(const std::string& key, const Hash128& hash, int num_layers);
+  uint64_t HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
+                    int num_layers);
   // Holds the child of `parent` (a held node) for page hash h and tokens[0..n), created
   // when new. kNoNode, holding nothing, when h names another node (a collision).
   uint64_t HoldChild(uint64_t parent, const Hash128& h, const int32_t* tokens, int n);
@@ -49,6 +51,14 @@ class PrefixIndex {
   // The page node names for `layer`, or -1.
   int32_t PageOf(uint64_t node, int layer) const;
   const Hash128& HashOf(uint64_t node) const;
+  // The hash of node's parent (a root's own hash for the first page of a chain) and the
+  // node's token ids, for events.
+  const Hash128& ParentHashOf(uint64_t node) const;
+  const std::vector<int32_t>& TokensOf(uint64_t node) const { return nodes_.at(node).tokens; }
+  // The namespace of the root node descends from.
+  const std::string& NamespaceOf(uint64_t node) const;
+  // The node's hash and the layer a registered page is indexed under.
+  std::pair<Hash128, int> KeyOfPage(int32_t page) const;
   // Makes `page` node's page for layer. False (nothing changes) when the node already
   // names one for that layer or the page is registered.
   bool Register(uint64_t node, int layer, int32_t page);
@@ -60,6 +70,7 @@ class PrefixIndex {
   void Unpark(int32_t page);
   bool IsParked(int32_t page) const;
   int64_t parked() const { return int64_t(lru_.size()); }
+  int32_t OldestParked() const { return lru_.back(); }  // REQUIRES parked() > 0
   // Unregisters the least recently parked page and returns it (REQUIRES parked() > 0).
   int32_t Reclaim();
   // Unregisters a parked page (REQUIRES IsParked(page)).
@@ -78,9 +89,11 @@ class PrefixIndex {
   struct Node {
     Hash128 hash;
     uint64_t parent = kNoNode;
+    uint64_t root = kNoNode;      // itself for a root: it outlives every descendant
     std::vector<int32_t> tokens;  // empty for a root
     std::vector<int32_t> pages;   // per layer; -1 none
     std::string root_key;         // roots only
+    std::string prefix_namespace;  // roots only
     int64_t holds = 0;
     int32_t children = 0;
     int32_t num_pages = 0;

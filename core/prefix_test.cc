@@ -498,5 +498,54 @@ TEST_F(PrefixTest, AdoptionChargesTheQuotaOrAdoptsNothing) {
   ExpectInvariants();
 }
 
+TEST_F(PrefixTest, EventsRecordStoredRemovedAndClearedInOrder) {
+  StoreOptions o = Options(kChunkGranularity);  // one chunk of 4096 pages
+  o.max_pools = 1;
+  o.prefix_event_capacity = 5;
+  MakeStore(o);
+  const std::vector<int32_t> prompt = Tokens(10);
+  auto a = AllocPrompt(PrefixSpec("m"), prompt);
+  Compute(a->cache_id, prompt, 0);
+  bool lost = true;
+  std::vector<PrefixEvent> ev = store_->PrefixEvents(0, 100, &lost);
+  EXPECT_FALSE(lost);
+  ASSERT_EQ(ev.size(), 4u);  // two full pages on each of two layers, layer by layer
+  CacheSpec resolved = PrefixSpec("m");
+  const Hash128 root = PrefixRootHash("m", resolved);
+  const Hash128 first = PrefixPageHash(root, prompt.data(), kPage);
+  const Hash128 second = PrefixPageHash(first, prompt.data() + kPage, kPage);
+  for (size_t i = 0; i < ev.size(); ++i) {
+    EXPECT_EQ(ev[i].seq, i + 1);
+    EXPECT_EQ(ev[i].kind, PrefixEvent::Kind::kStored);
+    EXPECT_EQ(ev[i].layer, int(i / 2));
+    EXPECT_EQ(ev[i].hash, i % 2 == 0 ? first : second);
+    EXPECT_EQ(ev[i].parent_hash, i % 2 == 0 ? root : first);
+    EXPECT_EQ(ev[i].token_ids, std::vector<int32_t>(prompt.begin() + int(i % 2) * kPage,
+                                                    prompt.begin() + int(i % 2 + 1) * kPage));
+  }
+  ASSERT_TRUE(store_->Release("", a->cache_id).ok());
+  EXPECT_EQ(store_->NextPrefixEventSeq(), 5u);  // parking is no event: the hashes still hit
+  // Fill the arena: the pool reclaims one cached page (the tail's), which stops hitting.
+  auto big = AllocPrompt(PrefixSpec(""), {});
+  OwnedTensor k = RandomTensor(rng_, DType::kFloat32, kHeads, (store_->Stats().pools[0].num_pages - 3) * kPage, kDim);
+  ASSERT_TRUE(store_->Append("", big->cache_id, 0, 0, k.Arg(), k.Arg()).ok());
+  ev = store_->PrefixEvents(5, 100, &lost);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, PrefixEvent::Kind::kRemoved);
+  EXPECT_EQ(ev[0].hash, second);
+  ASSERT_TRUE(store_->Release("", big->cache_id).ok());
+  // A new geometry displaces the idle pool and its cached pages: AllCleared.
+  ASSERT_TRUE(store_->Allocate("", Spec(1, 1, 8), "").ok());
+  ev = store_->PrefixEvents(6, 100, &lost);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].kind, PrefixEvent::Kind::kAllCleared);
+  EXPECT_EQ(ev[0].pool_id, 0u);
+  // Only the last 5 are kept: a reader from 1 learns that events were lost.
+  ev = store_->PrefixEvents(1, 100, &lost);
+  EXPECT_TRUE(lost);
+  EXPECT_EQ(ev.front().seq, 2u);
+  EXPECT_EQ(ev.back().seq, 6u);
+}
+
 }  // namespace
 }  // namespace kvarena

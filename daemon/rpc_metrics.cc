@@ -22,6 +22,7 @@ const char* RpcName(Rpc rpc) {
     case Rpc::kPing: return "Ping";
     case Rpc::kSetTokens: return "SetTokens";
     case Rpc::kFork: return "Fork";
+    case Rpc::kWatchEvents: return "WatchEvents";
   }
   return "unknown";
 }

@@ -27,8 +27,9 @@ namespace kvarena {
 enum class Rpc {
   kAllocate, kAppend, kAttend, kPopn, kReset, kRelease, kReserve, kCommit,
   kGetKv, kDescribe, kStats, kListCaches, kAttach, kPing, kSetTokens, kFork,
+  kWatchEvents,
 };
-inline constexpr int kNumRpcs = static_cast<int>(Rpc::kFork) + 1;
+inline constexpr int kNumRpcs = static_cast<int>(Rpc::kWatchEvents) + 1;
 // Canonical codes run 0 (OK) .. 16 (UNAUTHENTICATED); anything else counts as UNKNOWN.
 inline constexpr int kNumStatusCodes = 17;
 

@@ -119,6 +119,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // The store calls it only from served calls and the reaper, which start after attach_.
   Daemon* self = d.get();
   store_options.on_regions_changed = [self] { self->attach_->RegionsChanged(); };
+  store_options.on_prefix_events = [self] {
+    if (self->events_ != nullptr) self->events_->EventsRecorded();
+  };
   absl::StatusOr<std::unique_ptr<KvStore>> store =
       KvStore::Create(store_options, std::move(backend->backend));
   if (!store.ok()) return store.status();
@@ -127,8 +130,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->attach_ = std::make_unique<AttachHub>(
       d->store_.get(), &d->rpcs_,
       AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer});
-  d->service_ =
-      std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get());
+  d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, EventsHub::Options{});
+  d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
+                                                     d->events_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_address, options.metrics_port,
@@ -208,6 +212,7 @@ Daemon::~Daemon() {
   }
   if (server_ != nullptr) {  // both no-ops after Shutdown(deadline)
     attach_->BeginShutdown();  // else Shutdown() would wait for attached workers forever
+    events_->BeginShutdown();  // ... and for watchers
     server_->Shutdown();
   }
 }
@@ -217,6 +222,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
   health->SetServingStatus(false);  // Watch streams see NOT_SERVING ...
   health->Shutdown();               // ... and then end, so they do not hold up the drain
   attach_->BeginShutdown();
+  events_->BeginShutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
   fd_server_.reset();  // no session is attached any more
 }

@@ -100,6 +100,8 @@ class Daemon {
   // outlive all four.
   RpcMetrics rpcs_;
   FdMetrics fd_metrics_;
+  // Before store_, so it outlives it: a pool the store destroys last still records an event.
+  std::unique_ptr<EventsHub> events_;
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<FdServer> fd_server_;  // before store_ in destruction: it reads the store
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for

@@ -101,6 +101,11 @@ grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::
   return Serve(Rpc::kFork, [&] { return requests_.Fork(SessionOf(ctx), *req, resp); });
 }
 
+grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEvents(
+    grpc::CallbackServerContext*, const v1::WatchEventsRequest* req) {
+  return events_->Start(*req);
+}
+
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {
   return Serve(Rpc::kPing, [&] { return absl::OkStatus(); });
 }

@@ -3,8 +3,8 @@
 // Requests (daemon/requests.h: decode -> KvStore -> encode) inside Serve, which times
 // and counts the call (RpcMetrics) and maps the status (ToGrpcStatus): every unary call
 // is dispatched through that one place. No rules and no locks live here: the store owns
-// both. Attach alone is on gRPC's callback API (a held stream takes no thread): the
-// AttachHub serves and counts it.
+// both. Attach and WatchEvents are on gRPC's callback API (a held stream takes no
+// thread): the AttachHub and the EventsHub serve and count them.
 //
 // Thread-safety: handlers run concurrently on gRPC's sync-server threads.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -12,6 +12,7 @@
 
 #include "core/kv_store.h"
 #include "daemon/attach.h"
+#include "daemon/events.h"
 #include "daemon/requests.h"
 #include "daemon/rpc_metrics.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -20,11 +21,12 @@
 namespace kvarena {
 
 class KvCacheServiceImpl final
-    : public v1::KvCacheService::WithCallbackMethod_Attach<v1::KvCacheService::Service> {
+    : public v1::KvCacheService::WithCallbackMethod_Attach<
+          v1::KvCacheService::WithCallbackMethod_WatchEvents<v1::KvCacheService::Service>> {
  public:
-  // store, rpcs and attach must outlive the service.
-  KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach)
-      : requests_(store), rpcs_(rpcs), attach_(attach) {}
+  // store, rpcs, attach and events must outlive the service.
+  KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach, EventsHub* events)
+      : requests_(store), rpcs_(rpcs), attach_(attach), events_(events) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
@@ -44,6 +46,8 @@ class KvCacheServiceImpl final
   grpc::Status Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
   grpc::Status SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
   grpc::Status Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(grpc::CallbackServerContext*,
+                                                                 const v1::WatchEventsRequest*) override;
 
  private:
   // Runs body (a Requests call), records its status and how long it took, and maps the
@@ -54,6 +58,7 @@ class KvCacheServiceImpl final
   Requests requests_;
   RpcMetrics* const rpcs_;
   AttachHub* const attach_;
+  EventsHub* const events_;
 };
 
 }  // namespace kvarena

@@ -30,7 +30,7 @@ struct World {
     o.scratch_bytes = size_t{2} << 20;
     store = *KvStore::Create(o, NewHostBackend());
     for (const char* name : {"s0", "s1"}) sessions.push_back(*store->OpenSession(name));
-    (void)store->Allocate(sessions[0], CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+    (void)store->Allocate(sessions[0], CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a");
   }
   std::unique_ptr<KvStore> store;
   std::vector<std::string> sessions;

@@ -259,6 +259,39 @@ void ToProto(const PoolStats& s, v1::PoolStats* p) {
   p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
 }
 
+std::string HashBytes(const Hash128& h) {
+  std::string out(16, '\0');
+  for (int i = 0; i < 8; ++i) {
+    out[size_t(i)] = char(h.high >> (56 - 8 * i));
+    out[size_t(8 + i)] = char(h.low >> (56 - 8 * i));
+  }
+  return out;
+}
+
+void ToProto(const PrefixEvent& e, v1::KvEvent* p) {
+  p->set_seq(e.seq);
+  p->set_pool_id(e.pool_id);
+  switch (e.kind) {
+    case PrefixEvent::Kind::kStored: {
+      v1::KvEvent::BlockStored* s = p->mutable_stored();
+      s->set_block_hash(HashBytes(e.hash));
+      s->set_parent_hash(HashBytes(e.parent_hash));
+      s->set_layer(static_cast<uint32_t>(e.layer));
+      s->mutable_token_ids()->Assign(e.token_ids.begin(), e.token_ids.end());
+      s->set_num_tokens(static_cast<uint32_t>(e.token_ids.size()));
+      s->set_prefix_namespace(e.prefix_namespace);
+      break;
+    }
+    case PrefixEvent::Kind::kRemoved:
+      p->mutable_removed()->set_block_hash(HashBytes(e.hash));
+      p->mutable_removed()->set_layer(static_cast<uint32_t>(e.layer));
+      break;
+    case PrefixEvent::Kind::kAllCleared:
+      p->mutable_all_cleared();
+      break;
+  }
+}
+
 ArenaStats FromProto(const v1::StatsResponse& p) {
   ArenaStats s;
   s.pages = FromProto(p.pages());

@@ -7,7 +7,7 @@
 #ifndef KVARENA_PROTO_WIRE_H_
 #define KVARENA_PROTO_WIRE_H_
 
-#include "core/kv_store.h"  // RegionInfo
+#include "core/kv_store.h"  // RegionInfo, PrefixEvent
 #include "core/types.h"
 #include "kvarena/v1/kvarena.pb.h"
 
@@ -53,6 +53,10 @@ void ToProto(const PageStats& s, v1::PageStats* p);
 
 PoolStats FromProto(const v1::PoolStats& p);
 void ToProto(const PoolStats& s, v1::PoolStats* p);
+
+// Prefix-index events (WatchEvents); hashes as XXH128's canonical 16 bytes.
+std::string HashBytes(const Hash128& h);
+void ToProto(const PrefixEvent& e, v1::KvEvent* p);
 
 ArenaStats FromProto(const v1::StatsResponse& p);
 void ToProto(const ArenaStats& s, v1::StatsResponse* p);

@@ -64,7 +64,7 @@ TEST_F(TlsTest, ClientLibraryConnectsWithMutualTlsAndAttaches) {
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_FALSE((*client)->session_id().empty());
   EXPECT_TRUE((*client)->Ping().ok());
-  auto cache = (*client)->Allocate(CacheSpec{1, 1, 4, DType::kFloat32, 4, {}, 0});
+  auto cache = (*client)->Allocate(CacheSpec{1, 1, 4, DType::kFloat32, 4, {}, 0, ""});
   EXPECT_TRUE(cache.ok()) << cache.status();
 }
 

@@ -1,9 +1,16 @@
 // Prefix reuse at the wire, against a real kvarenad: prompt_tokens on Allocate, SetTokens,
 // Fork, the prefix fields of CacheInfo and PageStats, and the /metrics families.
 #include <arpa/inet.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include <xxhash.h>
 
 #include "tests/daemon/rpc_test_util.h"
 
@@ -30,6 +37,31 @@ std::string Scrape(int port) {
   close(fd);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The chained page hash as README "Prefix reuse" documents it, computed here from the
+// document rather than with core's code: what a router would write. 16 bytes, high half
+// first, big-endian (KvEvent's form).
+std::string LittleEndian(uint64_t v, int bytes) {
+  std::string out;
+  for (int i = 0; i < bytes; ++i) out.push_back(char((v >> (8 * i)) & 0xff));
+  return out;
+}
+XXH128_hash_t DocumentedRoot(const std::string& ns, uint32_t dtype, uint32_t page_size, uint32_t kv_heads,
+                             uint32_t head_dim, uint32_t layers) {
+  std::string b = "kvarena.prefix.v1" + LittleEndian(ns.size(), 4) + ns;
+  for (uint32_t v : {dtype, page_size, kv_heads, head_dim, layers}) b += LittleEndian(v, 4);
+  return XXH3_128bits(b.data(), b.size());
+}
+XXH128_hash_t DocumentedPage(XXH128_hash_t parent, const std::vector<int32_t>& ids) {
+  std::string b = LittleEndian(parent.low64, 8) + LittleEndian(parent.high64, 8);
+  for (int32_t id : ids) b += LittleEndian(uint32_t(id), 4);
+  return XXH3_128bits(b.data(), b.size());
+}
+std::string WireHash(XXH128_hash_t h) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  return std::string(reinterpret_cast<const char*>(c.digest), sizeof(c.digest));
 }
 
 class PrefixRpcTest : public KvarenadTest {
@@ -126,6 +158,78 @@ TEST_F(PrefixRpcTest, PromptTokensSetTokensAndForkOverTheWire) {
   EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"window\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"Fork\",code=\"OK\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"SetTokens\",code=\"FAILED_PRECONDITION\"} 1"));
+}
+
+TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->WatchEvents(&ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // at once: nothing recorded yet
+  EXPECT_EQ(msg.events_size(), 0);
+  EXPECT_EQ(msg.next_seq(), 1u);
+  EXPECT_FALSE(msg.events_lost());
+
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12, 13};
+  AllocatePrompt(prompt, "a");
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(AppendF32("a", l, 0, 9, 2, 8, 1.0f + l).ok());
+  std::vector<v1::KvEvent> events;
+  while (events.size() < 4 && reader->Read(&msg)) events.insert(events.end(), msg.events().begin(), msg.events().end());
+  ASSERT_EQ(events.size(), 4u);  // two full pages on each layer
+  for (size_t i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(events[i].seq(), i + 1);
+    ASSERT_TRUE(events[i].has_stored());
+    const v1::KvEvent::BlockStored& st = events[i].stored();
+    EXPECT_EQ(st.layer(), i / 2);
+    EXPECT_EQ(st.block_hash().size(), 16u);
+    EXPECT_EQ(std::vector<int32_t>(st.token_ids().begin(), st.token_ids().end()),
+              std::vector<int32_t>(prompt.begin() + (i % 2) * 4, prompt.begin() + (i % 2) * 4 + 4));
+    if (i % 2 == 1) {
+      EXPECT_EQ(st.parent_hash(), events[i - 1].stored().block_hash());  // chained
+    }
+  }
+  EXPECT_EQ(events[0].stored().block_hash(), events[2].stored().block_hash());  // same page, next layer
+  for (const v1::KvEvent& e : events) {
+    EXPECT_EQ(e.stored().num_tokens(), 4u);
+    EXPECT_EQ(e.stored().prefix_namespace(), "model-x");
+    EXPECT_EQ(e.stored().medium(), "cpu");
+  }
+  // A router recomputes the hashes from the token ids alone (README "Prefix reuse").
+  const XXH128_hash_t root = DocumentedRoot("model-x", v1::FLOAT32, 4, 2, 8, 2);
+  const XXH128_hash_t page0 = DocumentedPage(root, {5, 6, 7, 8});
+  const XXH128_hash_t page1 = DocumentedPage(page0, {9, 10, 11, 12});
+  EXPECT_EQ(events[0].stored().parent_hash(), WireHash(root));
+  EXPECT_EQ(events[0].stored().block_hash(), WireHash(page0));
+  EXPECT_EQ(events[1].stored().block_hash(), WireHash(page1));
+
+  // A second watcher replays from seq 3.
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchEventsRequest from3;
+  from3.set_from_seq(3);
+  auto replay = stub_->WatchEvents(&ctx2, from3);
+  ASSERT_TRUE(replay->Read(&msg));
+  ASSERT_EQ(msg.events_size(), 2);
+  EXPECT_EQ(msg.events(0).seq(), 3u);
+  EXPECT_EQ(msg.next_seq(), 5u);
+  ctx.TryCancel();
+  ctx2.TryCancel();
+}
+
+TEST_F(PrefixRpcTest, AWatcherDoesNotHoldUpShutdown) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->WatchEvents(&ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  daemon_->Signal(SIGTERM);
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  const std::optional<int> exit = daemon_->WaitExit(absl::Seconds(30));
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << daemon_->Log();
 }
 
 }  // namespace

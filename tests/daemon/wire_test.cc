@@ -19,12 +19,14 @@ TEST(WireTest, DTypeRoundTrips) {
 TEST(WireTest, CacheInfoRoundTrips) {
   CacheInfo c;
   c.cache_id = "seq-1";
-  c.spec = {3, 8, 128, DType::kBFloat16, 16, {0, 4096, 0}, 8192};
+  c.spec = {3, 8, 128, DType::kBFloat16, 16, {0, 4096, 0}, 8192, "llama-3/tenant-7"};
   c.seq_len = 17;
   c.layer_lens = {17, 16, 17};
   c.layer_first_pos = {0, 16, 0};
   c.pool_id = 2;
   c.page_bytes = 65536;
+  c.cached_tokens = 16;
+  c.tokens_known = 20;
   v1::CacheInfo p;
   ToProto(c, &p);
   EXPECT_EQ(p.spec().dtype(), v1::BFLOAT16);
@@ -42,6 +44,9 @@ TEST(WireTest, CacheInfoRoundTrips) {
   EXPECT_THAT(back.layer_first_pos, ElementsAre(0, 16, 0));
   EXPECT_EQ(back.pool_id, 2u);
   EXPECT_EQ(back.page_bytes, 65536u);
+  EXPECT_EQ(back.spec.prefix_namespace, "llama-3/tenant-7");
+  EXPECT_EQ(back.cached_tokens, 16);
+  EXPECT_EQ(back.tokens_known, 20);
 }
 
 TEST(WireTest, LocalPathMessagesRoundTrip) {

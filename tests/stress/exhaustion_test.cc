@@ -23,7 +23,7 @@ constexpr int kWorkers = 6, kThreads = 4;
 class ExhaustionTest : public StressTest {
  protected:
   // The workers' geometry (tests/stress/actor.cc kFillGeometry): the same pool.
-  static CacheSpec Spec() { return CacheSpec{1, 2, 32, DType::kFloat16, 16, {}, 0}; }
+  static CacheSpec Spec() { return CacheSpec{1, 2, 32, DType::kFloat16, 16, {}, 0, ""}; }
   // Appends one page (16 tokens) to the observer's cache, keeping a copy on success.
   absl::Status AppendPage(GenericKvCacheHandle& cache, KvHistory& copy) {
     HostTensor k = RandomTensor(rng_, DType::kFloat16, 2, 16, 32);

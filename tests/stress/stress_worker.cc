@@ -187,7 +187,7 @@ absl::Status Fill(const std::shared_ptr<Client>& client, uint64_t seed) {
 
 [[noreturn]] void Victim(const std::shared_ptr<Client>& client, uint64_t seed) {
   Print("phase attached");
-  CacheSpec spec{2, 2, 16, DType::kFloat16, 16, {}, 0};
+  CacheSpec spec{2, 2, 16, DType::kFloat16, 16, {}, 0, ""};
   auto reserved = client->Allocate(spec);
   absl::Status s = reserved.status();
   if (s.ok()) {

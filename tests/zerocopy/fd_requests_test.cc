@@ -33,7 +33,7 @@ class FdRequestsTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     session_ = *store_->OpenSession("w");
-    ASSERT_TRUE(store_->Allocate(session_, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a").ok());
+    ASSERT_TRUE(store_->Allocate(session_, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a").ok());
   }
   // Handles `bytes`; checks that the reply's pieces and pieces_out agree, closes the fds.
   v1::FdReply Handle(const std::string& bytes, const absl::Status& access = absl::OkStatus()) {

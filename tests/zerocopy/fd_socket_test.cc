@@ -98,7 +98,7 @@ class FdSocketTest : public ::testing::Test {
 
 TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
   const std::string s = *store_->OpenSession("w");
-  CacheSpec spec{1, 2, 8, DType::kFloat32, 4, {}, 0};
+  CacheSpec spec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""};
   auto info = store_->Allocate(s, spec, "a");
   ASSERT_TRUE(info.ok());
   std::vector<float> k(2 * 5 * 8), v(2 * 5 * 8);
@@ -126,12 +126,12 @@ TEST_F(FdSocketTest, WorkerSeesPoolPagesThroughItsMapping) {
 // refresh, so dead pools do not pile up in a long-lived worker's address space.
 TEST_F(FdSocketTest, AWorkerUnmapsPoolsTheDaemonDestroyed) {
   const std::string s = *store_->OpenSession("w");
-  auto first = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+  auto first = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a");
   ASSERT_TRUE(first.ok());
   std::unique_ptr<RegionClient> client = Connect(s);
   ASSERT_TRUE(client->GetPool(first->pool_id).ok());
   ASSERT_TRUE(store_->Release(s, "a").ok());  // the pool goes with it
-  auto second = store_->Allocate(s, CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0}, "b");
+  auto second = store_->Allocate(s, CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0, ""}, "b");
   ASSERT_TRUE(second.ok());
   ASSERT_TRUE(client->GetPool(second->pool_id).ok());
   EXPECT_EQ(client->TEST_MappedPools(), 1u);
@@ -312,7 +312,7 @@ TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
   std::memcpy(scratch->base, "kv", 2);
   EXPECT_EQ(std::memcmp(store_->ResolveSlice(s, scratch->region_id, 0, 2)->data, "kv", 2), 0);
   // A pool that appears later is mapped over yet another connection.
-  auto info = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "a");
+  auto info = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a");
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE((*client)->GetPool(info->pool_id).ok());
   EXPECT_EQ(server.connections(), 4);
@@ -323,8 +323,8 @@ TEST_F(FdSocketTest, RegionClientReconnectsWhenTheServerClosedItsConnection) {
 // must not fail the mapping of the pool the client asked for.
 TEST_F(FdSocketTest, RegionClientMapsItsPoolWhenAnotherPoolGoesWhileItLists) {
   const std::string s = *store_->OpenSession("w");
-  auto mine = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0}, "mine");
-  auto other = store_->Allocate("", CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0}, "other");
+  auto mine = store_->Allocate(s, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "mine");
+  auto other = store_->Allocate("", CacheSpec{1, 2, 16, DType::kFloat32, 4, {}, 0, ""}, "other");
   ASSERT_TRUE(mine.ok() && other.ok());
   const uint64_t doomed = other->pool_id;
   KvStore* store = store_.get();

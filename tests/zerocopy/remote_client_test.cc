@@ -54,7 +54,7 @@ class RemoteClientTest : public ::testing::Test {
   }
   // A cache whose layers each hold `tokens` random tokens (bfloat16, 2 KiB of K+V a token).
   std::shared_ptr<GenericKvCacheHandle> Fill(std::vector<int> windows, int64_t tokens) {
-    CacheSpec spec{int(windows.size()), kKvHeads, kHeadDim, DType::kBFloat16, 16, windows, 0};
+    CacheSpec spec{int(windows.size()), kKvHeads, kHeadDim, DType::kBFloat16, 16, windows, 0, ""};
     auto h = client_->Allocate(spec);
     EXPECT_THAT(h, IsOk());
     if (!h.ok()) return nullptr;

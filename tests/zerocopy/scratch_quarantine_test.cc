@@ -55,7 +55,7 @@ class ScratchQuarantineTest : public ::testing::Test {
     daemon_.reset();
   }
   std::shared_ptr<GenericKvCacheHandle> Allocate() {
-    CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0};
+    CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
     auto h = owner_->Allocate(spec);
     EXPECT_THAT(h, IsOk());
     return h.ok() ? *h : nullptr;

@@ -268,7 +268,7 @@ TEST_F(ZeroCopyTest, ClientOverTcpWorksInlineWithoutMappings) {
   ASSERT_NE(at, std::string::npos) << log;
   auto client = Client::Connect("127.0.0.1:" + std::to_string(std::atoi(log.c_str() + at + 10)));
   ASSERT_TRUE(client.ok()) << client.status();
-  CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0};
+  CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
   auto h = (*client)->Allocate(spec);
   ASSERT_TRUE(h.ok()) << h.status();
   v1::Tensor q = HalfTensor(kQHeads, 2, &rng_), k = HalfTensor(kKvHeads, 2, &rng_);

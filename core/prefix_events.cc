@@ -1,0 +1,38 @@
+#include "core/prefix_events.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvarena {
+
+void PrefixEventLog::Append(PrefixEvent e) {
+  {
+    absl::MutexLock lock(&mu_);
+    e.seq = next_seq_++;
+    events_.push_back(std::move(e));
+    while (events_.size() > capacity_) events_.pop_front();
+  }
+  if (listener_) listener_();
+}
+
+std::vector<PrefixEvent> PrefixEventLog::ReadFrom(uint64_t from_seq, size_t max, bool* lost) const {
+  absl::MutexLock lock(&mu_);
+  const uint64_t oldest = events_.empty() ? next_seq_ : events_.front().seq;
+  *lost = from_seq != 0 && from_seq < oldest;
+  const uint64_t first = std::max(from_seq, oldest);
+  std::vector<PrefixEvent> out;
+  for (uint64_t s = first; s < next_seq_ && out.size() < max; ++s) out.push_back(events_[size_t(s - oldest)]);
+  return out;
+}
+
+uint64_t PrefixEventLog::next_seq() const {
+  absl::MutexLock lock(&mu_);
+  return next_seq_;
+}
+
+uint64_t PrefixEventLog::oldest_seq() const {
+  absl::MutexLock lock(&mu_);
+  return events_.empty() ? next_seq_ : events_.front().seq;
+}
+
+}  // namespace kvarena

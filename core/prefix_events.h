@@ -1,0 +1,65 @@
+// PrefixEventLog: what changed in the arena's prefix indexes, for routers that place
+// requests where their prefix is cached (WatchEvents). A page registered under its chained
+// hash is BlockStored, a cached page reclaimed (its hash no longer hits) is BlockRemoved,
+// a pool destroyed with pages still indexed is AllCleared for that pool. Each event gets
+// the next sequence number (from 1); the log keeps the last `capacity` of them, so a
+// watcher that falls behind, or asks for an older sequence, learns that events were lost
+// and resynchronises (treat everything as cleared, then apply what follows).
+//
+// Thread-safety: safe for concurrent use. Pools append under their own lock (the log's
+// lock comes after every pool lock); the listener runs after each append with no log lock
+// held and must not call into the store.
+#ifndef KVARENA_CORE_PREFIX_EVENTS_H_
+#define KVARENA_CORE_PREFIX_EVENTS_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/prefix_hash.h"
+
+namespace kvarena {
+
+struct PrefixEvent {
+  enum class Kind : uint8_t { kStored, kRemoved, kAllCleared };
+  uint64_t seq = 0;
+  Kind kind = Kind::kStored;
+  uint64_t pool_id = 0;
+  int layer = 0;                  // stored / removed
+  Hash128 hash;                   // stored / removed: the page's chained hash
+  Hash128 parent_hash;            // stored: the page before it's (or the namespace root's)
+  std::vector<int32_t> token_ids;  // stored: the page's token ids
+  std::string prefix_namespace;    // stored: the namespace of the page's chain
+};
+
+class PrefixEventLog {
+ public:
+  explicit PrefixEventLog(size_t capacity) : capacity_(capacity) {}
+  PrefixEventLog(const PrefixEventLog&) = delete;
+  PrefixEventLog& operator=(const PrefixEventLog&) = delete;
+
+  // Appends e (its seq is assigned), dropping the oldest beyond capacity.
+  void Append(PrefixEvent e) ABSL_LOCKS_EXCLUDED(mu_);
+  // Up to max events with seq >= from_seq (0: from the oldest kept), oldest first.
+  // *lost: events in [from_seq, first returned) are no longer kept.
+  std::vector<PrefixEvent> ReadFrom(uint64_t from_seq, size_t max, bool* lost) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t next_seq() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t oldest_seq() const ABSL_LOCKS_EXCLUDED(mu_);  // next_seq() when empty
+  // Called after every Append; set once, before any pool exists.
+  void SetListener(std::function<void()> listener) { listener_ = std::move(listener); }
+
+ private:
+  const size_t capacity_;
+  std::function<void()> listener_;
+  mutable absl::Mutex mu_;
+  std::deque<PrefixEvent> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_PREFIX_EVENTS_H_
