@@ -45,6 +45,8 @@
 #include "absl/status/statusor.h"
 #include "kvarena/client.h"
 
+struct CUstream_st;  // what cudaStream_t points to, without the CUDA headers
+
 namespace kvarena {
 
 // FlashInfer's paged-KV CSR arrays (BatchDecodeWithPagedKVCacheWrapper.plan's
@@ -88,6 +90,35 @@ absl::StatusOr<FlashInferPageTable> BuildFlashInferPageTable(const CacheTokenLis
 absl::StatusOr<VllmBlockTables> BuildVllmBlockTables(const CacheTokenList& batch, int layer,
                                                      int64_t max_blocks = 0,
                                                      int32_t pad = kPadBlockId);
+
+// --- device copies ---
+// A caller-owned device buffer of `capacity` elements (cudaMalloc'd on the pool's device,
+// kept at a fixed address so a captured CUDA graph may read it).
+template <typename T>
+struct DeviceBuffer {
+  T* data = nullptr;
+  int64_t capacity = 0;
+};
+
+struct FlashInferDeviceTable {
+  DeviceBuffer<int32_t> indptr, indices, last_page_len;
+};
+struct VllmDeviceTables {
+  DeviceBuffer<int32_t> block_tables, seq_lens, query_start_loc;
+  DeviceBuffer<int64_t> slot_mapping;
+};
+
+// Copies the arrays into the caller's device buffers, enqueued on `stream` (nullptr: the
+// legacy default stream): kernels queued on it after this see them. A buffer with null
+// data is skipped (first_pos is never copied). The host table may be destroyed on
+// return: CUDA stages pageable memory before cudaMemcpyAsync returns. INVALID_ARGUMENT
+// when a buffer is too small or not device memory (nothing copied); FAILED_PRECONDITION
+// in a client built without CUDA or with no CUDA device; INTERNAL for a CUDA error,
+// naming the array.
+absl::Status CopyToDevice(const FlashInferPageTable& table, const FlashInferDeviceTable& dst,
+                          CUstream_st* stream);
+absl::Status CopyToDevice(const VllmBlockTables& tables, const VllmDeviceTables& dst,
+                          CUstream_st* stream);
 
 }  // namespace kvarena
 
