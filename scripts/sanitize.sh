@@ -5,9 +5,11 @@
 #                                 -Wthread-safety -Werror=thread-safety; scripts/test.sh
 #                                 runs it
 #   scripts/sanitize.sh thread    TSan in build-tsan (also with the thread-safety analysis).
-#                                 Not in scripts/test.sh: Debian's abseil and gRPC are not
-#                                 built for TSan, so it cannot see absl::Mutex and reports
-#                                 every access a mutex orders (README "Sanitizers").
+#                                 Debian's abseil is not built for TSan: every process runs
+#                                 with tests/tsan/absl_sync_annotations.cc preloaded, which
+#                                 shows TSan each absl::Mutex / CondVar / Notification, and
+#                                 scripts/tsan.supp drops what happens inside uninstrumented
+#                                 gRPC (README "Sanitizers").
 # It builds the test binaries of core, arena, daemon, client, the zero-copy and the
 # multi-process tests (and the binaries they start) and runs all of their tests; with
 # SANITIZE_ALL=1 also kernels/cpu's (slow under TSan). Exits non-zero on any failure or
@@ -33,9 +35,17 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
+if [ "$mode" = thread ]; then
+  # Debian's abseil is not built for TSan: this library shows it every absl::Mutex, CondVar
+  # and Notification as acquire/release edges (tests/tsan/absl_sync_annotations.cc). Built
+  # uninstrumented, so every process the tests start (kvarenad, workers, bash) may load it.
+  clang++-14 -std=c++20 -O2 -fPIC -shared -o "$build/libabsl_sync_annotations.so" \
+    tests/tsan/absl_sync_annotations.cc -ldl
+  export LD_PRELOAD=$PWD/$build/libabsl_sync_annotations.so
+fi
 cd "$build"
 # ctest knows the tests of the binaries built above (gtest discovery runs at build time);
 # the Node client and the CUDA tests are not sanitizer business, and ScratchQuarantine
 # runs two attends over 64k tokens on one thread, a minute each under a sanitizer (it
 # runs in the ordinary build).
-ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT"
+ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT|prefix_bench"

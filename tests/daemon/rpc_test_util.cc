@@ -1,5 +1,6 @@
 #include "tests/daemon/rpc_test_util.h"
 
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -140,6 +141,8 @@ void KvarenadTest::StartDaemon(std::vector<std::string> flags) {
 }
 
 void KvarenadTest::TearDown() {
+  // A failed test shows what the daemon said (a crash, a sanitizer report).
+  if (HasFailure() && daemon_ != nullptr) std::fprintf(stderr, "kvarenad log:\n%s\n", daemon_->Log().c_str());
   for (AttachStream& a : attached_) {
     a.context->TryCancel();
     a.reader->Finish();

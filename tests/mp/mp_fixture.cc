@@ -37,6 +37,8 @@ void MultiProcessTest::SetUp() {
 
 void MultiProcessTest::TearDown() {
   observer_.reset();
+  // A failed test shows what the daemon said (a crash, a sanitizer report).
+  if (HasFailure() && daemon_ != nullptr) fprintf(stderr, "kvarenad output:\n%s\n", daemon_->output().c_str());
   if (daemon_ != nullptr && daemon_->running()) {
     // The restart test checks a clean SIGTERM exit; here a slow one only costs time.
     daemon_->Signal(SIGTERM);

@@ -64,6 +64,7 @@ class KvKernels;
 namespace client_internal {
 class Transport;
 struct CacheState;
+struct PageTableAccess;
 }  // namespace client_internal
 
 struct AttentionOptions {
@@ -94,6 +95,48 @@ struct KvCacheRef {
   uint8_t* TokenPtr(int64_t t) const;
   // The kernels' view (borrows page_ids: keep this ref alive while it is used).
   PagedKvView view() const;
+};
+
+// One layer's block table as this handle knows it (local_table): what Reserve and Commit
+// replies and this process's local writes made it, no RPC. page_ids[i] holds absolute
+// positions [first_pos + i * page_size, first_pos + (i + 1) * page_size), position t at
+// slot t % page_size. A snapshot: it does not follow later calls.
+struct LocalLayerTable {
+  std::vector<int32_t> page_ids;  // every page the layer holds, reserved ones included
+  int64_t first_pos = 0;  // a multiple of page_size; a sliding window evicted what lies below
+  int64_t len = 0;        // committed tokens (absolute)
+  int64_t written = 0;    // len + what append_local / attention_local wrote since the last commit
+  int64_t reserved_until = 0;  // first_pos + page_ids.size() * page_size: pages, no K/V yet,
+                               // at [written, reserved_until)
+};
+
+// How a kernel addresses the mapped pool (pool_view): one array
+//   [num_pool_pages][2][page_size][num_kv_heads][head_dim]   (NHD, K then V in each page)
+// — FlashInfer's single-tensor NHD paged_kv_cache (max_num_pages, 2, page_size,
+// num_kv_heads, head_dim). Split into a K and a V cache, each is a strided
+// [num_pool_pages][page_size][num_kv_heads][head_dim] array with the strides below, as
+// FlashInfer's paged_kv_t (stride_page, stride_n, stride_h) and vLLM's NHD kernels
+// (reshape_and_cache_flash, flash-attention with a block table: key_cache.stride(0..2))
+// take them. Not vLLM's legacy paged_attention_v1/v2 layout (keys split in x-wide chunks).
+// On a CUDA pool base is a device address on CUDA device `device`.
+struct KvPoolView {
+  uint8_t* base = nullptr;  // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
+  PageLayout layout;
+  int device = -1;  // the CUDA ordinal for a device pool; -1: host memory
+
+  uint8_t* k_cache() const { return base; }
+  uint8_t* v_cache() const { return base + size_t(layout.page_size) * layout.TokenBytes(); }
+  // Strides in elements, the same for K and V (times layout.ElemBytes() for bytes).
+  int64_t page_stride() const { return 2 * int64_t(layout.page_size) * token_stride(); }
+  int64_t token_stride() const { return int64_t(layout.num_kv_heads) * layout.head_dim; }
+  int64_t head_stride() const { return layout.head_dim; }
+  // K (kv = 0) or V (kv = 1) of a slot (page_id * page_size + offset, what slot_mapping
+  // holds): [num_kv_heads][head_dim]. REQUIRES: slot >= 0.
+  uint8_t* SlotPtr(int kv, int64_t slot) const {
+    const int64_t page = slot / layout.page_size, offset = slot % layout.page_size;
+    return (kv == 0 ? k_cache() : v_cache()) +
+           size_t(page * page_stride() + offset * token_stride()) * layout.ElemBytes();
+  }
 };
 
 class GenericKvCacheHandle {
@@ -140,6 +183,18 @@ class GenericKvCacheHandle {
   absl::StatusOr<PageStats> stats() const;
   absl::StatusOr<PageStats> page_stats() const { return stats(); }
   absl::StatusOr<int64_t> pages_used() const;
+
+  // --- kernel-ready metadata (kvarena/page_tables.h builds batch arrays from these) ---
+  // The layer's block table as this handle knows it, with this process's uncommitted local
+  // writes: no RPC while the table is current (Allocate, reserve, commit and every Describe
+  // keep it so); one Describe reloads it first after popn, reset, served-path writes, or on
+  // a handle that never loaded it (a fork). Needs no mapping (any transport). On a
+  // with_sequence_length view: narrowed to its n tokens (len and written at most n, pages
+  // past n left out).
+  absl::StatusOr<LocalLayerTable> local_table(int layer) const;
+  // The pool as mapped in this process, for the caller's own kernels (inproc:, or a unix:
+  // client; over TCP FAILED_PRECONDITION). No RPC once the pool is mapped.
+  absl::StatusOr<KvPoolView> pool_view() const;
 
   // --- references ---
   std::shared_ptr<GenericKvCacheHandle> clone_handle() const;
@@ -223,6 +278,7 @@ class GenericKvCacheHandle {
 
  private:
   friend class Client;
+  friend struct client_internal::PageTableAccess;  // the batch builders (page_tables.cc)
   GenericKvCacheHandle(std::shared_ptr<client_internal::Transport> transport, CacheInfo info,
                        std::shared_ptr<client_internal::CacheState> state, int64_t limit);
 
