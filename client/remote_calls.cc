@@ -1,0 +1,165 @@
+// RemoteTransport's calls that carry protobuf fields only (client/remote_transport.h):
+// each builds its request, makes one unary call through the RemoteChannel and decodes
+// the reply (proto/wire.h); SetTokens, Popn and GetKv first refuse the negative values
+// their unsigned fields cannot carry. The calls with tensor bytes or mapped pages have a
+// rule more and live in remote_tensor_calls.cc and remote_pool_calls.cc.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/remote_transport.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvarena/v1/kvarena.grpc.pb.h"
+#include "proto/wire.h"
+#include <grpcpp/grpcpp.h>
+
+namespace kvarena::client_internal {
+
+absl::StatusOr<CacheInfo> RemoteTransport::Allocate(const CacheSpec& spec,
+                                                    const std::string& cache_id,
+                                                    const AllocateOptions& options) {
+  v1::AllocateRequest req;
+  ToProto(spec, req.mutable_spec());
+  req.set_cache_id(cache_id);
+  req.mutable_prompt_tokens()->Assign(options.prompt_tokens.begin(), options.prompt_tokens.end());
+  v1::AllocateResponse resp;
+  if (auto s = channel_.Call(&Stub::Allocate, req, &resp); !s.ok()) return s;
+  return FromProto(resp.cache());
+}
+
+absl::StatusOr<CacheInfo> RemoteTransport::SetTokens(const SetTokensArgs& args) {
+  if (args.first_pos < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set_tokens: first_pos=", args.first_pos, " is negative"));
+  }
+  v1::SetTokensRequest req;
+  req.set_cache_id(args.cache_id);
+  req.set_first_pos(uint64_t(args.first_pos));
+  req.mutable_token_ids()->Assign(args.token_ids.begin(), args.token_ids.end());
+  v1::SetTokensResponse resp;
+  if (auto s = channel_.Call(&Stub::SetTokens, req, &resp); !s.ok()) return s;
+  return FromProto(resp.cache());
+}
+
+absl::StatusOr<CacheInfo> RemoteTransport::Fork(const std::string& cache_id,
+                                                const std::string& new_cache_id) {
+  v1::ForkRequest req;
+  req.set_cache_id(cache_id);
+  req.set_new_cache_id(new_cache_id);
+  v1::ForkResponse resp;
+  if (auto s = channel_.Call(&Stub::Fork, req, &resp); !s.ok()) return s;
+  return FromProto(resp.cache());
+}
+
+absl::StatusOr<PopnResult> RemoteTransport::Popn(const std::string& cache_id, int64_t n) {
+  if (n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("popn: n=", n, " is negative"));
+  }
+  v1::PopnRequest req;
+  req.set_cache_id(cache_id);
+  req.set_n(uint64_t(n));
+  v1::PopnResponse resp;
+  if (auto s = channel_.Call(&Stub::Popn, req, &resp); !s.ok()) return s;
+  PopnResult r;
+  r.popped = int64_t(resp.popped());
+  r.seq_len = int64_t(resp.seq_len());
+  r.refusal = resp.refusal();
+  return r;
+}
+
+absl::StatusOr<CacheInfo> RemoteTransport::Reset(const std::string& cache_id, bool keep_pages) {
+  v1::ResetRequest req;
+  req.set_cache_id(cache_id);
+  req.set_keep_pages(keep_pages);
+  v1::ResetResponse resp;
+  if (auto s = channel_.Call(&Stub::Reset, req, &resp); !s.ok()) return s;
+  return FromProto(resp.cache());
+}
+
+absl::Status RemoteTransport::Release(const std::string& cache_id) {
+  v1::ReleaseRequest req;
+  req.set_cache_id(cache_id);
+  v1::ReleaseResponse resp;
+  return channel_.Call(&Stub::Release, req, &resp);
+}
+
+absl::StatusOr<GetKvResult> RemoteTransport::GetKv(const std::string& cache_id, int layer,
+                                                   const GetKvRange& range) {
+  if (range.from_pos < 0 || range.max_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("get_kv: from_pos=", range.from_pos,
+                                                   " and max_tokens=", range.max_tokens,
+                                                   " must be >= 0"));
+  }
+  v1::GetKvRequest req;
+  req.set_cache_id(cache_id);
+  req.set_layer(layer);
+  req.set_from_pos(uint64_t(range.from_pos));
+  req.set_max_tokens(uint64_t(range.max_tokens));
+  v1::GetKvResponse resp;
+  if (auto s = channel_.Call(&Stub::GetKv, req, &resp); !s.ok()) return s;
+  GetKvResult r;
+  r.k = TensorOutFromProto(resp.k());
+  r.v = TensorOutFromProto(resp.v());
+  r.first_pos = int64_t(resp.first_pos());
+  r.layer_len = int64_t(resp.layer_len());
+  return r;
+}
+
+absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::Commit(
+    const std::vector<CacheTokens>& items) {
+  ++counters().commit;
+  v1::CommitRequest req;
+  for (const CacheTokens& item : items) ToProto(item, req.add_items());
+  v1::CommitResponse resp;
+  if (auto s = channel_.Call(&Stub::Commit, req, &resp); !s.ok()) return s;
+  std::vector<CacheInfo> out;
+  for (const v1::CacheInfo& c : resp.caches()) out.push_back(FromProto(c));
+  return out;
+}
+
+absl::StatusOr<ArenaStats> RemoteTransport::Stats() {
+  v1::StatsRequest req;
+  v1::StatsResponse resp;
+  if (auto s = channel_.Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+  return FromProto(resp);
+}
+
+absl::StatusOr<PageStats> RemoteTransport::CacheStats(const std::string& cache_id) {
+  v1::StatsRequest req;
+  req.set_cache_id(cache_id);
+  v1::StatsResponse resp;
+  if (auto s = channel_.Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+  return FromProto(resp.pages());
+}
+
+absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::ListCaches() {
+  v1::ListCachesRequest req;
+  v1::ListCachesResponse resp;
+  if (auto s = channel_.Call(&Stub::ListCaches, req, &resp); !s.ok()) return s;
+  std::vector<CacheInfo> caches;
+  caches.reserve(resp.caches_size());
+  for (const v1::CacheInfo& c : resp.caches()) caches.push_back(FromProto(c));
+  return caches;
+}
+
+absl::StatusOr<ServingStatus> RemoteTransport::Health(const std::string& service) {
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  channel_.Prepare(&ctx);
+  std::shared_ptr<const RemoteChannel::Stubs> stubs = channel_.GetStubs();
+  if (stubs == nullptr) return DisconnectedStatus();
+  if (auto s = channel_.Finish(stubs->health->Check(&ctx, req, &resp)); !s.ok()) return s;
+  return static_cast<ServingStatus>(resp.status());
+}
+
+absl::Status RemoteTransport::Ping() {
+  v1::PingRequest req;
+  v1::PingResponse resp;
+  return channel_.Call(&Stub::Ping, req, &resp);
+}
+
+}  // namespace kvarena::client_internal
