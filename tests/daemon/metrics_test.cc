@@ -29,29 +29,9 @@ using ::kvarena::testing::ParseExposition;
 using ::kvarena::testing::PromLabels;
 using ::testing::HasSubstr;
 
-// GET http://127.0.0.1:port/metrics with a bare socket; returns the response, head and
-// body ("" on failure).
-std::string Get(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == ssize_t(req.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, size_t(n));
-    }
-  }
-  close(fd);
-  return response;
-}
-
 // The body of a scrape ("" on failure).
 std::string Scrape(int port) {
-  const std::string response = Get(port);
+  const std::string response = GetMetrics(port);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
@@ -155,7 +135,7 @@ TEST_F(MetricsTest, MetricsAddressPicksTheInterface) {
 }
 
 TEST_F(MetricsTest, ServesTheTextFormat) {
-  const std::string response = Get(port_);
+  const std::string response = GetMetrics(port_);
   EXPECT_THAT(response, HasSubstr("200 OK"));
   // prometheus-cpp 1.0 says "text/plain; charset=utf-8"; Prometheus reads text/plain
   // without a version as the text format 0.0.4.

@@ -1,11 +1,7 @@
 // Prefix reuse at the wire, against a real kvarenad: prompt_tokens on Allocate, SetTokens,
 // Fork, the prefix fields of CacheInfo and PageStats, and the /metrics families.
-#include <arpa/inet.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -19,22 +15,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// GET /metrics on 127.0.0.1:port with a bare socket; the body ("" on failure).
+// The body of GET /metrics ("" on failure).
 std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
-    if (write(fd, req.data(), req.size()) == ssize_t(req.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, size_t(n));
-    }
-  }
-  close(fd);
+  const std::string response = GetMetrics(port);
   const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }

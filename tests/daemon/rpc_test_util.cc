@@ -1,5 +1,10 @@
 #include "tests/daemon/rpc_test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cmath>
 #include <cstring>
@@ -8,6 +13,24 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvarena {
+
+std::string GetMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == ssize_t(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, size_t(n));
+    }
+  }
+  close(fd);
+  return response;
+}
 
 const char* GrpcCodeName(grpc::StatusCode code) {
   static const char* const kNames[] = {

@@ -27,6 +27,10 @@ namespace kvarena {
 
 const char* GrpcCodeName(grpc::StatusCode code);
 
+// GET http://127.0.0.1:port/metrics with a bare socket: the whole response, head and body
+// ("" on failure).
+std::string GetMetrics(int port);
+
 MATCHER_P(StatusIs, code, absl::StrCat(negation ? "isn't " : "is ", GrpcCodeName(code))) {
   return arg.error_code() == code;
 }
