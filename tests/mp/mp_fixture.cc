@@ -52,6 +52,15 @@ void MultiProcessTest::TearDown() {
   std::filesystem::remove_all(dir_, ec);
 }
 
+CacheSpec MultiProcessTest::SmallSpec() {
+  CacheSpec spec;
+  spec.num_layers = 2;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 16;
+  spec.dtype = DType::kFloat32;
+  return spec;
+}
+
 void MultiProcessTest::StartDaemon(const std::string& session_grace, const std::string& backend) {
   StartDaemonWith({"--backend=" + backend, "--session_grace=" + session_grace});
 }

@@ -55,6 +55,9 @@ class MultiProcessTest : public ::testing::Test {
   void ExpectExitsOk(Subprocess& p, const std::string& name,
                      absl::Duration timeout = absl::Seconds(90));
 
+  // 2 layers, 2 kv heads, head_dim 16, float32: a cache for tests about lifetimes, not
+  // numerics.
+  static CacheSpec SmallSpec();
   // A client with no session, for stats and health.
   std::shared_ptr<Client> Observer();
   // Polls Stats until pages_used satisfies pred, up to timeout; returns the last value.

@@ -19,14 +19,6 @@ using ::testing::HasSubstr;
 
 class RestartTest : public MultiProcessTest {
  protected:
-  CacheSpec Spec() {
-    CacheSpec spec;
-    spec.num_layers = 2;
-    spec.num_kv_heads = 2;
-    spec.head_dim = 16;
-    spec.dtype = DType::kFloat32;
-    return spec;
-  }
   absl::Status AppendOne(GenericKvCacheHandle& cache, int layer) {
     HostTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 16);
     HostTensor v = RandomTensor(rng_, DType::kFloat32, 2, 1, 16);
@@ -40,7 +32,7 @@ TEST_F(RestartTest, SigtermMakesClientUnavailableAndRestartServesNewClient) {
   auto client = Client::Connect(address());
   ASSERT_THAT(client, IsOk());
   EXPECT_FALSE((*client)->session_id().empty());
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   ASSERT_THAT(AppendOne(**cache, 0), IsOk());
   EXPECT_TRUE((*cache)->is_valid());
@@ -63,13 +55,13 @@ TEST_F(RestartTest, SigtermMakesClientUnavailableAndRestartServesNewClient) {
   auto fresh = Client::Connect(address());
   ASSERT_THAT(fresh, IsOk());
   EXPECT_NE((*fresh)->session_id(), (*client)->session_id());
-  auto cache2 = (*fresh)->Allocate(Spec());
+  auto cache2 = (*fresh)->Allocate(SmallSpec());
   ASSERT_THAT(cache2, IsOk());
   EXPECT_THAT(AppendOne(**cache2, 1), IsOk());
   EXPECT_TRUE((*cache2)->is_valid());
   // The old client stays disconnected: its session died with the old daemon.
   EXPECT_THAT(AppendOne(**cache, 0), StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT((*client)->Allocate(Spec()), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT((*client)->Allocate(SmallSpec()), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 TEST_F(RestartTest, ConnectWithoutDaemonIsUnavailable) {
@@ -86,7 +78,7 @@ TEST_F(RestartTest, AnotherSessionsCacheIsPermissionDenied) {
   auto b = Client::Connect(address());
   ASSERT_THAT(a, IsOk());
   ASSERT_THAT(b, IsOk());
-  auto cache = (*a)->Allocate(Spec(), "owned-by-a");
+  auto cache = (*a)->Allocate(SmallSpec(), "owned-by-a");
   ASSERT_THAT(cache, IsOk());
   EXPECT_THAT((*b)->OpenCache("owned-by-a"), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT((*b)->Release("owned-by-a"), StatusIs(absl::StatusCode::kPermissionDenied));

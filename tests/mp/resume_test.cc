@@ -39,14 +39,6 @@ class ResumeTest : public MultiProcessTest {
     proxy_ = *std::move(proxy);
   }
 
-  CacheSpec Spec() {
-    CacheSpec spec;
-    spec.num_layers = 2;
-    spec.num_kv_heads = 2;
-    spec.head_dim = 16;
-    spec.dtype = DType::kFloat32;
-    return spec;
-  }
   // Appends n random tokens to layer 0.
   void AppendTokens(GenericKvCacheHandle& cache, int64_t n) {
     HostTensor k = RandomTensor(rng_, DType::kFloat32, 2, n, 16);
@@ -70,7 +62,7 @@ TEST_F(ResumeTest, OverAUnixSocketTheSessionAndItsCachesSurviveABrokenStream) {
   auto client = Client::Connect(proxy_->address());
   ASSERT_THAT(client, IsOk());
   const std::string session = (*client)->session_id();
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   AppendTokens(**cache, 20);
   auto before = (*cache)->get_kv(0);
@@ -89,7 +81,7 @@ TEST_F(ResumeTest, OverAUnixSocketTheSessionAndItsCachesSurviveABrokenStream) {
   EXPECT_EQ(after->k.data, before->k.data);
   EXPECT_EQ(after->v.data, before->v.data);
   AppendTokens(**cache, 3);
-  EXPECT_THAT((*client)->Allocate(Spec()), IsOk());
+  EXPECT_THAT((*client)->Allocate(SmallSpec()), IsOk());
   EXPECT_THAT((*client)->Release((*cache)->cache_id()), IsOk());
 }
 
@@ -97,7 +89,7 @@ TEST_F(ResumeTest, OverTcpTheClientRetriesUntilTheProxyForwardsAgain) {
   Start("1h", /*tcp=*/true);
   auto client = Client::Connect(proxy_->address());
   ASSERT_THAT(client, IsOk());
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   AppendTokens(**cache, 5);
   auto before = (*cache)->get_kv(0);
@@ -121,7 +113,7 @@ TEST_F(ResumeTest, PastTheGraceTheSessionAndItsCachesAreGone) {
   Start("1s", /*tcp=*/true);
   auto client = Client::Connect(proxy_->address());
   ASSERT_THAT(client, IsOk());
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   AppendTokens(**cache, 5);
   ASSERT_GT(Observer()->Stats()->pages.pages_used, 0);
@@ -147,7 +139,7 @@ TEST_F(ResumeTest, WithResumeOffABrokenStreamDisconnectsForGood) {
   options.resume = false;
   auto client = Client::Connect(proxy_->address(), options);
   ASSERT_THAT(client, IsOk());
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   proxy_->Cut();
   ASSERT_TRUE(WaitFor([&] { return !(*client)->connected(); }));
@@ -159,7 +151,7 @@ TEST_F(ResumeTest, ADaemonRestartedOnTheSocketIsNotResumed) {
   Start("1h", /*tcp=*/false);
   auto client = Client::Connect(address());  // no proxy: the daemon itself goes away
   ASSERT_THAT(client, IsOk());
-  auto cache = (*client)->Allocate(Spec());
+  auto cache = (*client)->Allocate(SmallSpec());
   ASSERT_THAT(cache, IsOk());
   daemon().Signal(SIGKILL);
   ASSERT_TRUE(daemon().Wait(kEventBound).ok());
