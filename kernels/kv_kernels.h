@@ -56,6 +56,41 @@ class KvKernels {
                                 void* v_out) = 0;
   virtual absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
                                       const void* q, void* out) = 0;
+
+  // A batch of caches of one pool in one call (the client's DecodeBatch, a layer of a
+  // decode step): sequence b's n tokens go to [pos[b], pos[b] + n) of views[b], from
+  // k, v [batch][num_kv_heads][n][head_dim]; attention reads q and writes out, both
+  // [batch][num_q_heads][n][head_dim], with sequence b's queries at [pos[b], pos[b] + n)
+  // (params.q_pos is ignored). These defaults run the single-cache calls one by one; the
+  // CPU kernels spread the whole batch over their thread pool.
+  virtual absl::Status AppendKvBatch(const PagedKvView* views, const int64_t* pos, int batch,
+                                     int64_t n, const void* k, const void* v) {
+    const size_t bytes = size_t(n) * (batch > 0 ? views[0].layout.TokenBytes() : 0);
+    for (int b = 0; b < batch; ++b) {
+      if (auto s = AppendKv(views[b], pos[b], n, static_cast<const uint8_t*>(k) + b * bytes,
+                            static_cast<const uint8_t*>(v) + b * bytes);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+  virtual absl::Status PagedAttentionBatch(const PagedKvView* views, const int64_t* pos, int batch,
+                                           const AttentionParams& params, const void* q, void* out) {
+    if (batch <= 0) return absl::OkStatus();
+    const size_t bytes =
+        size_t(params.num_q_heads) * params.n * views[0].layout.head_dim * views[0].layout.ElemBytes();
+    for (int b = 0; b < batch; ++b) {
+      AttentionParams p = params;
+      p.q_pos = pos[b];
+      if (auto s = PagedAttention(views[b], p, static_cast<const uint8_t*>(q) + b * bytes,
+                                  static_cast<uint8_t*>(out) + b * bytes);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
 };
 
 // The CPU kernels with a pool of num_threads threads (-1: one per core; 0: caller only).

@@ -11,7 +11,9 @@
 // (flash-decoding); each split leaves (m, l, acc) per row and the caller merges them.
 // Prefill uses one head per unit and blocks of queries, splitting keys only when there
 // are too few units for the threads. The tile step is also handed the next tile's
-// token pointers, to prefetch them while it computes.
+// token pointers, to prefetch them while it computes. A batch (PagedAttentionBatch) plans
+// each sequence for its share of the threads and runs the units of all of them in one
+// ParallelFor.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -260,7 +262,76 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
   }
 }
 
+// Runs the calls' units (call c owns units [first[c], first[c + 1])) on the pool, then
+// merges the splits of every call that has them.
+void RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
+  std::vector<int64_t> first(calls.size() + 1, 0);
+  for (size_t c = 0; c < calls.size(); ++c) first[c + 1] = first[c] + calls[c].plan.num_units();
+  auto run = [&](int64_t u) {
+    const size_t c = size_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
+    RunUnit(calls[c], u - first[c]);
+  };
+  if (pool != nullptr && first.back() > 1) {
+    pool->ParallelFor(first.back(), run);
+  } else {
+    for (int64_t u = 0; u < first.back(); ++u) run(u);
+  }
+  std::vector<size_t> split;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    if (calls[c].plan.splits > 1) split.push_back(c);
+  }
+  if (pool != nullptr && split.size() > 1) {
+    pool->ParallelFor(int64_t(split.size()), [&](int64_t i) { MergeSplits(calls[split[size_t(i)]]); });
+  } else {
+    for (size_t c : split) MergeSplits(calls[c]);
+  }
+}
+
 }  // namespace
+
+void PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
+                         const AttentionParams& params, const void* q, void* out, ThreadPool* pool) {
+  if (params.n <= 0 || batch <= 0) return;
+  const int threads = pool != nullptr ? pool->num_threads() : 1;
+  // Each sequence plans for its share of the threads: a batch at least as large as the
+  // pool runs one unit per sequence (every kv head, the whole key range) with no merge.
+  const int threads_per_seq = int(CeilDiv(threads, batch));
+  const PageLayout& layout = views[0].layout;
+  const int dim = layout.head_dim;
+  const size_t q_bytes = size_t(params.num_q_heads) * params.n * dim * layout.ElemBytes();
+  std::vector<AttentionParams> seq_params(size_t(batch), params);
+  std::vector<Call> calls(static_cast<size_t>(batch));
+  const int group = params.num_q_heads / layout.num_kv_heads;
+  const size_t qs_per_seq = size_t(layout.num_kv_heads) * params.n * group * dim;
+  std::vector<float> qs(qs_per_seq * size_t(batch));
+  std::vector<size_t> partial_at(size_t(batch) + 1, 0);
+  for (int b = 0; b < batch; ++b) {
+    seq_params[b].q_pos = q_pos[b];
+    Call& call = calls[size_t(b)];
+    call.view = &views[b];
+    call.params = &seq_params[b];
+    call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
+    call.tile_fn = cpu_internal::SelectAttendTile(dim);
+    call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
+    call.qs = qs.data() + size_t(b) * qs_per_seq;
+    const int64_t splits = call.plan.splits;
+    partial_at[b + 1] = partial_at[b] + (splits > 1 ? qs_per_seq / dim * splits * (dim + 2) : 0);
+  }
+  auto scale = [&](int64_t b) {
+    ScaleQueries(views[b], seq_params[b], group, static_cast<const uint8_t*>(q) + size_t(b) * q_bytes,
+                 0, layout.num_kv_heads, qs.data() + size_t(b) * qs_per_seq);
+  };
+  if (pool != nullptr && qs.size() >= (size_t(1) << 16)) {
+    pool->ParallelFor(batch, scale);
+  } else {
+    for (int b = 0; b < batch; ++b) scale(b);
+  }
+  std::vector<float> partial(partial_at.back());
+  for (int b = 0; b < batch; ++b) {
+    if (calls[b].plan.splits > 1) calls[b].partial = partial.data() + partial_at[b];
+  }
+  RunCalls(calls, pool);
+}
 
 void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
                     void* out, ThreadPool* pool) {
@@ -292,13 +363,7 @@ void PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
     partial.resize(qs.size() / dim * call.plan.splits * (dim + 2));
     call.partial = partial.data();
   }
-  const int64_t units = call.plan.num_units();
-  if (pool != nullptr && units > 1) {
-    pool->ParallelFor(units, [&call](int64_t u) { RunUnit(call, u); });
-  } else {
-    for (int64_t u = 0; u < units; ++u) RunUnit(call, u);
-  }
-  if (call.plan.splits > 1) MergeSplits(call);
+  RunCalls({call}, pool);
 }
 
 }  // namespace kvarena

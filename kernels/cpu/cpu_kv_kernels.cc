@@ -52,6 +52,12 @@ class CpuKvKernels final : public KvKernels {
     kvarena::PagedAttention(view, params, q, out, &pool_);
     return absl::OkStatus();
   }
+  absl::Status PagedAttentionBatch(const PagedKvView* views, const int64_t* pos, int batch,
+                                   const AttentionParams& params, const void* q,
+                                   void* out) override {
+    kvarena::PagedAttentionBatch(views, pos, batch, params, q, out, &pool_);
+    return absl::OkStatus();
+  }
 
  private:
   ThreadPool pool_;

@@ -43,6 +43,16 @@ struct AttentionParams {
 void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
                     void* out, ThreadPool* pool);
 
+// PagedAttention for a batch of sequences in one call (a decode step of many caches): the
+// units of every sequence share the pool, so a batch of short contexts keeps every thread
+// busy. Sequence b attends over views[b] with queries at [q_pos[b], q_pos[b] + params.n)
+// (params.q_pos is ignored); q and out are [batch][num_q_heads][n][head_dim]. Each
+// sequence's output equals what PagedAttention gives it to within float32 rounding (the
+// key range may be split differently).
+// REQUIRES: per sequence what PagedAttention requires.
+void PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
+                         const AttentionParams& params, const void* q, void* out, ThreadPool* pool);
+
 // Whether the vectorised (AVX2 + FMA + F16C) path is in use on this CPU.
 bool CpuKernelsVectorized();
 
