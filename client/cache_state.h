@@ -60,6 +60,11 @@ struct CacheState {
     table.MarkStale();
     if (drop_pending) table.DropPending();
   }
+  // Uncommitted local writes are dropped; the arena did not change.
+  void DropPending() {
+    absl::MutexLock lock(&mu);
+    table.DropPending();
+  }
   void UpdateLayer(int layer, int64_t layer_len, int64_t new_seq_len) {
     absl::MutexLock lock(&mu);
     layer_lens[layer] = layer_len;

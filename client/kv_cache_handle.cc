@@ -306,6 +306,8 @@ absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
   if (r->popped > 0) {
     state_->TableStale(/*drop_pending=*/true);  // refresh() reloads it
     if (!refresh().ok()) state_->Popped(r->popped, r->seq_len);
+  } else if (r->refusal.empty()) {
+    state_->DropPending();  // popn(0): no token goes, uncommitted local writes do
   }
   return r;
 }

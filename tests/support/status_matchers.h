@@ -1,4 +1,4 @@
-// Test-only, shared by every layer's tests. StatusIs(code): a gmock matcher for absl::Status and absl::StatusOr<T> (Debian's abseil
+// Test-only, shared by every layer's tests. StatusIs(code) and StatusIs(code, message_matcher): gmock matchers for absl::Status and absl::StatusOr<T> (Debian's abseil
 // predates absl's own status_matchers.h).
 #ifndef KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
 #define KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
@@ -20,6 +20,17 @@ MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToStr
   const absl::Status& s = GetStatus(arg);
   *result_listener << "status is " << s;
   return s.code() == code;
+}
+
+// StatusIs(code, message_matcher): the code, and a message that message_matcher accepts
+// (HasSubstr("layer=3")).
+MATCHER_P2(StatusIs, code, message_matcher,
+           absl::StrCat("has status code ", absl::StatusCodeToString(code), " and a message that ",
+                        ::testing::DescribeMatcher<std::string>(message_matcher))) {
+  const absl::Status& s = GetStatus(arg);
+  *result_listener << "status is " << s;
+  return s.code() == code &&
+         ::testing::Matcher<std::string>(message_matcher).Matches(std::string(s.message()));
 }
 
 MATCHER(IsOk, "is OK") {

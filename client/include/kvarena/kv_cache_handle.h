@@ -60,6 +60,7 @@
 namespace kvarena {
 
 class KvKernels;
+class DecodeBatch;
 
 namespace client_internal {
 class Transport;
@@ -278,6 +279,7 @@ class GenericKvCacheHandle {
 
  private:
   friend class Client;
+  friend class DecodeBatch;  // the batched local path (decode_batch.cc)
   friend struct client_internal::PageTableAccess;  // the batch builders (page_tables.cc)
   GenericKvCacheHandle(std::shared_ptr<client_internal::Transport> transport, CacheInfo info,
                        std::shared_ptr<client_internal::CacheState> state, int64_t limit);
