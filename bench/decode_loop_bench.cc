@@ -1,17 +1,20 @@
-// One decode loop, three ways, in one run (DESIGN.md "Two data paths, one arena": the
+// One decode loop, four ways, in one run (DESIGN.md "Two data paths, one arena": the
 // local path should come within a few percent of an in-process paged cache):
 //   (a) in-process paged cache: a KvStore used directly, Attend with k/v per layer per cache;
 //   (b) local path against a kvarenad child: Client::Reserve (ahead: one RPC per page
 //       boundary for the batch), attention_local per layer per cache over the mapped pool,
 //       Client::Commit per step;
 //   (c) served path against the same kvarenad: an Attend RPC per layer per cache, q/k/v/out
-//       through the session's scratch region (shared slices).
+//       through the session's scratch region (shared slices);
+//   (d) batched local path against the same kvarenad: a DecodeBatch (kvarena/decode_batch.h)
+//       Plan per step, one Run per layer for all caches (append + attention over the mapped
+//       pool, the CPU kernels' threads spread over the batch), one Commit per step.
 // Shape: 32 layers, 8 kv heads, 32 q heads, head_dim 128, float16, page 16, a batch of 8
 // caches, context 2048 growing by --steps (128) tokens. Each way has its own caches,
 // prefilled the same cheap way (one bulk K/V write per layer); the decode runs in rounds
-// that alternate the three ways (each round starting with the next) so load that comes
+// that alternate the four ways (each round starting with the next) so load that comes
 // and goes weighs on each alike.
-// Prints tokens/s (batch tokens per second of decode) and the ratios b/a and c/a.
+// Prints tokens/s (batch tokens per second of decode) and the ratios b/a, c/a and d/a.
 //
 // Usage: decode_loop_bench [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]
 //   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
@@ -24,11 +27,13 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench/child_daemon.h"
 #include "core/kv_store.h"
 #include "kvarena/client.h"
+#include "kvarena/decode_batch.h"
 
 namespace kvarena {
 namespace {
@@ -190,6 +195,76 @@ class ThroughDaemon final : public Way {
   CacheTokenList batch_;  // every cache, 1 token per step
 };
 
+// (d) The batched local path: DecodeBatch over the same daemon's pool, one Plan per step
+// (Reserve RPCs only at page boundaries), one Run per layer for the whole batch, one Commit.
+class Batched final : public Way {
+ public:
+  explicit Batched(std::shared_ptr<Client> client) : client_(std::move(client)) {}
+  bool Init() {
+    for (int c = 0; c < kBatch; ++c) {
+      auto h = client_->Allocate(Spec());
+      if (!h.ok()) return Fail("allocate", h.status());
+      caches_.push_back(*h);
+    }
+    return true;
+  }
+  bool Prefill(const Half& k, const Half& v) override {
+    CacheTokenList all;
+    for (const auto& h : caches_) all.emplace_back(h, kContext);
+    if (auto s = client_->Reserve(all); !s.ok()) return Fail("prefill reserve", s);
+    for (const auto& h : caches_) {
+      for (int l = 0; l < kLayers; ++l) {
+        if (auto s = h->append_local(l, k.arg(), v.arg()); !s.ok()) return Fail("prefill", s);
+      }
+    }
+    if (auto s = client_->Commit(all); !s.ok()) return Fail("prefill commit", s);
+    auto batch = DecodeBatch::Create(caches_);
+    if (!batch.ok()) return Fail("DecodeBatch::Create", batch.status());
+    batch_ = *std::move(batch);
+    return true;
+  }
+  // Every sequence gets the same q/k/v as the other ways give each cache.
+  void SetTensors(const std::vector<StepTensors>& t) {
+    auto stack = [](const Half& h) {
+      Stacked s;
+      s.shape = h.shape;
+      s.shape[0] = kBatch;
+      for (int b = 0; b < kBatch; ++b) s.bytes += h.bytes;
+      return s;
+    };
+    for (const StepTensors& x : t) sets_.push_back({stack(x.q), stack(x.k), stack(x.v)});
+    out_.resize(sets_[0].q.bytes.size());
+  }
+  bool Step(const std::vector<StepTensors>& t) override {
+    (void)t;  // SetTensors stacked them
+    if (auto s = batch_->Plan(); !s.ok()) return Fail("plan", s);
+    for (int l = 0; l < kLayers; ++l) {
+      const Set& s = sets_[size_t(l) % sets_.size()];
+      if (auto st = batch_->Run(l, s.q.arg(), s.k.arg(), s.v.arg(), {out_.data(), out_.size()});
+          !st.ok()) {
+        return Fail("run", st);
+      }
+    }
+    if (auto s = batch_->Commit(); !s.ok()) return Fail("commit", s);
+    return true;
+  }
+
+ private:
+  struct Stacked {  // [kBatch, heads, 1, kHeadDim]
+    std::vector<int64_t> shape;
+    std::string bytes;
+    TensorArg arg() const { return {DType::kFloat16, shape, bytes.data(), bytes.size()}; }
+  };
+  struct Set {
+    Stacked q, k, v;
+  };
+  std::shared_ptr<Client> client_;
+  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches_;
+  std::unique_ptr<DecodeBatch> batch_;
+  std::vector<Set> sets_;
+  std::string out_;
+};
+
 std::shared_ptr<Client> ConnectWithRetry(const std::string& address) {
   for (int attempt = 0; attempt < 250; ++attempt) {
     ClientOptions options;
@@ -204,7 +279,7 @@ std::shared_ptr<Client> ConnectWithRetry(const std::string& address) {
 int Run(const std::string& kvarenad, int steps, int rounds) {
   char dir_template[] = "/tmp/kvarena_decode_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  ChildDaemon daemon(kvarenad, dir, {"--arena_bytes=6Gi", "--page_size=16"});
+  ChildDaemon daemon(kvarenad, dir, {"--arena_bytes=8Gi", "--page_size=16"});
   std::shared_ptr<Client> client = daemon.ok() ? ConnectWithRetry(daemon.address()) : nullptr;
   if (client == nullptr) {
     std::fprintf(stderr, "decode_loop_bench: could not start or reach %s (log in %s)\n",
@@ -213,32 +288,42 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
   }
   InProcess a;
   ThroughDaemon b(client, /*local=*/true), c(client, /*local=*/false);
-  if (!a.Init() || !b.Init() || !c.Init()) return 1;
+  Batched d(client);
+  if (!a.Init() || !b.Init() || !c.Init() || !d.Init()) return 1;
 
   std::mt19937 rng(1);
   const Half prefill_k(kKvHeads, kContext, &rng), prefill_v(kKvHeads, kContext, &rng);
   std::vector<StepTensors> tensors;
   for (int i = 0; i < kTensorSets; ++i) tensors.emplace_back(&rng);
-  for (Way* w : std::initializer_list<Way*>{&a, &b, &c}) {
+  d.SetTensors(tensors);
+  Way* const ways[] = {&a, &b, &c, &d};
+  constexpr int kWays = 4;
+  for (Way* w : ways) {
     if (!w->Prefill(prefill_k, prefill_v)) return 1;
   }
-  const CallCounts calls_before = client->call_counts();
+  CallCounts calls_before = client->call_counts(), calls_b, calls_d;
+  auto add = [](CallCounts* sum, const CallCounts& from, const CallCounts& to) {
+    sum->reserve += to.reserve - from.reserve;
+    sum->commit += to.commit - from.commit;
+    sum->describe += to.describe - from.describe;
+  };
   const int per_round = (steps + rounds - 1) / rounds;
-  Way* const ways[] = {&a, &b, &c};
   for (int done = 0, round = 0; done < steps; ++round) {
     const int n = std::min(per_round, steps - done);
-    for (int i = 0; i < 3; ++i) {  // each round starts with the next way
-      Way* w = ways[(round + i) % 3];
+    for (int i = 0; i < kWays; ++i) {  // each round starts with the next way
+      Way* w = ways[(round + i) % kWays];
+      calls_before = client->call_counts();
       const auto start = Clock::now();
       for (int s = 0; s < n; ++s) {
         if (!w->Step(tensors)) return 1;
       }
       w->seconds += std::chrono::duration<double>(Clock::now() - start).count();
       w->steps += n;
+      if (w == &b) add(&calls_b, calls_before, client->call_counts());
+      if (w == &d) add(&calls_d, calls_before, client->call_counts());
     }
     done += n;
   }
-  const CallCounts calls = client->call_counts();
 
   std::printf("decode_loop_bench: %d layers, %d kv heads, %d q heads, head_dim %d, float16, page %d, "
               "batch %d, context %d -> %d, %u cores\n",
@@ -252,17 +337,20 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
     const char* ratio;
   } rows[] = {{"(a) in-process KvStore, Attend per layer per cache", &a, ""},
               {"(b) local path: Reserve ahead + attention_local + Commit", &b, "b/a"},
-              {"(c) served path: Attend RPC per layer per cache (shared)", &c, "c/a"}};
+              {"(c) served path: Attend RPC per layer per cache (shared)", &c, "c/a"},
+              {"(d) batched local path: DecodeBatch Plan + Run per layer", &d, "d/a"}};
   for (const auto& r : rows) {
     const double tps = kBatch * r.w->steps / r.w->seconds;
     std::printf("%-58s %10.1f %9.2f %4s %.3f\n", r.name, tps, 1000 * r.w->seconds / r.w->steps,
                 r.ratio, tps / base);
   }
-  std::printf("(b) per step: %.3f Reserve RPCs, %.3f Commit RPCs, %lld Describe in all; "
-              "(c) per step: %d Attend RPCs\n",
-              double(calls.reserve - calls_before.reserve) / b.steps,
-              double(calls.commit - calls_before.commit) / b.steps,
-              static_cast<long long>(calls.describe - calls_before.describe), kLayers * kBatch);
+  for (const auto& [name, w, calls] : {std::tuple<const char*, const Way*, CallCounts>{"(b)", &b, calls_b}, {"(d)", &d, calls_d}}) {
+    std::printf("%s per step: %.3f Reserve RPCs, %.3f Commit RPCs, %lld Describe in all\n", name,
+                double(calls.reserve) / w->steps, double(calls.commit) / w->steps,
+                static_cast<long long>(calls.describe));
+  }
+  std::printf("(c) per step: %d Attend RPCs; (d) per step: %d kernel calls (b: %d)\n",
+              kLayers * kBatch, 2 * kLayers, 2 * kLayers * kBatch);
   client.reset();
   std::filesystem::remove_all(dir);
   return 0;
