@@ -11,14 +11,14 @@
 #include "gtest/gtest.h"
 #include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/mp/batch_reference.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena {
 namespace {
 
-using testing::HostTensor;
+using testing::BatchTensor;
 using testing::IsOk;
 using testing::KvHistory;
 using testing::StatusIs;
@@ -28,17 +28,6 @@ constexpr int kKvHeads = 2;
 constexpr int kQHeads = 8;
 constexpr int kHeadDim = 16;
 constexpr int kPageSize = 4;
-
-// Per-sequence tensors [1, heads, n, head_dim] and their concatenation [batch, heads, n, head_dim].
-struct BatchTensor {
-  std::vector<HostTensor> rows;
-  std::string bytes;
-  TensorArg arg() const {
-    std::vector<int64_t> shape = rows[0].shape;
-    shape[0] = int64_t(rows.size());
-    return {rows[0].dtype, shape, bytes.data(), bytes.size()};
-  }
-};
 
 class DecodeBatchTest : public ::testing::Test {
  protected:
@@ -68,24 +57,7 @@ class DecodeBatchTest : public ::testing::Test {
     return h.ok() ? *h : nullptr;
   }
   BatchTensor Random(int heads, int batch, int64_t n) {
-    BatchTensor t;
-    for (int b = 0; b < batch; ++b) {
-      t.rows.push_back(testing::RandomTensor(rng_, DType::kFloat16, heads, n, kHeadDim));
-      t.bytes += t.rows.back().bytes;
-    }
-    return t;
-  }
-  // n tokens on every layer of h through the local path, recorded in history.
-  void Prefill(GenericKvCacheHandle& h, std::vector<KvHistory>& history, int64_t n) {
-    if (n == 0) return;
-    ASSERT_THAT(h.reserve(n), IsOk());
-    for (int layer = 0; layer < h.num_layers(); ++layer) {
-      HostTensor k = testing::RandomTensor(rng_, DType::kFloat16, kKvHeads, n, kHeadDim);
-      HostTensor v = testing::RandomTensor(rng_, DType::kFloat16, kKvHeads, n, kHeadDim);
-      ASSERT_THAT(h.append_local(layer, k.arg(), v.arg()), IsOk());
-      history[size_t(layer)].Append(k, v);
-    }
-    ASSERT_THAT(h.commit(n), IsOk());
+    return BatchTensor::Random(rng_, DType::kFloat16, batch, heads, n, kHeadDim);
   }
   // A cache of `spec` per length, each prefilled with that many tokens.
   void MakeCaches(const CacheSpec& spec, std::initializer_list<int64_t> lens,
@@ -94,54 +66,16 @@ class DecodeBatchTest : public ::testing::Test {
     for (int64_t len : lens) {
       caches.push_back(Allocate(spec));
       history.emplace_back(size_t(spec.num_layers), KvHistory(kKvHeads, kHeadDim));
-      Prefill(*caches.back(), history.back(), len);
+      ASSERT_THAT(testing::PrefillLocal(*caches.back(), history.back(), len, rng_), IsOk());
     }
   }
-  // One step through the batch with fresh random tensors, each output checked against the
-  // float64 reference of its sequence's history.
   void Step(DecodeBatch& batch, const std::vector<std::shared_ptr<GenericKvCacheHandle>>& caches,
             std::vector<std::vector<KvHistory>>& history) {
-    const int n = int(batch.tokens_per_step());
-    ASSERT_THAT(batch.Plan(), IsOk());
-    const int layers = caches[0]->num_layers();
-    for (int layer = 0; layer < layers; ++layer) {
-      SCOPED_TRACE(::testing::Message() << "layer " << layer);
-      BatchTensor q = Random(kQHeads, batch.batch_size(), n);
-      BatchTensor k = Random(kKvHeads, batch.batch_size(), n);
-      BatchTensor v = Random(kKvHeads, batch.batch_size(), n);
-      std::string out(q.bytes.size(), '\xff');  // poisoned: NaN in float16
-      ASSERT_THAT(batch.Run(layer, q.arg(), k.arg(), v.arg(), {out.data(), out.size()}), IsOk());
-      const size_t per_seq = out.size() / size_t(batch.batch_size());
-      for (int b = 0; b < batch.batch_size(); ++b) {
-        KvHistory& hist = history[size_t(b)][size_t(layer)];
-        const int64_t pos = hist.len();
-        EXPECT_EQ(batch.position(b), pos);
-        hist.Append(k.rows[size_t(b)], v.rows[size_t(b)]);
-        TensorOut got{DType::kFloat16, q.rows[size_t(b)].shape, out.substr(size_t(b) * per_seq, per_seq)};
-        EXPECT_THAT(testing::CompareOutput(
-                        absl::StrCat("sequence ", b), got,
-                        hist.Attention(q.rows[size_t(b)], pos, 0, caches[size_t(b)]->layer_windows()[size_t(layer)])),
-                    IsOk());
-      }
-    }
-    ASSERT_THAT(batch.Commit(), IsOk());
+    ASSERT_THAT(testing::CheckedBatchStep(batch, caches, history, rng_, kQHeads), IsOk());
   }
-  // What each cache holds equals its history (K/V landed at the right slots).
   void ExpectKv(const std::vector<std::shared_ptr<GenericKvCacheHandle>>& caches,
                 const std::vector<std::vector<KvHistory>>& history) {
-    for (size_t b = 0; b < caches.size(); ++b) {
-      for (int layer = 0; layer < caches[b]->num_layers(); ++layer) {
-        auto kv = caches[b]->get_kv(layer);
-        ASSERT_THAT(kv, IsOk());
-        const KvHistory& h = history[b][size_t(layer)];
-        EXPECT_THAT(testing::CompareExact(absl::StrCat("cache ", b, " layer ", layer, " K"), kv->k,
-                                          h.HeadMajor(0, kv->first_pos)),
-                    IsOk());
-        EXPECT_THAT(testing::CompareExact(absl::StrCat("cache ", b, " layer ", layer, " V"), kv->v,
-                                          h.HeadMajor(1, kv->first_pos)),
-                    IsOk());
-      }
-    }
+    EXPECT_THAT(testing::CheckBatchKv(caches, history), IsOk());
   }
 
   const uint64_t seed_ = testing::TestSeed();
@@ -433,8 +367,8 @@ TEST_F(DecodeBatchTest, PlanRefusesStepsThatDoNotFit) {
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches = {Allocate(Spec({0}, kHeadDim, 6)),
                                                                Allocate(Spec({0}, kHeadDim, 0))};
   std::vector<std::vector<KvHistory>> history(2, std::vector<KvHistory>(1, KvHistory(kKvHeads, kHeadDim)));
-  Prefill(*caches[0], history[0], 5);
-  Prefill(*caches[1], history[1], 5);
+  ASSERT_THAT(testing::PrefillLocal(*caches[0], history[0], 5, rng_), IsOk());
+  ASSERT_THAT(testing::PrefillLocal(*caches[1], history[1], 5, rng_), IsOk());
   DecodeBatchOptions options;
   options.tokens_per_step = 2;
   auto made = DecodeBatch::Create(caches, options);

@@ -28,6 +28,14 @@ int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 using HandleTokens = std::vector<std::pair<GenericKvCacheHandle*, int64_t>>;
 
+// Tokens a Reserve asks for a cache at committed length seq that needs `tokens` more: ahead
+// to a page boundary past reserve_ahead, within max_tokens (0: none); never less than tokens.
+int64_t AheadOf(int64_t seq, int64_t tokens, int64_t reserve_ahead, int page_size, int64_t max_tokens) {
+  int64_t end = RoundUp(seq + std::max(tokens, reserve_ahead), page_size);
+  if (max_tokens > 0) end = std::min(end, max_tokens);
+  return std::max(end, seq + tokens) - seq;
+}
+
 HandleTokens Raw(const CacheTokenList& items) {
   HandleTokens raw;
   for (const auto& [h, n] : items) raw.emplace_back(h.get(), n);
@@ -102,6 +110,7 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
   Transport* transport = items.front().first->transport_.get();
   std::vector<CacheTokens> ask, exact;
   std::vector<GenericKvCacheHandle*> asked;
+  std::vector<std::pair<GenericKvCacheHandle*, int64_t>> covered;  // room for now, maybe not ahead
   for (const auto& [h, tokens] : items) {
     if (h == nullptr || h->transport_.get() != transport) {
       return absl::InvalidArgumentError("reserve: every handle must come from the same Client");
@@ -115,21 +124,36 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
     absl::MutexLock lock(&h->state_->mu);
     const int64_t seq = h->state_->table.SeqLen();
     const bool within_max = h->max_tokens() == 0 || seq + tokens <= h->max_tokens();
-    if (within_max && seq + tokens <= h->state_->table.Capacity()) continue;  // no RPC
-    // Ahead to a page boundary, within max_tokens; never less than asked.
-    int64_t end = RoundUp(seq + std::max(tokens, h->state_->reserve_ahead), h->page_size());
-    if (h->max_tokens() > 0) end = std::min(end, h->max_tokens());
-    end = std::max(end, seq + tokens);
-    ask.push_back({h->cache_id(), end - seq});
+    if (within_max && seq + tokens <= h->state_->table.Capacity()) {  // no RPC for this one
+      covered.emplace_back(h, tokens);
+      continue;
+    }
+    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(), h->max_tokens())});
     exact.push_back({h->cache_id(), tokens});
     asked.push_back(h);
   }
   if (ask.empty()) return absl::OkStatus();
+  // The RPC is made anyway: it also tops up the caches that would need one within their
+  // reserve_ahead, so a batch whose caches cross page boundaries at different steps makes
+  // about one Reserve per page, not one per cache per page.
+  const size_t needed = ask.size();
+  for (const auto& [h, tokens] : covered) {
+    absl::MutexLock lock(&h->state_->mu);
+    const int64_t seq = h->state_->table.SeqLen();
+    const int64_t ahead = std::max(tokens, h->state_->reserve_ahead);
+    const int64_t end = h->max_tokens() > 0 ? std::min(seq + ahead, h->max_tokens()) : seq + ahead;
+    if (end <= h->state_->table.Capacity()) continue;
+    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(), h->max_tokens())});
+    asked.push_back(h);
+  }
   auto reserved = transport->Reserve(ask);
   if (absl::IsResourceExhausted(reserved.status())) {
-    bool ahead = false;
-    for (size_t i = 0; i < ask.size(); ++i) ahead |= ask[i].tokens != exact[i].tokens;
-    if (ahead) reserved = transport->Reserve(exact);  // room for what was asked, at least
+    bool ahead = ask.size() > needed;
+    for (size_t i = 0; i < needed; ++i) ahead |= ask[i].tokens != exact[i].tokens;
+    if (ahead) {  // room for what was asked, at least
+      asked.resize(needed);
+      reserved = transport->Reserve(exact);
+    }
   }
   if (!reserved.ok()) {
     return asked.size() == 1 ? asked.front()->Observe(reserved.status()) : reserved.status();

@@ -1,6 +1,6 @@
 // The handle API through a real kvarenad: the same values as inproc (geometry, device,
 // block tables, stats, clones), pool views through the mapped pool that read exactly what
-// get_kv returns, and zero-copy tensors equal to inline ones.
+// get_kv returns, zero-copy tensors equal to inline ones, and DecodeBatch over the mapping.
 #include <cstring>
 #include <random>
 #include <set>
@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/mp/mp_fixture.h"
+#include "tests/mp/batch_reference.h"
 #include "tests/mp/reference.h"
 #include "tests/support/status_matchers.h"
 
@@ -133,6 +134,36 @@ TEST_F(RemoteHandleTest, ZeroCopyAttentionEqualsInlineBitForBit) {
     EXPECT_EQ(a->data, b->data);
   }
   EXPECT_EQ((*zc)->get_kv(0)->k.data, (*in)->get_kv(0)->k.data);
+}
+
+// A DecodeBatch over the daemon's pool as this process maps it: every sequence matches
+// the reference, what it wrote is what the daemon's get_kv returns, the steps cost one
+// Commit RPC each and a Reserve only at page boundaries, and releasing frees every page.
+TEST_F(RemoteHandleTest, DecodeBatchThroughTheMappedPool) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  const int64_t before = WaitForArenaPages([](int64_t) { return true; });
+  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
+  std::vector<std::vector<KvHistory>> history;
+  for (int64_t len : {0, 5, 11, 16}) {
+    caches.push_back(Allocate());  // 2 layers, the second sliding (window 6), page 4
+    ASSERT_NE(caches.back(), nullptr);
+    history.emplace_back(2, KvHistory(2, 32));
+    ASSERT_THAT(PrefillLocal(*caches.back(), history.back(), len, rng_), IsOk());
+  }
+  auto batch = DecodeBatch::Create(caches);
+  ASSERT_THAT(batch, IsOk());
+  const CallCounts calls = client_->call_counts();
+  constexpr int kSteps = 24;
+  for (int step = 0; step < kSteps; ++step) {
+    ASSERT_THAT(CheckedBatchStep(**batch, caches, history, rng_, 8), IsOk()) << "step " << step;
+  }
+  const CallCounts after = client_->call_counts();
+  EXPECT_EQ(after.commit - calls.commit, kSteps);
+  EXPECT_LE(after.reserve - calls.reserve, kSteps / 4 + 1);  // page 4: a boundary per 4 steps
+  EXPECT_EQ(after.describe - calls.describe, 0);
+  EXPECT_THAT(CheckBatchKv(caches, history), IsOk());
+  for (const auto& h : caches) ASSERT_THAT(h->release(), IsOk());
+  EXPECT_EQ(WaitForArenaPages([&](int64_t p) { return p == before; }), before);
 }
 
 TEST_F(RemoteHandleTest, ClonesShareTheCacheAndReleaseEndsThemAll) {
