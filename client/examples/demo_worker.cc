@@ -2,7 +2,8 @@
 // unix:/tmp/kvarena.sock). It allocates a 4-layer cache (layer 3 has a 32-token sliding
 // window), runs a prefill and decode steps through attention (append + attend), rolls back
 // a rejected 3-token draft with popn, and prints the page statistics after each phase.
-// The working cache belongs to the demo's session and is released at the end.
+// Then four caches decode together through a DecodeBatch (the batched local path).
+// The working caches belong to the demo's session and are released at the end.
 //
 // With --keep (the default) it also leaves one cache, "kvarena-demo", allocated with no
 // session so it outlives the demo and `kvarena caches` / `kvarena stats` show it. A rerun
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kvarena/client.h"
+#include "kvarena/decode_batch.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
 ABSL_FLAG(bool, keep, true, "leave the 'kvarena-demo' cache allocated (no session)");
@@ -30,14 +32,15 @@ namespace {
 
 constexpr int kLayers = 4, kKvHeads = 2, kQHeads = 8, kHeadDim = 64, kWindow = 32;
 
-// A float32 tensor [1, heads, n, head_dim] of small random values.
+// A float32 tensor [batch, heads, n, head_dim] of small random values.
 struct Tensor {
   std::vector<float> data;
   TensorArg arg;
-  Tensor(std::mt19937& rng, int heads, int64_t n) : data(size_t(heads) * n * kHeadDim) {
+  Tensor(std::mt19937& rng, int heads, int64_t n, int batch = 1)
+      : data(size_t(batch) * heads * n * kHeadDim) {
     std::uniform_real_distribution<float> dist(-1.f, 1.f);
     for (float& x : data) x = dist(rng);
-    arg = {DType::kFloat32, {1, heads, n, kHeadDim}, data.data(), data.size() * sizeof(float)};
+    arg = {DType::kFloat32, {batch, heads, n, kHeadDim}, data.data(), data.size() * sizeof(float)};
   }
 };
 
@@ -82,6 +85,48 @@ CacheSpec DemoSpec() {
   spec.dtype = DType::kFloat32;
   spec.layer_windows = {0, 0, 0, kWindow};
   return spec;
+}
+
+// The batched local path (kvarena/decode_batch.h): kBatch caches decode together, one Run
+// per layer for all of them over this process's mapping of the pool; the daemon only
+// reserves pages (about one Reserve per page) and commits lengths (one Commit per step).
+// Needs the pool mapped (unix: or inproc:); over TCP it says why and is skipped.
+absl::Status BatchDecode(Client& client, std::mt19937& rng, int steps) {
+  constexpr int kBatch = 4;
+  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
+  for (int b = 0; b < kBatch; ++b) {
+    auto c = client.Allocate(DemoSpec());
+    if (!c.ok()) return c.status();
+    caches.push_back(*c);
+  }
+  auto batch = DecodeBatch::Create(caches);
+  if (absl::IsFailedPrecondition(batch.status())) {
+    std::printf("[batch   ] skipped: %s\n", batch.status().ToString().c_str());
+  } else if (!batch.ok()) {
+    return batch.status();
+  } else {
+    const CallCounts before = client.call_counts();
+    std::vector<float> out(size_t(kBatch) * kQHeads * kHeadDim);
+    for (int step = 0; step < steps; ++step) {
+      if (auto s = (*batch)->Plan(); !s.ok()) return s;
+      for (int layer = 0; layer < kLayers; ++layer) {
+        Tensor q(rng, kQHeads, 1, kBatch), k(rng, kKvHeads, 1, kBatch), v(rng, kKvHeads, 1, kBatch);
+        const TensorBuffer o{out.data(), out.size() * sizeof(float)};
+        if (auto s = (*batch)->Run(layer, q.arg, k.arg, v.arg, o); !s.ok()) return s;
+      }
+      if (auto s = (*batch)->Commit(); !s.ok()) return s;
+    }
+    const CallCounts after = client.call_counts();
+    std::printf("[batch   ] %d caches x %d steps through one DecodeBatch: %d kernel calls a step, "
+                "%" PRId64 " Reserve and %" PRId64 " Commit RPCs in all\n",
+                kBatch, steps, 2 * kLayers, after.reserve - before.reserve,
+                after.commit - before.commit);
+    if (auto s = Show("batch", client, *caches[0]); !s.ok()) return s;
+  }
+  for (const auto& c : caches) {
+    if (auto s = c->release(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KeepOne(const std::string& address, std::mt19937& rng) {
@@ -145,6 +190,8 @@ absl::Status Demo() {
 
   if (auto s = c.release(); !s.ok()) return s;
   std::printf("released %s (is_valid=%s)\n", c.cache_id().c_str(), c.is_valid() ? "true" : "false");
+
+  if (auto s = BatchDecode(**client, rng, absl::GetFlag(FLAGS_decode)); !s.ok()) return s;
 
   if (absl::GetFlag(FLAGS_keep)) {
     if (auto s = KeepOne(address, rng); !s.ok()) return s;
