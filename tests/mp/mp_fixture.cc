@@ -90,14 +90,20 @@ void MultiProcessTest::StartDaemonWith(const std::vector<std::string>& flags) {
          << daemon_->output();
 }
 
-std::unique_ptr<Subprocess> MultiProcessTest::StartWorker(uint64_t index,
-                                                          const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {KVARENA_WORKER_PATH, "--address=" + address(),
-                                   absl::StrCat("--seed=", uint64_t{seed_} + index)};
+std::unique_ptr<Subprocess> MultiProcessTest::StartProgram(const std::string& path,
+                                                           const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {path, "--address=" + address()};
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto p = std::make_unique<Subprocess>();
   EXPECT_TRUE(p->Start(argv).ok());
   return p;
+}
+
+std::unique_ptr<Subprocess> MultiProcessTest::StartWorker(uint64_t index,
+                                                          const std::vector<std::string>& flags) {
+  std::vector<std::string> all = {absl::StrCat("--seed=", uint64_t{seed_} + index)};
+  all.insert(all.end(), flags.begin(), flags.end());
+  return StartProgram(KVARENA_WORKER_PATH, all);
 }
 
 void MultiProcessTest::ExpectExitsOk(Subprocess& p, const std::string& name,

@@ -48,6 +48,9 @@ class MultiProcessTest : public ::testing::Test {
   // Starts kvarenad with the fixture's flags followed by `flags` (a later flag overrides an
   // earlier one) and waits until it is SERVING.
   void StartDaemonWith(const std::vector<std::string>& flags);
+  // Starts `path --address=<this daemon> flags...` with its stdout captured.
+  std::unique_ptr<Subprocess> StartProgram(const std::string& path,
+                                           const std::vector<std::string>& flags);
   // A worker with the default shape plus extra flags; its stdout is captured. Its --seed
   // is the test's seed plus `index`.
   std::unique_ptr<Subprocess> StartWorker(uint64_t index, const std::vector<std::string>& flags);

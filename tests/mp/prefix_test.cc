@@ -27,12 +27,8 @@ constexpr int64_t kPagesOfOne = 13 * kLayers;  // 208 tokens
 
 class PrefixReuseTest : public MultiProcessTest {
  protected:
-  std::unique_ptr<Subprocess> Start(std::vector<std::string> flags) {
-    std::vector<std::string> argv = {KVARENA_PREFIX_WORKER_PATH, "--address=" + address()};
-    argv.insert(argv.end(), flags.begin(), flags.end());
-    auto p = std::make_unique<Subprocess>();
-    EXPECT_TRUE(p->Start(argv).ok());
-    return p;
+  std::unique_ptr<Subprocess> Start(const std::vector<std::string>& flags) {
+    return StartProgram(KVARENA_PREFIX_WORKER_PATH, flags);
   }
   // Runs a worker to its end (exit 0 expected) and returns its cached_tokens.
   int64_t Run(const std::vector<std::string>& flags, const std::string& name) {
