@@ -69,6 +69,17 @@ TEST_P(BackendWorkersTest, LocalPathDecodeAcrossPoolGrowthMatchesServedPath) {
   EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }), 0);
 }
 
+// The batched local path (DecodeBatch) over the worker's mapping: on a CUDA pool it runs
+// the CUDA kernels sequence by sequence (README "The CUDA backend"); outputs match the
+// float64 reference either way (the worker checks).
+TEST_P(BackendWorkersTest, BatchWorkerDecodesThroughItsMapping) {
+  auto w = StartProgram(KVARENA_BATCH_WORKER_PATH,
+                        {absl::StrCat("--seed=", uint64_t{seed_}), "--batch=5", "--head_dim=64", "--steps=30"});
+  ExpectExitsOk(*w, "batch worker");
+  EXPECT_THAT(w->output(), HasSubstr("batch worker ok"));
+  EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BackendWorkersTest, ::testing::Values("host", "cuda"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;

@@ -1,7 +1,7 @@
 // kvarena_batch_worker: a model worker on the batched local path, for the multi-process
-// tests (batch_test.cc). It allocates --batch caches (2 layers, the second sliding, 2 kv /
-// 8 q heads, head_dim 32, float16, page 4), prefills each to a different length through
-// the local path, then decodes --steps steps (0: until killed) through one DecodeBatch,
+// tests (batch_test.cc, backend_test.cc). It allocates --batch caches (2 layers, the second
+// sliding, 2 kv / 8 q heads, --head_dim, float16, page 4), prefills each to a different
+// length through the local path, then decodes --steps steps (0: until killed) through one DecodeBatch,
 // checking every sequence's output against the float64 reference (batch_reference.h).
 // At the end it checks each cache's K/V with get_kv and releases them.
 //
@@ -21,6 +21,7 @@
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH or inproc:");
 ABSL_FLAG(int, batch, 4, "caches decoding together");
+ABSL_FLAG(int, head_dim, 32, "head_dim of the caches (the CUDA kernels take 64, 128, 256)");
 ABSL_FLAG(int, steps, 40, "decode steps (0: until killed)");
 ABSL_FLAG(int, print_every, 10, "print a progress line every N steps");
 ABSL_FLAG(uint64_t, seed, 1, "random seed of the tensors");
@@ -37,7 +38,7 @@ absl::Status Run() {
   CacheSpec spec;
   spec.num_layers = 2;
   spec.num_kv_heads = 2;
-  spec.head_dim = 32;
+  spec.head_dim = absl::GetFlag(FLAGS_head_dim);
   spec.dtype = DType::kFloat16;
   spec.page_size = 4;
   spec.layer_windows = {0, 6};
@@ -49,7 +50,7 @@ absl::Status Run() {
     if (!h.ok()) return h.status();
     std::printf("allocated cache %s\n", (*h)->cache_id().c_str());
     caches.push_back(*h);
-    history.emplace_back(2, KvHistory(2, 32));
+    history.emplace_back(2, KvHistory(2, spec.head_dim));
     if (auto s = PrefillLocal(**h, history.back(), 3 * b, rng); !s.ok()) return s;
   }
   std::fflush(stdout);
