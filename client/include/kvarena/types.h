@@ -1,0 +1,207 @@
+// Value types of the core API: cache specs, tensors passed in and out, results and stats.
+// Plain structs with no synchronisation; the daemon and the client's inproc mode convert
+// them to and from the wire (proto/kvarena/v1/kvarena.proto) field by field.
+#ifndef KVARENA_CORE_TYPES_H_
+#define KVARENA_CORE_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/paged_kv.h"
+
+namespace kvarena {
+
+struct CacheSpec {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kUnspecified;
+  int page_size = 0;               // 0: the store's default
+  std::vector<int> layer_windows;  // empty, or one per layer; 0 = global, w >= 2 = sliding
+  int64_t max_tokens = 0;          // 0: no limit beyond the arena
+  // What must match for K/V to be interchangeable (model, adapter, tenant salt): full
+  // pages are shared only between caches of one namespace and one geometry. "" shares
+  // nothing (README "Prefix reuse").
+  std::string prefix_namespace;
+};
+
+struct CacheInfo {
+  std::string cache_id;
+  CacheSpec spec;  // page_size resolved, layer_windows filled to num_layers
+  int64_t seq_len = 0;
+  std::vector<int64_t> layer_lens;
+  // Per layer: absolute position of the first token still held (0 unless a sliding
+  // window evicted a prefix). Equals GetKv's first_pos and Describe's layers[i].first_pos.
+  std::vector<int64_t> layer_first_pos;
+  uint64_t pool_id = 0;
+  uint64_t page_bytes = 0;
+  // Leading positions filled from other caches' pages rather than by this cache's writes:
+  // the prefix adopted at Allocate (a fork: every position of its source); popn and reset
+  // lower it with seq_len.
+  int64_t cached_tokens = 0;
+  // Leading positions whose token ids are known (prompt_tokens, SetTokens).
+  int64_t tokens_known = 0;
+};
+
+// Allocate's optional prompt: its token ids (>= 0) are the cache's first positions; with
+// a prefix namespace the longest cached prefix of them is adopted (CacheInfo.cached_tokens).
+struct AllocateOptions {
+  std::vector<int32_t> prompt_tokens;
+};
+
+// SetTokens: token ids of positions [first_pos, first_pos + token_ids.size()).
+struct SetTokensArgs {
+  std::string cache_id;
+  int64_t first_pos = 0;
+  std::vector<int32_t> token_ids;
+};
+
+// A borrowed, contiguous, row-major tensor: [1, heads, tokens, head_dim] at the API.
+struct TensorArg {
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// A tensor the core returns (GetKv); data holds the raw bytes.
+struct TensorOut {
+  DType dtype = DType::kUnspecified;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+
+struct AppendResult {
+  int64_t layer_len = 0;
+  int64_t seq_len = 0;
+};
+
+struct AttendArgs {
+  std::string cache_id;
+  int layer = 0;
+  int64_t pos = 0;
+  TensorArg q;
+  TensorArg k;          // k and v both absent (data == nullptr, bytes == 0): attend over the cache
+  TensorArg v;
+  double scale = 0;     // 0: 1/sqrt(head_dim)
+  uint32_t window = 0;  // 0: the layer's own window; else also mask keys older than this
+};
+
+struct AttendResult {
+  std::vector<int64_t> out_shape;  // equals q's shape; out has q's dtype
+  int64_t seq_len = 0;
+};
+
+struct PopnResult {
+  int64_t popped = 0;  // n, or 0 when refused
+  int64_t seq_len = 0;
+  std::string refusal;  // why it refused; empty when popped == n
+};
+
+// A range of one layer for GetKv: positions [max(from_pos, first held), ...), at most
+// max_tokens of them (0: to the end of the layer).
+struct GetKvRange {
+  int64_t from_pos = 0;
+  int64_t max_tokens = 0;
+};
+
+struct GetKvResult {
+  TensorOut k;  // [1, num_kv_heads, tokens, head_dim]
+  TensorOut v;
+  int64_t first_pos = 0;  // absolute position of the first returned token
+  int64_t layer_len = 0;  // the layer's length: the range ends at first_pos + tokens <= it
+};
+
+struct LayerPages {
+  int64_t first_pos = 0;  // absolute position of slot 0 of page_ids[0]
+  int64_t len = 0;        // tokens written (absolute)
+  std::vector<int32_t> page_ids;
+};
+
+struct CacheDescription {
+  CacheInfo info;
+  std::vector<LayerPages> layers;
+};
+
+// Local path: make room for / commit `tokens` more tokens on every layer of a cache.
+struct CacheTokens {
+  std::string cache_id;
+  int64_t tokens = 0;
+};
+
+struct ReserveResult {
+  std::string cache_id;
+  int64_t first_pos = 0;  // the first reserved position (the current seq_len)
+  std::vector<LayerPages> layers;  // per layer: pages covering [first_pos, first_pos + tokens)
+};
+
+struct PageStats {
+  int64_t num_pages = 0;   // pages_used + pages_free
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;
+  int page_size = 0;       // for the arena total: 0 unless every pool shares one page size
+  int64_t seq_len = 0;     // for the arena total: sum over caches
+  int64_t layers_materialized = 0;
+  int64_t layers_total = 0;
+  int64_t layers_sliding = 0;
+  uint64_t bytes_used = 0;      // pages_used x page bytes
+  uint64_t pages_evicted = 0;   // freed by sliding windows, since creation
+  uint64_t refusals = 0;        // popn refusals and rejected appends / reserves, since creation
+  // Prefix reuse. Arena: gauges now and counters since start. One cache: its own
+  // prefix_* (its Allocate's lookup) and cow_copies; the pool-wide fields stay 0.
+  int64_t pages_cached = 0;            // unreferenced registered pages, reclaimable (in pages_free)
+  int64_t pages_shared = 0;            // pages referenced by two or more caches
+  uint64_t pages_evicted_lru = 0;      // cached pages reclaimed for new allocations
+  uint64_t prefix_lookups = 0;         // Allocates with prompt_tokens and a namespace
+  uint64_t prefix_requested_tokens = 0;  // their prompt lengths, summed
+  uint64_t prefix_hit_tokens = 0;      // the cached_tokens they got, summed
+  uint64_t forks = 0;
+  uint64_t cow_copies = 0;             // pages copied because a popn cut into a shared page
+};
+
+struct PoolStats {
+  uint64_t pool_id = 0;
+  PageLayout layout;
+  uint64_t page_bytes = 0;
+  int64_t num_pages = 0;  // pages_used + pages_free
+  int64_t pages_used = 0;
+  int64_t pages_free = 0;  // free in committed chunks + what the uncommitted budget could give
+                           // + pages_cached
+  int64_t pages_cached = 0;  // unreferenced, still indexed for prefix reuse, reclaimable
+  int64_t pages_shared = 0;  // referenced by two or more caches
+  int64_t chunks_committed = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t bytes_committed = 0;
+  int64_t num_caches = 0;
+};
+
+struct ArenaStats {
+  PageStats pages;  // totals over every pool
+  std::vector<PoolStats> pools;
+  std::string backend;
+  uint64_t arena_bytes = 0;
+  uint64_t bytes_committed = 0;
+  uint64_t bytes_used = 0;
+  int64_t num_caches = 0;
+  int64_t num_sessions = 0;
+  uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
+  int64_t scratch_regions = 0;
+  // Sessions: of num_sessions, those detached and in their grace period; since creation,
+  // those opened, detached, resumed (a new stream with the resume token) and reaped
+  // (grace over: the session gone, its caches released).
+  int64_t sessions_in_grace = 0;
+  uint64_t sessions_opened = 0;
+  uint64_t sessions_detached = 0;
+  uint64_t sessions_resumed = 0;
+  uint64_t sessions_reaped = 0;
+  // Caches Reap released since creation: a reaped session's, and sessionless ones idle
+  // past idle_ttl.
+  uint64_t caches_reaped_grace = 0;
+  uint64_t caches_reaped_idle = 0;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_TYPES_H_
