@@ -19,6 +19,7 @@ _NVCC_FLAGS = " ".join([
     "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
     "-Xcompiler=-fPIC",
     "-I.",
+    "-Iclient/include",
 ])
 
 def cuda_objects(name, srcs, hdrs):

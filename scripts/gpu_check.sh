@@ -99,7 +99,7 @@ find_package(GTest QUIET)
 find_package(absl QUIET)
 enable_testing()
 include(GoogleTest)
-include_directories($ROOT)
+include_directories($ROOT $ROOT/client/include)
 # Placeholders for what is missing: the targets that need it are never built then.
 if(NOT GTest_FOUND)
   add_library(GTest::gtest_main INTERFACE IMPORTED)
@@ -135,8 +135,8 @@ EOF
 direct_build() {  # no cmake: nvcc / g++ by hand, benchmark and kernel tests only
   local obj=$BUILD_DIR/obj
   mkdir -p "$obj"
-  local nv=(nvcc -std=c++17 -O3 -lineinfo -gencode "arch=compute_$CUDA_ARCH,code=sm_$CUDA_ARCH" -I"$ROOT")
-  local cxx=(g++ -std=c++20 -O2 -I"$ROOT" -I"$CUDA_HOME/include")
+  local nv=(nvcc -std=c++17 -O3 -lineinfo -gencode "arch=compute_$CUDA_ARCH,code=sm_$CUDA_ARCH" -I"$ROOT" -I"$ROOT/client/include")
+  local cxx=(g++ -std=c++20 -O2 -I"$ROOT" -I"$ROOT/client/include" -I"$CUDA_HOME/include")
   local pids=()
   for f in "$ROOT"/kernels/cuda/*.cu; do "${nv[@]}" -c "$f" -o "$obj/$(basename "$f").o" & pids+=($!); done
   for f in attention_plan kernel_args; do "${cxx[@]}" -c "$ROOT/kernels/cuda/$f.cc" -o "$obj/$f.o" & pids+=($!); done

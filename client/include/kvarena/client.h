@@ -36,8 +36,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/types.h"
 #include "kvarena/kv_cache_handle.h"
+#include "kvarena/types.h"
 
 namespace kvarena {
 

@@ -54,8 +54,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/types.h"
-#include "kernels/paged_kv.h"
+#include "kvarena/paged_kv.h"
+#include "kvarena/types.h"
 
 namespace kvarena {
 

@@ -7,9 +7,11 @@
 // so the element of token slot s, head h, dim d of page p is at
 //   pool_base + p * PageBytes() + (kv * page_size + s) * TokenBytes() + (h * head_dim + d) * elem.
 //
-// These are plain value types with no synchronisation of their own.
-#ifndef KVARENA_KERNELS_PAGED_KV_H_
-#define KVARENA_KERNELS_PAGED_KV_H_
+// These are plain value types with no synchronisation of their own. Part of the client's
+// public headers (a worker's kernels address the pool with them); kernels/ and core/ use
+// them through kernels/paged_kv.h. C++17, no dependencies.
+#ifndef KVARENA_CLIENT_INCLUDE_KVARENA_PAGED_KV_H_
+#define KVARENA_CLIENT_INCLUDE_KVARENA_PAGED_KV_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -85,4 +87,4 @@ struct PageCopy {
 
 }  // namespace kvarena
 
-#endif  // KVARENA_KERNELS_PAGED_KV_H_
+#endif  // KVARENA_CLIENT_INCLUDE_KVARENA_PAGED_KV_H_

@@ -1,15 +1,17 @@
-// Value types of the core API: cache specs, tensors passed in and out, results and stats.
+// Value types of the API: cache specs, tensors passed in and out, results and stats.
 // Plain structs with no synchronisation; the daemon and the client's inproc mode convert
-// them to and from the wire (proto/kvarena/v1/kvarena.proto) field by field.
-#ifndef KVARENA_CORE_TYPES_H_
-#define KVARENA_CORE_TYPES_H_
+// them to and from the wire (proto/kvarena/v1/kvarena.proto) field by field. Part of the
+// client's public headers (client/include/kvarena/, which need nothing outside it but the
+// standard library and abseil); core/ uses them through core/types.h.
+#ifndef KVARENA_CLIENT_INCLUDE_KVARENA_TYPES_H_
+#define KVARENA_CLIENT_INCLUDE_KVARENA_TYPES_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "kernels/paged_kv.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 
@@ -204,4 +206,4 @@ struct ArenaStats {
 
 }  // namespace kvarena
 
-#endif  // KVARENA_CORE_TYPES_H_
+#endif  // KVARENA_CLIENT_INCLUDE_KVARENA_TYPES_H_
