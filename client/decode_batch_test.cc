@@ -9,9 +9,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
 #include "tests/mp/batch_reference.h"
+#include "tests/support/forwarding_kernels.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/test_seed.h"
 
@@ -178,37 +178,20 @@ TEST_F(DecodeBatchTest, TablesGrowAndFollowWindows) {
 
 // Kernels with only the single-cache calls (the CUDA kernels today): the batch runs
 // through KvKernels' default loop, one call per sequence, with the same results.
-class SingleCacheKernels final : public KvKernels {
+class SingleCacheKernels final : public testing::ForwardingKvKernels {
  public:
-  explicit SingleCacheKernels(std::unique_ptr<KvKernels> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  KernelLimits limits() const override { return inner_->limits(); }
-  absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
-                          int64_t n) override {
-    return inner_->ClearPages(layout, pool_base, ids, n);
-  }
-  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
-                         int64_t n) override {
-    return inner_->CopyPages(layout, pool_base, copies, n);
-  }
+  using ForwardingKvKernels::ForwardingKvKernels;
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     ++appends;
-    return inner_->AppendKv(view, pos, n, k, v);
-  }
-  absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
-                        void* v_out) override {
-    return inner_->GatherKv(view, pos, n, k_out, v_out);
+    return ForwardingKvKernels::AppendKv(view, pos, n, k, v);
   }
   absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
                               const void* q, void* out) override {
     ++attentions;
-    return inner_->PagedAttention(view, params, q, out);
+    return ForwardingKvKernels::PagedAttention(view, params, q, out);
   }
   static inline std::atomic<int> appends{0}, attentions{0};
-
- private:
-  std::unique_ptr<KvKernels> inner_;
 };
 
 TEST_F(DecodeBatchTest, KernelsWithoutBatchCallsRunItSequenceBySequence) {

@@ -13,6 +13,7 @@
 #include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
 #include "tests/mp/reference.h"
+#include "tests/support/forwarding_kernels.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -26,42 +27,16 @@ using testing::StatusIs;
 constexpr int kKvHeads = 2, kQHeads = 4, kHeadDim = 16, kPageSize = 4;
 
 // The real kernels, with a hook run at each Synchronize before the real one.
-class ProbeKernels final : public KvKernels {
+class ProbeKernels final : public testing::ForwardingKvKernels {
  public:
   ProbeKernels(std::unique_ptr<KvKernels> inner, std::function<absl::Status()> on_sync)
-      : inner_(std::move(inner)), on_sync_(std::move(on_sync)) {}
-  std::string name() const override { return inner_->name(); }
-  absl::Status CheckLayout(const PageLayout& layout) const override {
-    return inner_->CheckLayout(layout);
-  }
-  KernelLimits limits() const override { return inner_->limits(); }
-  absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
-                          int64_t n) override {
-    return inner_->ClearPages(layout, pool_base, ids, n);
-  }
-  absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
-                         int64_t n) override {
-    return inner_->CopyPages(layout, pool_base, copies, n);
-  }
+      : ForwardingKvKernels(std::move(inner)), on_sync_(std::move(on_sync)) {}
   absl::Status Synchronize() override {
     if (absl::Status s = on_sync_(); !s.ok()) return s;
-    return inner_->Synchronize();
-  }
-  absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
-                        const void* v) override {
-    return inner_->AppendKv(view, pos, n, k, v);
-  }
-  absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
-                        void* v_out) override {
-    return inner_->GatherKv(view, pos, n, k_out, v_out);
-  }
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
-    return inner_->PagedAttention(view, params, q, out);
+    return ForwardingKvKernels::Synchronize();
   }
 
  private:
-  std::unique_ptr<KvKernels> inner_;
   std::function<absl::Status()> on_sync_;
 };
 

@@ -3,13 +3,15 @@
 // fails midway. Every failure gives back what the call took.
 #include "core/refusal.h"
 #include "core/store_fixture.h"
+#include "tests/support/forwarding_kernels.h"
 
 namespace kvarena {
 namespace {
 
 // Wraps the real CPU kernels and fails the calls it is told to (a device error).
-class FaultyKvKernels : public KvKernels {
+class FaultyKvKernels : public testing::ForwardingKvKernels {
  public:
+  FaultyKvKernels() : ForwardingKvKernels(NewCpuKvKernels(0)) {}
   std::string name() const override { return "faulty"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
     if (layout.head_dim == 96) return absl::InvalidArgumentError("spec.head_dim=96 is not served");
@@ -18,34 +20,27 @@ class FaultyKvKernels : public KvKernels {
   absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                           int64_t n) override {
     if (fail_clear) return absl::InternalError("injected ClearPages failure");
-    return real_->ClearPages(layout, pool_base, ids, n);
+    return ForwardingKvKernels::ClearPages(layout, pool_base, ids, n);
   }
   absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
                          int64_t n) override {
     if (fail_copy) return absl::InternalError("injected CopyPages failure");
-    return real_->CopyPages(layout, pool_base, copies, n);
+    return ForwardingKvKernels::CopyPages(layout, pool_base, copies, n);
   }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     if (fail_append) return absl::InternalError("injected AppendKv failure");
-    return real_->AppendKv(view, pos, n, k, v);
-  }
-  absl::Status GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out,
-                        void* v_out) override {
-    return real_->GatherKv(view, pos, n, k_out, v_out);
+    return ForwardingKvKernels::AppendKv(view, pos, n, k, v);
   }
   absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
                               const void* q, void* out) override {
     if (fail_attention) return absl::InternalError("injected PagedAttention failure");
-    return real_->PagedAttention(view, params, q, out);
+    return ForwardingKvKernels::PagedAttention(view, params, q, out);
   }
   bool fail_append = false;
   bool fail_attention = false;
   bool fail_clear = false;
   bool fail_copy = false;
-
- private:
-  std::unique_ptr<KvKernels> real_ = NewCpuKvKernels(0);
 };
 
 TEST(KvStoreKernelsTest, AKernelFailureGivesBackThePagesItTook) {
