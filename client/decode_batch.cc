@@ -41,6 +41,7 @@ struct DecodeBatch::Impl {
   };
 
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
+  std::vector<std::pair<GenericKvCacheHandle*, int64_t>> items;  // (cache, tokens_per_step)
   DecodeBatchOptions options;
   CacheSpec spec;  // of every cache
   PageLayout layout;
@@ -57,11 +58,6 @@ struct DecodeBatch::Impl {
 
   int batch() const { return int(caches.size()); }
   CacheState& state(int b) const { return *caches[size_t(b)]->state_; }
-  std::vector<std::pair<GenericKvCacheHandle*, int64_t>> Items() const {
-    std::vector<std::pair<GenericKvCacheHandle*, int64_t>> items;
-    for (const auto& h : caches) items.emplace_back(h.get(), options.tokens_per_step);
-    return items;
-  }
 
   absl::Status CheckNoPending(const char* op) const;
   absl::Status Snapshot(const char* op);
@@ -128,6 +124,7 @@ absl::StatusOr<std::unique_ptr<DecodeBatch>> DecodeBatch::Create(
                      impl->limits.max_request_tokens, "]"));
   }
   impl->caches = std::move(caches);
+  for (const auto& h : impl->caches) impl->items.emplace_back(h.get(), options.tokens_per_step);
   impl->options = options;
   impl->spec = first.info_.spec;
   impl->layout = first.layout();
@@ -279,7 +276,7 @@ absl::Status DecodeBatch::Plan() {
   Impl& m = *impl_;
   m.planned = false;
   if (auto s = m.CheckNoPending(op); !s.ok()) return s;
-  if (auto s = GenericKvCacheHandle::ReserveAll(m.Items()); !s.ok()) return s;
+  if (auto s = GenericKvCacheHandle::ReserveAll(m.items); !s.ok()) return s;
   if (auto s = m.Snapshot(op); !s.ok()) return s;
   m.UpdateTables();
   m.planned = true;
@@ -290,10 +287,6 @@ absl::Status DecodeBatch::Plan() {
 absl::Status DecodeBatch::Impl::CheckTensor(const char* op, const char* name, const TensorArg& t,
                                             int heads_lo, int heads_hi) const {
   const int64_t n = options.tokens_per_step;
-  const std::string want =
-      absl::StrCat("[batch=", batch(), ", heads=", heads_lo == heads_hi ? absl::StrCat(heads_lo)
-                   : absl::StrCat("a multiple of ", heads_lo, " up to ", heads_hi),
-                   ", tokens_per_step=", n, ", head_dim=", spec.head_dim, "]");
   if (t.dtype != spec.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, ": dtype ", DTypeName(t.dtype),
                                                    " but the caches hold ", DTypeName(spec.dtype)));
@@ -301,8 +294,11 @@ absl::Status DecodeBatch::Impl::CheckTensor(const char* op, const char* name, co
   const std::vector<int64_t>& s = t.shape;
   if (s.size() != 4 || s[0] != batch() || s[2] != n || s[3] != spec.head_dim || s[1] < heads_lo ||
       s[1] > heads_hi || s[1] % heads_lo != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, ": shape ", ShapeString(s), " but want ", want));
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", name, ": shape ", ShapeString(s), " but want [batch=", batch(), ", heads=",
+        heads_lo == heads_hi ? absl::StrCat(heads_lo)
+                             : absl::StrCat("a multiple of ", heads_lo, " up to ", heads_hi),
+        ", tokens_per_step=", n, ", head_dim=", spec.head_dim, "]"));
   }
   // [heads, batch * tokens, head_dim]: the same element count; batch * n fits (both <= 2^20).
   const std::optional<uint64_t> bytes = TensorBytes(spec.dtype, s[1], s[0] * n, s[3]);
@@ -310,7 +306,7 @@ absl::Status DecodeBatch::Impl::CheckTensor(const char* op, const char* name, co
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": ", name, ": ", t.bytes, " bytes at ", t.data == nullptr ? "null" : "a buffer",
         " but shape ", ShapeString(s), " of ", DTypeName(spec.dtype), " needs ",
-        bytes ? absl::StrCat(*bytes) : std::string("more than 2^64")));
+        bytes ? absl::StrCat(*bytes) : std::string("more than 2^63")));
   }
   return absl::OkStatus();
 }
@@ -415,7 +411,7 @@ absl::Status DecodeBatch::Commit() {
           absl::StrCat(op, ": layer ", l, " has not run this step; Run or Append every layer first"));
     }
   }
-  if (auto s = GenericKvCacheHandle::CommitAll(m.Items()); !s.ok()) return s;
+  if (auto s = GenericKvCacheHandle::CommitAll(m.items); !s.ok()) return s;
   m.planned = false;
   return absl::OkStatus();
 }
