@@ -25,9 +25,19 @@ std::string RootKey(const CacheSpec& s) {
 
 }  // namespace
 
-KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now)
+size_t KvCache::FixedMetadataBytes(const CacheSpec& spec, const std::string& id) {
+  // The cache's map entries (the store's and its session's) at a hash map's lowest load.
+  constexpr size_t kMapEntries = 2 * 3 * 64;
+  const size_t per_layer = sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, reg_next_, window
+  return sizeof(KvCache) + kMapEntries + 3 * id.size() + 2 * spec.prefix_namespace.size() + 64 +
+         size_t(spec.num_layers) * per_layer;
+}
+
+KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now,
+                 BudgetCharge metadata)
     : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
-      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)),
+      fixed_metadata_(metadata.bytes()),
+      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)), metadata_(std::move(metadata)),
       root_key_(RootKey(spec_)),
       root_hash_(sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{}),
       reg_next_(size_t(spec_.num_layers), 0) {
@@ -36,7 +46,12 @@ KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext
 }
 
 KvCache::~KvCache() {
-  Release();
+  // Release allocates (a list of the pages to return, index bookkeeping); should that
+  // fail, the pages stay held rather than the daemon aborting in a destructor.
+  try {
+    Release();
+  } catch (...) {
+  }
   ctx_.quota->RemoveCache();
   ctx_.counters->layers_total -= spec_.num_layers;
   ctx_.counters->layers_sliding -= SlidingLayers(spec_);

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/byte_budget.h"
 #include "core/layer_table.h"
 #include "core/page_pool.h"
 #include "core/prefix_hash.h"
@@ -78,14 +79,23 @@ struct CacheContext {
   // enough budget back to try again.
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
   int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
+  ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
 };
 
 class KvCache {
  public:
+  // The metadata bytes a cache of `spec` named `id` costs before it declares any token:
+  // the object, its per-layer tables and its map entries. Charged by the store (the
+  // `metadata` charge the constructor takes over), so a cache that does not fit is never
+  // built.
+  static size_t FixedMetadataBytes(const CacheSpec& spec, const std::string& id);
+
   // REQUIRES: spec resolved by ResolveSpec and matching the pool's layout. The quota has
-  // already counted this cache; the destructor gives the count back.
-  KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now);
-  ~KvCache();  // releases what it still holds
+  // already counted this cache and `metadata` holds FixedMetadataBytes of
+  // ctx.metadata; the destructor gives both back.
+  KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now,
+          BudgetCharge metadata = {});
+  ~KvCache();  // releases what it still holds; never throws
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -115,10 +125,12 @@ class KvCache {
   // prompt's token ids (checked by CheckTokenIds) as positions [0, n) and, with a prefix
   // namespace, adopts the longest cached prefix — at most floor((n - 1) / page_size)
   // pages, so at least one position is left to compute — charging the quota for it
-  // (nothing is adopted when the quota refuses). Counts the lookup.
-  void StartWithPrompt(const std::vector<int32_t>& prompt);
+  // (nothing is adopted when the quota refuses). Counts the lookup. RESOURCE_EXHAUSTED
+  // (metadata_bytes; nothing declared) when the metadata budget cannot cover the ids.
+  absl::Status StartWithPrompt(const std::vector<int32_t>& prompt);
   // Declares the token ids of [first_pos, first_pos + n): first_pos <= tokens_known
-  // (INVALID_ARGUMENT otherwise). Ids of positions below seq_len must equal what is
+  // (INVALID_ARGUMENT otherwise; RESOURCE_EXHAUSTED when the metadata budget cannot
+  // cover them). Ids of positions below seq_len must equal what is
   // declared there (FAILED_PRECONDITION); declared ids past the call's end at positions
   // not yet written are forgotten. Registers the pages that became full and known.
   absl::StatusOr<CacheInfo> SetTokens(int64_t first_pos, const std::vector<int32_t>& ids);
@@ -126,9 +138,10 @@ class KvCache {
   // every layer shared, each partial last page copied, the lengths, windows' evictions
   // and declared tokens the same. RESOURCE_EXHAUSTED (quota, arena) changes nothing.
   absl::Status ForkFrom(KvCache& src);
-  // Adds this cache's holds on index nodes to *holds and checks that the pages it may
-  // write (each layer's partial last block and reserved blocks) are Writable.
-  absl::Status TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds);
+  // Adds this cache's holds on index nodes to *holds, checks that the pages it may write
+  // (each layer's partial last block and reserved blocks) are Writable and that its
+  // metadata charge is what it declares, and returns that charge in *metadata.
+  absl::Status TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, size_t* metadata);
   // The ids of every page this cache holds (each layer's live blocks), for audits.
   std::vector<int32_t> HeldPages();
   // Lengths, page ids and a hash of every held token's K/V bytes, for tests that check a
@@ -175,8 +188,18 @@ class KvCache {
   std::vector<int32_t> TailFirstLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool sharing() const { return !spec_.prefix_namespace.empty(); }
   PrefixQuery QueryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The metadata bytes of n declared tokens: the ids, two hashes per full page and, when
+  // sharing, the chain's link to each page's index node.
+  size_t DeclaredBytes(int64_t n) const;
+  // Makes metadata_ cover n declared tokens, before they are declared: RESOURCE_EXHAUSTED
+  // naming metadata_bytes and the numbers (nothing charged) unless the budget also has
+  // room for the index nodes the new full pages may create (new_nodes: a fork holds the
+  // source's nodes instead).
+  absl::Status ChargeDeclaredLocked(absl::string_view op, int64_t n, bool new_nodes = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Replaces the declared tokens (first changed position: changed_from): hashes and the
-  // chain follow from the block holding it.
+  // chain follow from the block holding it. REQUIRES: ChargeDeclaredLocked covered them
+  // when they grow; a shrink gives the bytes back.
   void DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the declared tokens from pos on (popn, reset).
   void ForgetTokensLocked(int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -209,6 +232,9 @@ class KvCache {
   const CacheSpec spec_;
   const std::string owner_;
   const CacheContext ctx_;
+  // The metadata bytes the cache holds besides its declared tokens: FixedMetadataBytes,
+  // and for a fork the slots of the page tables it copied.
+  size_t fixed_metadata_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> last_used_;
 
   mutable absl::Mutex mu_;
@@ -217,6 +243,7 @@ class KvCache {
   uint64_t pages_evicted_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refusals_{0};
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  BudgetCharge metadata_ ABSL_GUARDED_BY(mu_);  // fixed_metadata_ + DeclaredBytes(tokens)
 
   // Prefix reuse.
   const std::string root_key_;  // namespace and geometry, exactly ("" without a namespace)

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked.h"
 #include "core/kv_cache.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -26,12 +27,38 @@ PrefixQuery KvCache::QueryLocked() const {
   return q;
 }
 
+size_t KvCache::DeclaredBytes(int64_t n) const {
+  const size_t blocks = size_t(n) / size_t(spec_.page_size);
+  return size_t(n) * sizeof(int32_t) + blocks * (2 * sizeof(Hash128) + (sharing() ? sizeof(uint64_t) : 0));
+}
+
+absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool new_nodes) {
+  const size_t want = fixed_metadata_ + DeclaredBytes(n);
+  ByteBudget* budget = metadata_.budget();
+  if (want <= metadata_.bytes() || (budget == nullptr && metadata_.Resize(want))) return absl::OkStatus();
+  const int64_t new_blocks = n / spec_.page_size - int64_t(chain_.nodes.size());
+  const size_t nodes = new_nodes && sharing() && new_blocks > 0
+                           ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
+                           : 0;
+  const size_t more = want - metadata_.bytes();
+  if (more + nodes <= budget->available() && metadata_.Resize(want)) return absl::OkStatus();
+  CountRefusal();
+  return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
+      op, ": ", n, " token ids (page_size=", spec_.page_size, ", ", spec_.num_layers,
+      " layers) and the cache's tables take ", more, " more bytes of metadata", nodes > 0 ? absl::StrCat(" and up to ", nodes, " for prefix-index nodes") : "",
+      " but ", budget->Describe(), "; declare fewer"));
+}
+
 void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
   tokens_ = std::move(tokens);
   const int64_t page = spec_.page_size;
   const size_t kept = std::min(hashes_.size(), size_t(changed_from / page));
   hashes_.resize(kept);
   keys_.resize(kept);
+  hashes_.reserve(tokens_.size() / size_t(page));
+  keys_.reserve(tokens_.size() / size_t(page));
+  // Covered by ChargeDeclaredLocked when growing; a shrink gives bytes back.
+  (void)metadata_.Resize(std::min(metadata_.bytes(), fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
   for (size_t b = kept; (b + 1) * size_t(page) <= tokens_.size(); ++b) {
     const Hash128 parent = b == 0 ? root_hash_ : hashes_[b - 1];
     hashes_.push_back(PrefixPageHash(parent, tokens_.data() + b * size_t(page), int(page)));
@@ -70,11 +97,12 @@ void KvCache::RegisterLocked(int layer) {
   if (!pages.empty()) ctx_.pool->Register(pages);
 }
 
-void KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
+absl::Status KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
   absl::MutexLock lock(&mu_);
-  if (prompt.empty()) return;
+  if (prompt.empty()) return absl::OkStatus();
+  KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("allocate", int64_t(prompt.size())));
   DeclareLocked(prompt, 0);
-  if (!sharing()) return;
+  if (!sharing()) return absl::OkStatus();
   prefix_requested_ = prompt.size();
   ctx_.counters->prefix_lookups += 1;
   ctx_.counters->prefix_requested_tokens += prompt.size();
@@ -87,7 +115,7 @@ void KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
   q.charge = [quota](int64_t n) { return quota->TryChargePages(n); };
   PrefixHit hit;
   ctx_.pool->AdoptPrefix(q, &chain_, &hit);
-  if (hit.blocks == 0) return;
+  if (hit.blocks == 0) return absl::OkStatus();
   for (int l = 0; l < spec_.num_layers; ++l) {
     const std::vector<int32_t>& ids = hit.pages[size_t(l)];
     layers_[size_t(l)].Adopt(hit.first_block[size_t(l)], ids.data(), int64_t(ids.size()), hit.blocks * page);
@@ -98,6 +126,7 @@ void KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
   prefix_hit_ = uint64_t(cached_tokens_);
   ctx_.counters->prefix_hit_tokens += uint64_t(cached_tokens_);
   PublishLocked(0, 0);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vector<int32_t>& ids) {
@@ -121,10 +150,13 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
           ") cannot change"));
     }
   }
-  std::vector<int32_t> next(tokens_.begin(), tokens_.begin() + first_pos);
-  next.insert(next.end(), ids.begin(), ids.end());
   // Declared ids of written positions stay; those of unwritten ones past the call go.
   const int64_t keep = std::min(known, seq);
+  KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("set_tokens", std::max(first_pos + n, keep)));
+  std::vector<int32_t> next;
+  next.reserve(size_t(std::max(first_pos + n, keep)));
+  next.assign(tokens_.begin(), tokens_.begin() + first_pos);
+  next.insert(next.end(), ids.begin(), ids.end());
   if (int64_t(next.size()) < keep) next.insert(next.end(), tokens_.begin() + int64_t(next.size()), tokens_.begin() + keep);
   int64_t changed = first_pos;
   while (changed < std::min<int64_t>(known, int64_t(next.size())) && next[size_t(changed)] == tokens_[size_t(changed)]) {
@@ -201,6 +233,13 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
     }
   }
   const int64_t total = int64_t(all_shared.size() + copies.size());
+  // The fork's tables name every page it shares: a slot each, besides its copy of the ids.
+  const size_t table_bytes = size_t(total) * sizeof(int32_t);
+  fixed_metadata_ += table_bytes;
+  if (absl::Status s = ChargeDeclaredLocked("fork", int64_t(src.tokens_.size()), /*new_nodes=*/false); !s.ok()) {
+    fixed_metadata_ -= table_bytes;
+    return s;
+  }
   if (!ctx_.quota->TryChargePages(total)) {
     CountRefusal();
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -244,8 +283,14 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   return absl::OkStatus();
 }
 
-absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds) {
+absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, size_t* metadata) {
   absl::MutexLock lock(&mu_);
+  *metadata = metadata_.budget() == nullptr ? 0 : metadata_.bytes();
+  if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
+                                            " metadata bytes but declares ", tokens_.size(), " tokens: ",
+                                            fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
+  }
   if (chain_.root != PrefixIndex::kNoNode) ++(*holds)[chain_.root];
   for (uint64_t node : chain_.nodes) ++(*holds)[node];
   const size_t page = size_t(spec_.page_size);

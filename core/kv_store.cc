@@ -121,7 +121,24 @@ CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shar
   ctx.max_reply_bytes = options.max_reply_bytes;
   ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return TrimOtherPools(p, n); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
+  ctx.metadata = &metadata;
   return ctx;
+}
+
+absl::StatusOr<BudgetCharge> KvStore::Impl::ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
+                                                                 const std::string& cache_id, Quota* quota) {
+  ByteBudget* budget = quota->metadata();
+  // A generated id ("cache-N") is at most this long.
+  constexpr size_t kGeneratedIdBytes = 32;
+  const size_t bytes = KvCache::FixedMetadataBytes(spec, cache_id.empty() ? std::string(kGeneratedIdBytes, ' ') : cache_id);
+  BudgetCharge charge(budget);
+  if (!charge.Resize(bytes)) {
+    counters.refusals += 1;
+    return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
+        op, ": a cache of ", spec.num_layers, " layers takes ", bytes, " bytes of metadata but ",
+        budget->Describe()));
+  }
+  return charge;
 }
 
 void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
@@ -152,8 +169,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_request_tokens", options.max_request_tokens)}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
   }
-  if (options.prefix_event_capacity < 1) {
-    return absl::InvalidArgumentError("prefix_event_capacity must be >= 1");
+  if (options.prefix_event_capacity < 1 || options.prefix_event_bytes < 1) {
+    return absl::InvalidArgumentError("prefix_event_capacity and prefix_event_bytes must be >= 1");
   }
   if (options.TEST_prefix_hash_bits < 0 || options.TEST_prefix_hash_bits > 128) {
     return absl::InvalidArgumentError(absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits,
@@ -196,47 +213,67 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   }
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
+  if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
     return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
         "allocate: ", session.empty() ? "the caches without a session" : "the session",
         " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
+  // The id and the pool are reserved under the map lock; the cache is built, and its
+  // prompt hashed and adopted, outside it, so a long prompt stalls no other caller.
   bool created = false;
-  std::shared_ptr<KvCache> cache;
+  std::shared_ptr<PagePool> pool;
+  std::string id = cache_id;
   {
     absl::MutexLock lock(&im.mu);
     absl::Status refused;
-    std::string id = cache_id;
-    if (int64_t(im.caches.size()) >= im.options.max_caches) {
+    const size_t alive = im.caches.size() + im.pending.size();
+    if (int64_t(alive) >= im.options.max_caches) {
       refused = RefusedError(Refusal::kMaxCaches, absl::StrCat(
-          "allocate: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
+          "allocate: ", alive, " caches are alive; max_caches=", im.options.max_caches));
     } else if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
-      while (im.caches.contains(id));
-    } else if (im.caches.contains(id)) {
+      while (im.caches.contains(id) || im.pending.contains(id));
+    } else if (im.caches.contains(id) || im.pending.contains(id)) {
       refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
-    absl::StatusOr<std::shared_ptr<PagePool>> pool = absl::InternalError("unset");
     if (refused.ok()) {
-      pool = im.PoolFor(*resolved, &created);
-      if (!pool.ok()) refused = pool.status();
+      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, &created);
+      if (p.ok()) pool = *std::move(p);
+      else refused = p.status();
     }
     if (refused.ok() && !session.empty()) refused = im.sessions.AddCache(session, id);
     if (!refused.ok()) {
       quota->RemoveCache();
-      if (created) im.DropPoolIfUnusedLocked(pool->get());
+      if (created) im.DropPoolIfUnusedLocked(pool.get());
       return refused;
     }
-    cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(*pool, quota),
-                                      im.clock->Now());
-    // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
-    // between the lookup and the adoption).
-    cache->StartWithPrompt(options.prompt_tokens);
-    ++im.caches_per_pool[(*pool)->id()];
-    im.caches.emplace(id, cache);
+    im.pending.insert(id);
+    ++im.caches_per_pool[pool->id()];
   }
   if (created) im.RegionsChanged();
+  auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(pool, quota),
+                                         im.clock->Now(), *std::move(metadata));
+  // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
+  // between the lookup and the adoption).
+  absl::Status started = cache->StartWithPrompt(options.prompt_tokens);
+  {
+    absl::MutexLock lock(&im.mu);
+    im.pending.erase(id);
+    // A session reaped meanwhile takes its caches with it, this one included.
+    if (started.ok() && !session.empty() && !im.sessions.Contains(session)) started = im.CheckSession(session);
+    if (started.ok()) {
+      im.caches.emplace(id, cache);
+    } else {
+      --im.caches_per_pool[pool->id()];
+    }
+  }
+  if (!started.ok()) {
+    im.Remove(cache);  // its pages back, its session's record gone, the pool dropped when idle
+    return started;
+  }
   return cache->Info();
 }
 
@@ -318,6 +355,9 @@ ArenaStats KvStore::Stats() const {
   s.sessions_resumed = sessions.resumed;
   s.scratch_bytes = impl_->sessions.scratch_bytes();
   s.scratch_regions = impl_->sessions.scratch_regions();
+  s.metadata_bytes = impl_->metadata.limit();
+  s.metadata_bytes_used = impl_->metadata.used();
+  s.event_log_bytes = impl_->events.bytes();
   std::vector<std::shared_ptr<PagePool>> pools;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
@@ -381,7 +421,7 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
-  s.quota = std::make_shared<Quota>(im.options.max_caches_per_session, im.options.session_max_pages);
+  s.quota = im.NewQuota();
   // The scratch region is charged to the arena; a session the budget cannot cover works
   // without one (its tensors travel inline, ResolveSlice says why).
   const size_t want = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
@@ -468,8 +508,13 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   }
   std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;   // per pool: page -> table slots
   std::map<uint64_t, absl::flat_hash_map<uint64_t, int64_t>> holds;  // per pool: node -> holds
-  std::map<const Quota*, std::pair<int64_t, int64_t>> per_quota;  // pages, caches
+  struct QuotaUse {
+    int64_t pages = 0, caches = 0;
+    size_t metadata = 0;
+  };
+  std::map<Quota*, QuotaUse> per_quota;
   per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
+  size_t metadata = 0;  // what the caches and pools hold of the metadata budget
   for (const auto& c : caches) {
     const std::vector<int32_t> held = c->HeldPages();
     auto st = c->Stats();
@@ -492,10 +537,13 @@ absl::Status KvStore::TEST_CheckInvariants() const {
       }
       ++refs[c->pool()->id()][id];
     }
-    KVARENA_RETURN_IF_ERROR(c->TEST_Audit(&holds[c->pool()->id()]));
-    auto& q = per_quota[c->quota()];
-    q.first += int64_t(held.size());
-    q.second += 1;
+    size_t cache_metadata = 0;
+    KVARENA_RETURN_IF_ERROR(c->TEST_Audit(&holds[c->pool()->id()], &cache_metadata));
+    QuotaUse& q = per_quota[c->quota()];
+    q.pages += int64_t(held.size());
+    q.caches += 1;
+    q.metadata += cache_metadata;
+    metadata += cache_metadata;
   }
   for (const auto& [id, pool] : pools) {
     if (pool->pages_used() != int64_t(refs[id].size())) {
@@ -503,13 +551,20 @@ absl::Status KvStore::TEST_CheckInvariants() const {
                                               " pages used but caches hold ", refs[id].size()));
     }
     KVARENA_RETURN_IF_ERROR(pool->TEST_Audit(refs[id], holds[id]));
+    metadata += pool->TEST_MetadataBytes();
   }
-  for (const auto& [quota, counts] : per_quota) {
-    if (quota->pages() != counts.first || quota->caches() != counts.second) {
-      return absl::InternalError(absl::StrCat("a quota counts ", quota->pages(), " pages and ",
-                                              quota->caches(), " caches but its caches hold ",
-                                              counts.first, " and number ", counts.second));
+  for (const auto& [quota, use] : per_quota) {
+    if (quota->pages() != use.pages || quota->caches() != use.caches ||
+        quota->metadata()->used() != use.metadata) {
+      return absl::InternalError(absl::StrCat("a quota counts ", quota->pages(), " pages, ", quota->caches(),
+                                              " caches and ", quota->metadata()->used(),
+                                              " metadata bytes but its caches hold ", use.pages, ", number ",
+                                              use.caches, " and charged ", use.metadata));
     }
+  }
+  if (impl_->metadata.used() != metadata) {
+    return absl::InternalError(absl::StrCat("metadata_bytes counts ", impl_->metadata.used(),
+                                            " bytes used but caches and pools hold ", metadata));
   }
   return absl::OkStatus();
 }

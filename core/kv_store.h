@@ -66,8 +66,20 @@ struct StoreOptions {
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
 
-  // Prefix-index events kept for WatchEvents (the oldest go first); at least 1.
+  // The daemon's bookkeeping that requests make it hold besides the arena: caches' tables,
+  // declared token ids and their page hashes, prefix-index nodes. A request that would
+  // pass it is refused (RESOURCE_EXHAUSTED naming metadata_bytes); a prefix chain the
+  // index cannot cover is simply not indexed further.
+  size_t metadata_bytes = size_t{256} << 20;
+  // One session's share of it (the caches without a session count as one); 0: no share
+  // beyond metadata_bytes.
+  size_t session_metadata_bytes = 0;
+
+  // Prefix-index events kept for WatchEvents (the oldest go first): at most this many
+  // (at least 1) and at most prefix_event_bytes of them (each event's size with its token
+  // ids and namespace).
   size_t prefix_event_capacity = 65536;
+  size_t prefix_event_bytes = size_t{64} << 20;
   // Called after each prefix-index event is recorded, under the lock of the pool that
   // changed: it may only schedule work (the daemon pokes its WatchEvents streams) and must
   // not call the store.

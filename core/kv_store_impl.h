@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/clock.h"
@@ -36,13 +37,15 @@ struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
       : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
+        metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
         limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
         clock(o.clock ? o.clock : RealClock()),
-        events(o.prefix_event_capacity),
+        events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions),
-        sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {
+        sessionless(NewQuota()) {
     pool_counters.events = &events;
+    pool_counters.metadata = &metadata;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
   }
 
@@ -69,6 +72,16 @@ struct KvStore::Impl {
   absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                              std::vector<int32_t>* committed);
   CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
+  // A session's quota (the sessionless caches share one), its metadata inside `metadata`.
+  std::shared_ptr<Quota> NewQuota() {
+    return std::make_shared<Quota>(options.max_caches_per_session, options.session_max_pages,
+                                   options.session_metadata_bytes, &metadata);
+  }
+  // The metadata charge of a new cache of `quota`'s session (KvCache::FixedMetadataBytes;
+  // a generated id counted at its longest); RESOURCE_EXHAUSTED naming the budget
+  // (metadata_bytes or session_metadata_bytes) when it does not fit.
+  absl::StatusOr<BudgetCharge> ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
+                                                   const std::string& cache_id, Quota* quota);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
@@ -81,6 +94,7 @@ struct KvStore::Impl {
   const std::unique_ptr<Backend> scratch_backend;  // host memory, whatever the pools use
   std::atomic<uint64_t> next_scratch{0};
   ArenaBudget budget;
+  ByteBudget metadata;  // --metadata_bytes
   const std::shared_ptr<KvKernels> kernels;
   const RequestLimits limits;
   Clock* const clock;
@@ -95,6 +109,9 @@ struct KvStore::Impl {
   std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
   uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
+  // Ids of caches an Allocate is building outside the lock (counted in caches_per_pool
+  // and against max_caches; nobody else can take the id or see the cache yet).
+  absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, int64_t> caches_per_pool ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
 

@@ -7,6 +7,7 @@
 #include "core/checked.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 
@@ -58,12 +59,14 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   }
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("fork", (*src)->spec(), new_cache_id, quota.get());
+  if (!metadata.ok()) return metadata.status();
   auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
-    if (int64_t(im.caches.size()) >= im.options.max_caches) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "fork: ", im.caches.size(), " caches are alive; max_caches=", im.options.max_caches));
+    if (int64_t(im.caches.size() + im.pending.size()) >= im.options.max_caches) {
+      return RefusedError(Refusal::kMaxCaches, absl::StrCat(
+          "fork: ", im.caches.size() + im.pending.size(), " caches are alive; max_caches=", im.options.max_caches));
     }
-    if (!new_cache_id.empty() && im.caches.contains(new_cache_id)) {
+    if (!new_cache_id.empty() && (im.caches.contains(new_cache_id) || im.pending.contains(new_cache_id))) {
       return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
     }
     auto p = im.pools_by_id.find((*src)->pool()->id());
@@ -80,7 +83,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     pool = im.pools_by_id.at((*src)->pool()->id());
     if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
-      while (im.caches.contains(id));
+      while (im.caches.contains(id) || im.pending.contains(id));
     }
   }
   if (!quota->TryAddCache()) {
@@ -90,12 +93,13 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   }
   // Built outside the map lock (it waits for src's lock); the cache counts in the quota
   // from here and gives everything back when dropped.
-  auto cache = std::make_shared<KvCache>(id, (*src)->spec(), session, im.ContextFor(pool, quota), im.clock->Now());
+  auto cache = std::make_shared<KvCache>(id, (*src)->spec(), session, im.ContextFor(pool, quota), im.clock->Now(),
+                                         *std::move(metadata));
   KVARENA_RETURN_IF_ERROR(cache->ForkFrom(**src));
   {
     absl::MutexLock lock(&im.mu);
     KVARENA_RETURN_IF_ERROR(refusal());
-    if (im.caches.contains(id)) {
+    if (im.caches.contains(id) || im.pending.contains(id)) {
       return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(id), " already exists"));
     }
     if (!session.empty()) KVARENA_RETURN_IF_ERROR(im.sessions.AddCache(session, id));

@@ -19,14 +19,6 @@ absl::Status BackendRefusal(const absl::Status& s) {
 
 }  // namespace
 
-bool ArenaBudget::TryCharge(size_t bytes) {
-  size_t used = used_.load(std::memory_order_relaxed);
-  do {
-    if (bytes > limit_ - used) return false;
-  } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
-  return true;
-}
-
 size_t ChunkBytesFor(size_t page_bytes) {
   const size_t lcm = std::lcm(page_bytes, kChunkGranularity);
   if (lcm <= 16 * kChunkGranularity) return lcm;
@@ -67,7 +59,8 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       empty_chunks_kept_(empty_chunks_kept),
       region_(std::move(region)),
       budget_(budget),
-      counters_(counters) {
+      counters_(counters),
+      index_(counters != nullptr ? counters->metadata : nullptr) {
   const int32_t num_chunks = int32_t(std::min<size_t>(
       region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
@@ -88,6 +81,7 @@ PagePool::~PagePool() {
     if (chunks_[c].committed) (void)region_->Decommit(c * chunk_bytes_, chunk_bytes_);
   }
   budget_->Refund(size_t(chunks_committed_) * chunk_bytes_);
+  if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(size_t(chunks_committed_) * ChunkMetadataBytes());
 }
 
 int64_t PagePool::FreeCommittedLocked() const {
@@ -115,6 +109,12 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
         "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
         budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
   }
+  if (ByteBudget* m = Metadata(); m != nullptr && !m->TryCharge(size_t(count) * ChunkMetadataBytes())) {
+    budget_->Refund(size_t(count) * chunk_bytes_);
+    return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
+        "metadata full: ", count, " more chunk(s) of ", pages_per_chunk_, " pages need ",
+        size_t(count) * ChunkMetadataBytes(), " bytes of page bookkeeping but ", m->Describe()));
+  }
   std::vector<int32_t> committed;
   for (int64_t i = 0; i < count; ++i) {
     const int32_t c = uncommitted_.back();
@@ -122,6 +122,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
       // All or nothing: the chunks this call committed go back (each refunds its budget),
       // newest first so the uncommitted list keeps its order, and the rest is refunded.
       budget_->Refund(size_t(count - i) * chunk_bytes_);
+      if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(size_t(count - i) * ChunkMetadataBytes());
       for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
       return BackendRefusal(s);
     }
@@ -160,6 +161,7 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   --chunks_committed_;
   --empty_committed_;
   budget_->Refund(chunk_bytes_);
+  if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(ChunkMetadataBytes());
 }
 
 void PagePool::TakeFreeLocked(int64_t n, std::vector<int32_t>* out) {

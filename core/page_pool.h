@@ -36,6 +36,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "arena/region.h"
+#include "core/byte_budget.h"
 #include "core/prefix_events.h"
 #include "core/prefix_index.h"
 #include "core/types.h"
@@ -43,23 +44,8 @@
 
 namespace kvarena {
 
-class ArenaBudget {
- public:
-  explicit ArenaBudget(size_t limit) : limit_(limit) {}
-  ArenaBudget(const ArenaBudget&) = delete;
-  ArenaBudget& operator=(const ArenaBudget&) = delete;
-
-  // Charges `bytes` if they fit under the limit; false (nothing charged) otherwise.
-  bool TryCharge(size_t bytes);
-  void Refund(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
-  size_t used() const { return used_.load(std::memory_order_relaxed); }
-  size_t limit() const { return limit_; }
-  size_t available() const { return limit_ - used(); }
-
- private:
-  const size_t limit_;
-  std::atomic<size_t> used_{0};
-};
+// The arena budget is a ByteBudget of --arena_bytes.
+using ArenaBudget = ByteBudget;
 
 // Bytes per chunk for pages of `page_bytes`: a whole number of pages, at least
 // kChunkGranularity, and a multiple of it when that costs no more than 16 granules.
@@ -69,6 +55,7 @@ size_t ChunkBytesFor(size_t page_bytes);
 struct PoolCounters {
   std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
   PrefixEventLog* events = nullptr;          // where pools record index changes, if anywhere
+  ByteBudget* metadata = nullptr;  // charged with index nodes and committed chunks' page bookkeeping
 };
 
 // A prefix to look up and adopt (AdoptPrefix), for a cache of num_layers layers.
@@ -88,7 +75,8 @@ struct PrefixQuery {
 };
 
 // A cache's holds on the index: the root and one node per full page of declared tokens.
-// Guarded by the pool's lock (as PagePool's methods take it) and its cache's lock.
+// Guarded by its cache's lock; PagePool's methods change the index through it under the pool's
+// lock (a long chain in batches, releasing the lock between them).
 struct PrefixChain {
   uint64_t root = PrefixIndex::kNoNode;
   std::vector<uint64_t> nodes;  // nodes[b]: the node of block b
@@ -160,7 +148,8 @@ class PagePool {
   // --- prefix reuse (core/prefix_index.h); all under the pool's lock ---
   // Extends *chain over blocks [chain->nodes.size(), num_blocks) of hashes/tokens,
   // holding each node (creating those that are new), first the root when chain has none.
-  // Stops for good (chain->blocked) at a block whose hash names another prefix.
+  // Stops for good (chain->blocked) at a block whose hash names another prefix, or where
+  // the metadata budget cannot cover a new node.
   void ExtendChain(const PrefixQuery& q, PrefixChain* chain);
   // ExtendChain, then finds the longest run of leading blocks b < q.max_adopt whose pages
   // every layer needs are cached (a global layer: blocks [0, b); a sliding layer of window
@@ -191,6 +180,9 @@ class PagePool {
   PoolStats Stats() const;
   int64_t pages_used() const;  // referenced by caches (cached pages not included)
 
+  // What the pool holds of the metadata budget: its index's nodes and its committed
+  // chunks' page bookkeeping (0 without a budget).
+  size_t TEST_MetadataBytes() const;
   // Whether page `id` is referenced by some cache.
   bool TEST_IsAllocated(int32_t id) const;
   // References to page id (0 when free or cached).
@@ -215,6 +207,11 @@ class PagePool {
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
            ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept, PoolCounters* counters);
 
+  // Page bookkeeping charged to the metadata budget with each committed chunk: per page
+  // its free-list entry, reference count and taken bit, and one cache's table slot.
+  static constexpr size_t kPageMetadataBytes = 16;
+  size_t ChunkMetadataBytes() const { return size_t(pages_per_chunk_) * kPageMetadataBytes; }
+  ByteBudget* Metadata() const { return counters_ != nullptr ? counters_->metadata : nullptr; }
   int64_t FreeCommittedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommitChunksLocked(int64_t count, std::vector<int32_t>* committed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

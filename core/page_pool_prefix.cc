@@ -7,14 +7,32 @@
 
 namespace kvarena {
 
+namespace {
+// Index nodes a chain gains or drops per hold of the pool's lock, so a long prompt keeps
+// other callers of the pool waiting for a bounded time at once.
+constexpr size_t kChainBatch = 4096;
+}  // namespace
+
 void PagePool::ExtendChain(const PrefixQuery& q, PrefixChain* chain) {
-  absl::MutexLock lock(&mu_);
-  ExtendChainLocked(q, chain);
+  chain->nodes.reserve(size_t(q.num_blocks));
+  PrefixQuery part = q;
+  while (!chain->blocked && int64_t(chain->nodes.size()) < q.num_blocks) {
+    part.num_blocks = std::min<int64_t>(q.num_blocks, int64_t(chain->nodes.size() + kChainBatch));
+    absl::MutexLock lock(&mu_);
+    ExtendChainLocked(part, chain);
+  }
 }
 
 void PagePool::ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) {
   if (chain->blocked || q.num_blocks <= int64_t(chain->nodes.size())) return;
-  if (chain->root == PrefixIndex::kNoNode) chain->root = index_.HoldRoot(q.root_key, q.prefix_namespace, q.root_hash, q.num_layers);
+  if (chain->root == PrefixIndex::kNoNode) {
+    chain->root = index_.HoldRoot(q.root_key, q.prefix_namespace, q.root_hash, q.num_layers);
+    if (chain->root == PrefixIndex::kNoNode) {
+      chain->blocked = true;  // the metadata budget is spent: nothing of it is indexed
+      return;
+    }
+  }
+  chain->nodes.reserve(size_t(q.num_blocks));  // no allocation between a hold and its record
   for (int64_t b = int64_t(chain->nodes.size()); b < q.num_blocks; ++b) {
     const uint64_t parent = b == 0 ? chain->root : chain->nodes[size_t(b - 1)];
     const uint64_t node = index_.HoldChild(parent, q.hashes[b], q.tokens + b * q.page_size, q.page_size);
@@ -101,9 +119,17 @@ int64_t PagePool::Register(absl::Span<const PageToRegister> pages) {
 }
 
 void PagePool::TruncateChain(PrefixChain* chain, size_t from) {
-  absl::MutexLock lock(&mu_);
   if (from <= chain->nodes.size()) chain->blocked = false;
-  while (chain->nodes.size() > from) {  // deepest first: a node goes only without children
+  // Deepest first (a node goes only without children), a batch per hold of the lock.
+  while (chain->nodes.size() > from + kChainBatch) {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < kChainBatch; ++i) {
+      index_.Unhold(chain->nodes.back());
+      chain->nodes.pop_back();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  while (chain->nodes.size() > from) {
     index_.Unhold(chain->nodes.back());
     chain->nodes.pop_back();
   }
@@ -117,6 +143,12 @@ void PagePool::HoldChain(const PrefixChain& chain) {
   absl::MutexLock lock(&mu_);
   if (chain.root != PrefixIndex::kNoNode) index_.Hold(chain.root);
   for (uint64_t node : chain.nodes) index_.Hold(node);
+}
+
+size_t PagePool::TEST_MetadataBytes() const {
+  if (Metadata() == nullptr) return 0;
+  absl::MutexLock lock(&mu_);
+  return index_.TEST_NodeBytes() + size_t(chunks_committed_) * ChunkMetadataBytes();
 }
 
 absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& refs,

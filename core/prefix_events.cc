@@ -5,12 +5,20 @@
 
 namespace kvarena {
 
+size_t PrefixEventLog::Bytes(const PrefixEvent& e) {
+  return sizeof(PrefixEvent) + e.token_ids.size() * sizeof(int32_t) + e.prefix_namespace.size();
+}
+
 void PrefixEventLog::Append(PrefixEvent e) {
   {
     absl::MutexLock lock(&mu_);
     e.seq = next_seq_++;
+    bytes_ += Bytes(e);
     events_.push_back(std::move(e));
-    while (events_.size() > capacity_) events_.pop_front();
+    while (events_.size() > 1 && (events_.size() > capacity_ || bytes_ > max_bytes_)) {
+      bytes_ -= Bytes(events_.front());
+      events_.pop_front();
+    }
   }
   if (listener_) listener_();
 }
@@ -23,6 +31,11 @@ std::vector<PrefixEvent> PrefixEventLog::ReadFrom(uint64_t from_seq, size_t max,
   std::vector<PrefixEvent> out;
   for (uint64_t s = first; s < next_seq_ && out.size() < max; ++s) out.push_back(events_[size_t(s - oldest)]);
   return out;
+}
+
+size_t PrefixEventLog::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
 }
 
 uint64_t PrefixEventLog::next_seq() const {

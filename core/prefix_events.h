@@ -12,6 +12,7 @@
 #ifndef KVARENA_CORE_PREFIX_EVENTS_H_
 #define KVARENA_CORE_PREFIX_EVENTS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -38,12 +39,17 @@ struct PrefixEvent {
 
 class PrefixEventLog {
  public:
-  explicit PrefixEventLog(size_t capacity) : capacity_(capacity) {}
+  // capacity >= 1 events, max_bytes >= 1: the newest event is always kept.
+  explicit PrefixEventLog(size_t capacity, size_t max_bytes = SIZE_MAX)
+      : capacity_(capacity), max_bytes_(max_bytes) {}
   PrefixEventLog(const PrefixEventLog&) = delete;
   PrefixEventLog& operator=(const PrefixEventLog&) = delete;
 
-  // Appends e (its seq is assigned), dropping the oldest beyond capacity.
+  // What an event costs the log: the struct, its token ids and its namespace.
+  static size_t Bytes(const PrefixEvent& e);
+  // Appends e (its seq is assigned), dropping the oldest beyond capacity or max_bytes.
   void Append(PrefixEvent e) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Up to max events with seq >= from_seq (0: from the oldest kept), oldest first.
   // *lost: events in [from_seq, first returned) are no longer kept.
   std::vector<PrefixEvent> ReadFrom(uint64_t from_seq, size_t max, bool* lost) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -54,10 +60,12 @@ class PrefixEventLog {
 
  private:
   const size_t capacity_;
+  const size_t max_bytes_;
   std::function<void()> listener_;
   mutable absl::Mutex mu_;
   std::deque<PrefixEvent> events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvarena

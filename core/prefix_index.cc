@@ -7,6 +7,25 @@
 
 namespace kvarena {
 
+PrefixIndex::~PrefixIndex() {
+  if (metadata_ == nullptr) return;
+  for (const auto& [serial, n] : nodes_) metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
+}
+
+size_t PrefixIndex::NodeBytes(int num_layers, int page_size) {
+  // A flat_hash_map slot is the entry plus a control byte; at its lowest load (7/16 after
+  // a growth) a map holds about 2.3 slots per entry. Vectors hold what they were assigned.
+  constexpr size_t kSlotsPerEntry = 3;
+  const size_t node_slot = sizeof(uint64_t) + sizeof(Node) + 1;
+  const size_t hash_slot = sizeof(Hash128) + sizeof(uint64_t) + 1;
+  return kSlotsPerEntry * (node_slot + hash_slot) + size_t(page_size) * sizeof(int32_t) +
+         size_t(num_layers) * sizeof(int32_t);
+}
+
+bool PrefixIndex::ChargeNode(int num_layers, int page_size) {
+  return metadata_ == nullptr || metadata_->TryCharge(NodeBytes(num_layers, page_size));
+}
+
 uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
                                int num_layers) {
   auto it = roots_.find(key);
@@ -14,6 +33,7 @@ uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix
     ++At(it->second).holds;
     return it->second;
   }
+  if (!ChargeNode(num_layers, 0)) return kNoNode;
   const uint64_t serial = next_serial_++;
   Node& n = nodes_[serial];
   n.hash = hash;
@@ -37,6 +57,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
     ++node.holds;
     return it->second;
   }
+  if (!ChargeNode(int(At(parent).pages.size()), n)) return kNoNode;
   const uint64_t serial = next_serial_++;
   Node& p = At(parent);
   ++p.children;
@@ -70,6 +91,7 @@ void PrefixIndex::DeleteIfUnused(uint64_t node) {
       by_hash_.erase(n.hash);
       --At(parent).children;
     }
+    if (metadata_ != nullptr) metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
     nodes_.erase(it);
     node = parent;
   }
@@ -139,6 +161,12 @@ void PrefixIndex::ReclaimPage(int32_t page) {
   --n.num_pages;
   pages_.erase(it);
   DeleteIfUnused(node);
+}
+
+size_t PrefixIndex::TEST_NodeBytes() const {
+  size_t bytes = 0;
+  for (const auto& [serial, n] : nodes_) bytes += NodeBytes(int(n.pages.size()), int(n.tokens.size()));
+  return bytes;
 }
 
 absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const {

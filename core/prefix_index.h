@@ -18,6 +18,10 @@
 // (least recently parked first: callers park a chain's tail before its head, so heads
 // outlive tails). Reclaiming unregisters the page.
 //
+// Memory: each node is charged to the metadata budget given at construction (NodeBytes)
+// while it lives; a node the budget cannot cover is not created (HoldRoot / HoldChild
+// return kNoNode, as for a collision), so the index never holds more than the budget.
+//
 // Not thread-safe: the owning PagePool's lock guards it.
 #ifndef KVARENA_CORE_PREFIX_INDEX_H_
 #define KVARENA_CORE_PREFIX_INDEX_H_
@@ -30,6 +34,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "core/byte_budget.h"
 #include "core/prefix_hash.h"
 
 namespace kvarena {
@@ -38,11 +43,23 @@ class PrefixIndex {
  public:
   static constexpr uint64_t kNoNode = 0;
 
-  // Holds the root of `key` (an exact encoding of namespace and geometry), created when new.
+  // metadata (may be null: no bound) must outlive the index.
+  explicit PrefixIndex(ByteBudget* metadata = nullptr) : metadata_(metadata) {}
+  ~PrefixIndex();
+  PrefixIndex(const PrefixIndex&) = delete;
+  PrefixIndex& operator=(const PrefixIndex&) = delete;
+
+  // The metadata bytes one node of a chain costs: the node, its token ids, its per-layer
+  // page slots and its entries in the index's maps.
+  static size_t NodeBytes(int num_layers, int page_size);
+
+  // Holds the root of `key` (an exact encoding of namespace and geometry), created when
+  // new. kNoNode, holding nothing, when the metadata budget cannot cover a new root.
   uint64_t HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
                     int num_layers);
   // Holds the child of `parent` (a held node) for page hash h and tokens[0..n), created
-  // when new. kNoNode, holding nothing, when h names another node (a collision).
+  // when new. kNoNode, holding nothing, when h names another node (a collision) or the
+  // metadata budget cannot cover a new node.
   uint64_t HoldChild(uint64_t parent, const Hash128& h, const int32_t* tokens, int n);
   void Hold(uint64_t node);
   // Drops one hold; may delete the node and then its unused ancestors.
@@ -79,6 +96,8 @@ class PrefixIndex {
   std::vector<int32_t> ParkedOldestFirst() const { return std::vector<int32_t>(lru_.rbegin(), lru_.rend()); }
 
   int64_t nodes() const { return int64_t(nodes_.size()); }
+  // What the nodes are charged: NodeBytes of each.
+  size_t TEST_NodeBytes() const;
   int64_t registered() const { return int64_t(pages_.size()); }
   // INTERNAL naming the first inconsistency: holds and children counts against `holds`
   // (node -> holds the caches declare), every page's node naming it back, the LRU holding
@@ -106,9 +125,12 @@ class PrefixIndex {
   };
 
   Node& At(uint64_t node) { return nodes_.at(node); }
+  // Charges the metadata budget for a new node; false when it does not fit.
+  bool ChargeNode(int num_layers, int page_size);
   // Deletes node and then each ancestor that nothing keeps any more.
   void DeleteIfUnused(uint64_t node);
 
+  ByteBudget* const metadata_;
   uint64_t next_serial_ = 1;
   absl::flat_hash_map<uint64_t, Node> nodes_;
   absl::flat_hash_map<std::string, uint64_t> roots_;

@@ -24,6 +24,7 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxPools: return "max_pools";
     case Refusal::kMaxSessions: return "max_sessions";
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
+    case Refusal::kMetadataBytes: return "metadata_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
   }
   return "other";

@@ -23,6 +23,7 @@ enum class Refusal {
   kMaxPools,             // --max_pools
   kMaxSessions,          // --max_sessions
   kMaxMessageBytes,      // --max_message_bytes: a GetKv reply too large
+  kMetadataBytes,        // --metadata_bytes: caches' tables, declared token ids
   kMaxAttachPerPeer,     // --max_attach_per_peer (the daemon's Attach streams)
 };
 inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxAttachPerPeer) + 1;

@@ -62,6 +62,16 @@ ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} <
 ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{uint64_t{16} << 20},
           "Scratch region per attached session (zero-copy tensors), charged to "
           "--arena_bytes while the session lives; 0 = none (tensors travel inline).");
+ABSL_FLAG(kvarena::ByteSize, metadata_bytes, kvarena::ByteSize{uint64_t{256} << 20},
+          "Bookkeeping requests may make kvarenad hold besides the arena: caches' per-layer "
+          "tables, declared token ids (prompt_tokens, SetTokens, Fork) and prefix-index nodes. "
+          "A request beyond it is refused (RESOURCE_EXHAUSTED naming metadata_bytes).");
+ABSL_FLAG(kvarena::ByteSize, session_metadata_bytes, kvarena::ByteSize{0},
+          "One session's share of --metadata_bytes (the caches allocated without a session "
+          "count as one session); 0 = no share beyond --metadata_bytes.");
+ABSL_FLAG(kvarena::ByteSize, event_log_bytes, kvarena::ByteSize{uint64_t{64} << 20},
+          "Most bytes of prefix-index events kept for WatchEvents replay (the oldest go "
+          "first; a watcher asking for them learns events_lost).");
 ABSL_FLAG(int, max_pools, 64,
           "Most pools (distinct geometries) alive at once; an empty pool is destroyed.");
 ABSL_FLAG(int64_t, max_sessions, 1024, "Most sessions, attached or in their grace period.");
@@ -123,6 +133,9 @@ DaemonOptions OptionsFromFlags() {
   o.tcp.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
+  o.metadata_bytes = absl::GetFlag(FLAGS_metadata_bytes).bytes;
+  o.event_log_bytes = absl::GetFlag(FLAGS_event_log_bytes).bytes;
+  o.session_metadata_bytes = absl::GetFlag(FLAGS_session_metadata_bytes).bytes;
   o.max_pools = absl::GetFlag(FLAGS_max_pools);
   o.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.max_caches = absl::GetFlag(FLAGS_max_caches);

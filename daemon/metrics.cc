@@ -60,6 +60,14 @@ void AddArenaFamilies(const ArenaStats& s, std::vector<MetricFamily>* out) {
                         double(s.bytes_committed)));
   out->push_back(Scalar("kvarena_scratch_bytes", "Bytes of live sessions' scratch regions.",
                         double(s.scratch_bytes)));
+  out->push_back(Scalar("kvarena_metadata_bytes", "The bookkeeping budget (--metadata_bytes).",
+                        double(s.metadata_bytes)));
+  out->push_back(Scalar("kvarena_metadata_bytes_used",
+                        "Bookkeeping charged: caches' tables, declared token ids, prefix-index nodes.",
+                        double(s.metadata_bytes_used)));
+  out->push_back(Scalar("kvarena_event_log_bytes",
+                        "Bytes of prefix-index events kept for WatchEvents (--event_log_bytes).",
+                        double(s.event_log_bytes)));
   out->push_back(Scalar("kvarena_bytes_used", "Bytes of pages held by caches.",
                         double(s.bytes_used)));
   out->push_back(Scalar("kvarena_pages_total", "Pages over every pool (used + free).",

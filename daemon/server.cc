@@ -107,6 +107,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.num_threads = options.num_threads;
   store_options.kernels = std::move(backend->kernels);
   store_options.scratch_bytes = options.scratch_bytes;
+  store_options.metadata_bytes = options.metadata_bytes;
+  store_options.prefix_event_bytes = options.event_log_bytes;
+  store_options.session_metadata_bytes = options.session_metadata_bytes;
   store_options.max_pools = options.max_pools;
   store_options.max_sessions = options.max_sessions;
   store_options.max_caches = options.max_caches;

@@ -57,6 +57,9 @@ struct DaemonOptions {
   // Bounds: each refused request gets a specific code and a message naming the flag.
   uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies
   uint64_t scratch_bytes = uint64_t{16} << 20;      // per session, charged to arena_bytes
+  uint64_t metadata_bytes = uint64_t{256} << 20;    // tables, token ids, index nodes
+  uint64_t event_log_bytes = uint64_t{64} << 20;    // WatchEvents replay buffer
+  uint64_t session_metadata_bytes = 0;              // one session's share; 0: none
   int max_pools = 64;
   int64_t max_sessions = 1024;
   int64_t max_caches = 16384;

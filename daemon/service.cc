@@ -1,6 +1,7 @@
 #include "daemon/service.h"
 
 #include <chrono>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,14 @@ std::string SessionOf(const grpc::ServerContext* ctx) {
 template <typename Body>
 grpc::Status KvCacheServiceImpl::Serve(Rpc rpc, Body body) {
   const auto start = std::chrono::steady_clock::now();
-  const absl::Status status = body();
+  absl::Status status;
+  // The budgets bound what a request may make the daemon hold; should the machine still
+  // run out of memory, the call is refused rather than the daemon aborted.
+  try {
+    status = body();
+  } catch (const std::bad_alloc&) {
+    status = absl::ResourceExhaustedError("kvarenad is out of memory; retry later or ask for less");
+  }
   rpcs_->RecordCall(rpc, status, absl::FromChrono(std::chrono::steady_clock::now() - start));
   return ToGrpcStatus(status);
 }

@@ -304,6 +304,9 @@ ArenaStats FromProto(const v1::StatsResponse& p) {
   s.num_sessions = static_cast<int64_t>(p.num_sessions());
   s.scratch_bytes = p.scratch_bytes();
   s.scratch_regions = static_cast<int64_t>(p.scratch_regions());
+  s.metadata_bytes = p.metadata_bytes();
+  s.metadata_bytes_used = p.metadata_bytes_used();
+  s.event_log_bytes = p.event_log_bytes();
   return s;
 }
 
@@ -319,6 +322,9 @@ void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
   p->set_num_sessions(static_cast<uint64_t>(s.num_sessions));
   p->set_scratch_bytes(s.scratch_bytes);
   p->set_scratch_regions(static_cast<uint64_t>(s.scratch_regions));
+  p->set_metadata_bytes(s.metadata_bytes);
+  p->set_metadata_bytes_used(s.metadata_bytes_used);
+  p->set_event_log_bytes(s.event_log_bytes);
 }
 
 }  // namespace kvarena

@@ -54,6 +54,9 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
                                   HumanBytes(s.bytes_committed), " (scratch ",
                                   HumanBytes(s.scratch_bytes), ")  budget ",
                                   HumanBytes(s.arena_bytes))});
+  t.AddRow({"metadata", absl::StrCat("used ", HumanBytes(s.metadata_bytes_used), "  budget ",
+                                     HumanBytes(s.metadata_bytes), "  event log ",
+                                     HumanBytes(s.event_log_bytes))});
   t.AddRow({"caches", absl::StrCat(s.num_caches, "  sessions ", s.num_sessions, "  tokens ",
                                    p.seq_len, "  layers ", p.layers_materialized, "/",
                                    p.layers_total, " materialized, ", p.layers_sliding,

@@ -190,6 +190,9 @@ struct ArenaStats {
   int64_t num_sessions = 0;
   uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
   int64_t scratch_regions = 0;
+  uint64_t metadata_bytes = 0;       // --metadata_bytes: caches' tables, token ids, index nodes
+  uint64_t metadata_bytes_used = 0;
+  uint64_t event_log_bytes = 0;      // prefix-index events kept for WatchEvents
   // Sessions: of num_sessions, those detached and in their grace period; since creation,
   // those opened, detached, resumed (a new stream with the resume token) and reaped
   // (grace over: the session gone, its caches released).
