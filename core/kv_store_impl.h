@@ -37,13 +37,19 @@ struct KvStore::Impl {
       : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
-        limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
+        limits(LimitsOf(kernels->limits(), o)),
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity),
         sessions(o.max_sessions),
         sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {
     pool_counters.events = &events;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
+  }
+
+  static RequestLimits LimitsOf(const KernelLimits& k, const StoreOptions& o) {
+    RequestLimits l = LimitsFor(k, o.max_request_tokens);
+    l.max_attend_work = o.max_attend_work;
+    return l;
   }
 
   // The live cache named id, if `session` may touch it; marks it used.

@@ -25,6 +25,7 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxSessions: return "max_sessions";
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
+    case Refusal::kMaxAttendWork: return "max_attend_work";
   }
   return "other";
 }
