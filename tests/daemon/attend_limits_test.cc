@@ -3,7 +3,8 @@
 // DEADLINE_EXCEEDED (or CANCELLED when the caller cancels) with the cache unchanged, the
 // daemon answering other channels meanwhile and after; a call above --max_attend_work is
 // refused up front with the numbers. Nothing asserts on elapsed time: the test prints how
-// long the cache stayed locked after the deadline (the kernel's reaction time).
+// long the cache stayed locked after the deadline (the kernel's reaction time). Snapshots
+// are compared with ==: a diff of their MiBs of K/V would help no one.
 #include <atomic>
 #include <iostream>
 #include <thread>
@@ -21,6 +22,7 @@ constexpr int kHeadDim = 16;
 
 class AttendLimitsTest : public KvarenadTest {
  protected:
+  void SetUp() override {}  // each test starts the daemon with its flags
   // A float16 cache of one layer, one kv head of head_dim d, and the request that prefills
   // n tokens into it from position 0 with q_heads query heads.
   v1::AttendRequest Prefill(int n, int q_heads, int d) {
@@ -46,7 +48,6 @@ class AttendLimitsTest : public KvarenadTest {
     std::thread call([&] {
       v1::AttendResponse resp;
       status = stub_->Attend(&ctx, req, &resp);
-      EXPECT_EQ(resp.out().ByteSizeLong(), 0u) << "a stopped call returns no output";
       done = true;
     });
     auto other = v1::KvCacheService::NewStub(daemon_->NewChannel());
@@ -85,7 +86,7 @@ class AttendLimitsTest : public KvarenadTest {
   std::string id_;
 };
 
-// 131,072 queries x 131,072 keys x 1 head, causal: minutes of one core's time.
+// 131,072 queries x 131,072 keys x 1 head of 16, causal: tens of CPU-seconds.
 TEST_F(AttendLimitsTest, APrefillPastItsDeadlineStopsAndChangesNothing) {
   StartDaemon({"--arena_bytes=256Mi", "--max_attend_work=" + std::to_string(int64_t{1} << 40)});
   const v1::AttendRequest req = Prefill(kQueries, 1, kHeadDim);
@@ -94,7 +95,7 @@ TEST_F(AttendLimitsTest, APrefillPastItsDeadlineStopsAndChangesNothing) {
   const v1::StatsResponse stats = CacheStatsAfter("deadline");
   EXPECT_EQ(stats.pages().seq_len(), 0u);
   EXPECT_EQ(stats.pages().pages_used(), 0u);
-  EXPECT_EQ(Snapshot(id_), before);
+  EXPECT_TRUE(Snapshot(id_) == before) << "the cache changed";
   EXPECT_EQ(Stats().pages().pages_used(), 0u);  // the arena too
   v1::PingResponse pong;
   EXPECT_TRUE(stub_->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
@@ -107,7 +108,7 @@ TEST_F(AttendLimitsTest, APrefillItsCallerCancelsStopsAndChangesNothing) {
   EXPECT_THAT(AttendWhilePinging(req, absl::Seconds(60), absl::Milliseconds(500)),
               StatusIs(StatusCode::CANCELLED));
   EXPECT_EQ(CacheStatsAfter("cancel").pages().seq_len(), 0u);
-  EXPECT_EQ(Snapshot(id_), before);
+  EXPECT_TRUE(Snapshot(id_) == before) << "the cache changed";
 }
 
 // The default --max_attend_work (2^37) refuses 65,536 queries x 65,536 keys x 64 q heads
@@ -121,7 +122,7 @@ TEST_F(AttendLimitsTest, WorkAboveTheDefaultBoundIsRefusedUpFront) {
               StatusIs(StatusCode::RESOURCE_EXHAUSTED,
                        "attend: 65536 queries x 65536 keys x 64 q heads = 274877906944 exceeds "
                        "max_attend_work=137438953472; split the call"));
-  EXPECT_EQ(Snapshot(id_), before);
+  EXPECT_TRUE(Snapshot(id_) == before) << "the cache changed";
   EXPECT_EQ(Stats(id_).pages().refusals(), 1u);
 }
 
