@@ -111,7 +111,8 @@ class KvCache {
 
   absl::StatusOr<AppendResult> Append(int layer, int64_t pos, const TensorArg& k,
                                       const TensorArg& v);
-  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes);
+  absl::StatusOr<AttendResult> Attend(const AttendArgs& args, void* out, size_t out_bytes,
+                                      const StopToken* stop = nullptr);
   absl::StatusOr<PopnResult> Popn(uint64_t n);
   absl::StatusOr<CacheInfo> Reset(bool keep_pages);
   void Release();

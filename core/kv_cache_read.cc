@@ -10,11 +10,15 @@
 #include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
+#include "kernels/stop_token.h"
 
 namespace kvarena {
 
-absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes) {
+absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes,
+                                             const StopToken* stop) {
   absl::MutexLock lock(&mu_);
+  // A call that waited for the lock past its deadline, or whose caller left, starts nothing.
+  if (stop != nullptr && stop->Poll()) return stop->status("attend: ");
   const int layer = args.layer;
   KVARENA_RETURN_IF_ERROR(CheckLayerLocked("attend", layer));
   const TensorArg& q = args.q;
@@ -31,15 +35,7 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
   Taken added;
-  if (has_k) {
-    if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
-    }
-    absl::StatusOr<Taken> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
-    if (!appended.ok()) return appended.status();
-    added = *std::move(appended);
-  } else {
+  if (!has_k) {
     // Written so it cannot wrap: pos + n <= len.
     if (args.pos < 0 || args.pos > t.len() - *n) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -54,16 +50,37 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
           " (window ", spec_.layer_windows[size_t(layer)], ")"));
     }
   }
+  // The last query sees keys up to pos + n (no overflow: checked above, or pos is the
+  // layer's length; any other pos with k/v is AppendLocked's INVALID_ARGUMENT).
+  if (!has_k || args.pos == t.len()) {
+    if (absl::Status s = CheckAttendWork("attend", *n, args.pos + *n, window, q_heads, limits());
+        !s.ok()) {
+      CountRefusal();
+      return s;
+    }
+  }
+  if (has_k) {
+    if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
+    }
+    absl::StatusOr<Taken> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
+    if (!appended.ok()) return appended.status();
+    added = *std::move(appended);
+  }
   AttentionParams p;
   p.num_q_heads = int(q_heads);
   p.q_pos = args.pos;
   p.n = *n;
   p.scale = args.scale > 0 ? float(args.scale) : 1.0f / std::sqrt(float(spec_.head_dim));
   p.window = window;
+  p.stop = stop;
   if (absl::Status s = kernels().PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {
     // All or nothing: the tokens this call appended go too.
     if (has_k) UndoAppendLocked(layer, args.pos, added);
-    return absl::InternalError(absl::StrCat("attend: layer ", layer, ": ", s.message()));
+    const bool stopped = absl::IsCancelled(s) || absl::IsDeadlineExceeded(s);
+    return absl::Status(stopped ? s.code() : absl::StatusCode::kInternal,
+                        absl::StrCat("attend: layer ", layer, ": ", s.message()));
   }
   if (has_k) {
     RegisterLocked(layer);

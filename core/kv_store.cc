@@ -166,7 +166,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_sessions", options.max_sessions),
                              std::pair("max_caches", options.max_caches),
                              std::pair("max_caches_per_session", options.max_caches_per_session),
-                             std::pair("max_request_tokens", options.max_request_tokens)}) {
+                             std::pair("max_request_tokens", options.max_request_tokens),
+                             std::pair("max_attend_work", options.max_attend_work)}) {
     if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
   }
   if (options.prefix_event_capacity < 1 || options.prefix_event_bytes < 1) {
@@ -286,10 +287,10 @@ absl::StatusOr<AppendResult> KvStore::Append(const std::string& session, const s
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const std::string& session, const AttendArgs& args,
-                                             void* out, size_t out_bytes) {
+                                             void* out, size_t out_bytes, const StopToken* stop) {
   auto cache = impl_->Find(session, args.cache_id);
   if (!cache.ok()) return cache.status();
-  return (*cache)->Attend(args, out, out_bytes);
+  return (*cache)->Attend(args, out, out_bytes, stop);
 }
 
 absl::StatusOr<PopnResult> KvStore::Popn(const std::string& session, const std::string& cache_id,

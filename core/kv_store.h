@@ -62,6 +62,9 @@ struct StoreOptions {
   int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota
   int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
                                           // (INVALID_ARGUMENT beyond)
+  // Queries x keys attended x q heads of one Attend (keys: an upper bound, all the call can
+  // see); 2^37 passes an 8k-token prefill chunk over a 128k context at 64 q heads.
+  int64_t max_attend_work = int64_t{1} << 37;
   size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
@@ -143,9 +146,13 @@ class KvStore {
   // With k/v: append them at pos (== layer length), then attend q (same n) over past+new,
   // causally. Without: attend q at positions [pos, pos + n) over what is cached
   // (pos + n <= layer length). q: [1, num_q_heads, n, head_dim]; out receives q's shape
-  // and dtype and must be exactly q.bytes long.
+  // and dtype and must be exactly q.bytes long. queries x keys x q heads above
+  // max_attend_work is refused up front. With `stop` (it must outlive the call): once it
+  // says stop — when the call starts or between units of the CPU kernels — the call ends
+  // with CANCELLED or DEADLINE_EXCEEDED, its append undone and out incomplete.
   absl::StatusOr<AttendResult> Attend(const std::string& session, const AttendArgs& args,
-                                      void* out, size_t out_bytes);
+                                      void* out, size_t out_bytes,
+                                      const StopToken* stop = nullptr);
 
   // Rolls back the last n tokens on every layer, all or nothing (see DESIGN.md).
   // n > seq_len (any n) is a refusal: popped 0 and the reason, not an error.

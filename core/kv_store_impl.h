@@ -39,7 +39,7 @@ struct KvStore::Impl {
         budget(o.arena_bytes),
         metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
-        limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
+        limits(LimitsOf(kernels->limits(), o)),
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions),
@@ -47,6 +47,12 @@ struct KvStore::Impl {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
+  }
+
+  static RequestLimits LimitsOf(const KernelLimits& k, const StoreOptions& o) {
+    RequestLimits l = LimitsFor(k, o.max_request_tokens);
+    l.max_attend_work = o.max_attend_work;
+    return l;
   }
 
   // The live cache named id, if `session` may touch it; marks it used.

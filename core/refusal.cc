@@ -26,6 +26,7 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
     case Refusal::kMetadataBytes: return "metadata_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
+    case Refusal::kMaxAttendWork: return "max_attend_work";
   }
   return "other";
 }

@@ -25,8 +25,9 @@ enum class Refusal {
   kMaxMessageBytes,      // --max_message_bytes: a GetKv reply too large
   kMetadataBytes,        // --metadata_bytes: caches' tables, declared token ids
   kMaxAttachPerPeer,     // --max_attach_per_peer (the daemon's Attach streams)
+  kMaxAttendWork,        // --max_attend_work: queries x keys x q heads of one Attend
 };
-inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxAttachPerPeer) + 1;
+inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxAttendWork) + 1;
 
 // "arena_full", "max_tokens", ...: the metrics label.
 const char* RefusalName(Refusal reason);

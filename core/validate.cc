@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checked.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 
 namespace kvarena {
@@ -123,6 +124,18 @@ absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, 
     return Bad(absl::StrCat(op, ": scale=", scale, " must be finite and >= 0"));
   }
   return n;
+}
+
+absl::Status CheckAttendWork(absl::string_view op, int64_t queries, int64_t end, int64_t window,
+                             int64_t q_heads, const RequestLimits& limits) {
+  const int64_t keys = window > 0 ? std::min(end, window) : end;
+  const std::optional<int64_t> pairs = CheckedMul(queries, keys);
+  const std::optional<int64_t> work = pairs ? CheckedMul(*pairs, q_heads) : std::nullopt;
+  if (work && *work <= limits.max_attend_work) return absl::OkStatus();
+  return RefusedError(Refusal::kMaxAttendWork, absl::StrCat(
+      op, ": ", queries, " queries x ", keys, " keys x ", q_heads, " q heads = ",
+      work ? absl::StrCat(*work) : std::string("more than 2^63"), " exceeds max_attend_work=",
+      limits.max_attend_work, "; split the call into fewer queries"));
 }
 
 absl::Status CheckGrowth(absl::string_view op, absl::string_view what, int64_t len, int64_t n,

@@ -1,6 +1,6 @@
 // Boundary checks for specs and tensors, run before any state is touched. Each failure is
-// INVALID_ARGUMENT with a message naming the operation, the field and the numbers.
-// Pure functions; thread-safe.
+// INVALID_ARGUMENT with a message naming the operation, the field and the numbers (but
+// CheckAttendWork's: a RESOURCE_EXHAUSTED refusal). Pure functions; thread-safe.
 #ifndef KVARENA_CORE_VALIDATE_H_
 #define KVARENA_CORE_VALIDATE_H_
 
@@ -28,6 +28,8 @@ struct RequestLimits {
   int64_t max_positions = KernelLimits{}.max_positions;  // positions, lengths, windows, max_tokens
   int max_group = KernelLimits{}.max_group;              // q heads per kv head
   int64_t max_request_tokens = int64_t{1} << 20;         // tokens in one tensor or item
+  // queries x keys x q heads of one served Attend (StoreOptions::max_attend_work)
+  int64_t max_attend_work = int64_t{1} << 37;
 };
 // The limits for kernels `k` with the store's per-request token bound.
 RequestLimits LimitsFor(const KernelLimits& k, int64_t max_request_tokens);
@@ -52,6 +54,13 @@ absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name
 absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, const TensorArg& q,
                                    const void* out, size_t out_bytes, double scale,
                                    const RequestLimits& limits);
+
+// Checks that an attention of `queries` queries, the last at position end - 1, over every
+// key it may see — all of [0, end), or the last `window` of them when window > 0 — with
+// q_heads heads is at most limits.max_attend_work (an upper bound of the keys: evicted
+// ones count). Else RESOURCE_EXHAUSTED tagged Refusal::kMaxAttendWork with the product.
+absl::Status CheckAttendWork(absl::string_view op, int64_t queries, int64_t end, int64_t window,
+                             int64_t q_heads, const RequestLimits& limits);
 
 // Checks token ids a caller declares (Allocate's prompt_tokens, SetTokens' token_ids):
 // at most limits.max_request_tokens of them, each >= 0. INVALID_ARGUMENT naming

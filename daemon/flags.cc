@@ -83,6 +83,12 @@ ABSL_FLAG(int64_t, session_max_pages, 0,
           "Most pages the caches of one session may hold; 0 = no quota beyond the arena.");
 ABSL_FLAG(int64_t, max_request_tokens, 1 << 20,
           "Most tokens one Append / Attend / Reserve / Commit item may carry.");
+ABSL_FLAG(int64_t, max_attend_work, int64_t{1} << 37,
+          "Most work one served Attend may ask for: queries x keys it may see (past + new, "
+          "or the window) x q heads; above it the call is refused (RESOURCE_EXHAUSTED) before "
+          "anything is appended. The default (2^37) passes an 8k-token prefill chunk over a "
+          "128k context at 64 q heads. An Attend also stops, its append undone, when its "
+          "caller cancels or its deadline passes.");
 ABSL_FLAG(absl::Duration, idle_ttl, absl::ZeroDuration(),
           "Release caches allocated without a session after this long untouched; 0 = never.");
 ABSL_FLAG(int, max_attach_per_peer, 64,
@@ -142,6 +148,7 @@ DaemonOptions OptionsFromFlags() {
   o.max_caches_per_session = absl::GetFlag(FLAGS_max_caches_per_session);
   o.session_max_pages = absl::GetFlag(FLAGS_session_max_pages);
   o.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
+  o.max_attend_work = absl::GetFlag(FLAGS_max_attend_work);
   o.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
   o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);

@@ -87,14 +87,15 @@ absl::Status Requests::Append(S session, const v1::AppendRequest& req, v1::Appen
   return absl::OkStatus();
 }
 
-absl::Status Requests::Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp) {
+absl::Status Requests::Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp,
+                              const StopToken* stop) {
   CallTensors tensors(store_, session);
   absl::StatusOr<AttendArgs> args = DecodeAttend(req, &tensors);
   if (!args.ok()) return args.status();
   size_t out_bytes = 0;
   absl::StatusOr<void*> out = tensors.Out(req, args->q, resp->mutable_out(), &out_bytes);
   if (!out.ok()) return out.status();
-  absl::StatusOr<AttendResult> r = store_->Attend(session, *args, *out, out_bytes);
+  absl::StatusOr<AttendResult> r = store_->Attend(session, *args, *out, out_bytes, stop);
   if (!r.ok()) return r.status();
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   return absl::OkStatus();

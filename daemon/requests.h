@@ -24,7 +24,9 @@ class Requests {
   using S = const std::string&;
   absl::Status Allocate(S session, const v1::AllocateRequest& req, v1::AllocateResponse* resp);
   absl::Status Append(S session, const v1::AppendRequest& req, v1::AppendResponse* resp);
-  absl::Status Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp);
+  // `stop` (may be null): the gRPC call's deadline and cancellation (KvStore::Attend).
+  absl::Status Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp,
+                      const StopToken* stop = nullptr);
   absl::Status Popn(S session, const v1::PopnRequest& req, v1::PopnResponse* resp);
   absl::Status Reset(S session, const v1::ResetRequest& req, v1::ResetResponse* resp);
   absl::Status Release(S session, const v1::ReleaseRequest& req, v1::ReleaseResponse* resp);

@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_caches_per_session = options.max_caches_per_session;
   store_options.session_max_pages = options.session_max_pages;
   store_options.max_request_tokens = options.max_request_tokens;
+  store_options.max_attend_work = options.max_attend_work;
   store_options.max_reply_bytes = options.max_message_bytes;
   store_options.idle_ttl = options.idle_ttl;
   store_options.TEST_prefix_hash_bits = options.test_prefix_hash_bits;

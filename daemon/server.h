@@ -66,6 +66,7 @@ struct DaemonOptions {
   int64_t max_caches_per_session = 4096;
   int64_t session_max_pages = 0;  // 0: no per-session quota
   int64_t max_request_tokens = 1 << 20;
+  int64_t max_attend_work = int64_t{1} << 37;  // queries x keys x q heads of one Attend
   absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
   int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
   int max_attach_per_peer = 64;  // Attach streams from one TCP peer address

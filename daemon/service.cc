@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/status.h"
+#include "kernels/stop_token.h"
 #include "proto/wire.h"
 
 namespace kvarena {
@@ -16,6 +17,15 @@ std::string SessionOf(const grpc::ServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   const auto it = md.find(kSessionMetadataKey);
   return it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+}
+
+// Stops a served call's kernels once its deadline passed or its caller cancelled it.
+// IsCancelled() plucks the call's completion queue: asked at most once a millisecond.
+StopToken StopTokenOf(const grpc::ServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  return StopToken(deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                                           : absl::FromChrono(deadline),
+                   [ctx] { return ctx->IsCancelled(); }, absl::Milliseconds(1));
 }
 
 }  // namespace
@@ -47,7 +57,8 @@ grpc::Status KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
 
 grpc::Status KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
                                         v1::AttendResponse* resp) {
-  return Serve(Rpc::kAttend, [&] { return requests_.Attend(SessionOf(ctx), *req, resp); });
+  const StopToken stop = StopTokenOf(ctx);
+  return Serve(Rpc::kAttend, [&] { return requests_.Attend(SessionOf(ctx), *req, resp, &stop); });
 }
 
 grpc::Status KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,

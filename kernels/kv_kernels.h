@@ -7,7 +7,10 @@
 // kernels/cpu/kv_kernels.h: k, v [num_kv_heads][n][head_dim]; q, out [num_q_heads][n][head_dim].
 //
 // Callers validate first (core/ does): these only fail for device errors, which they
-// return as INTERNAL naming the call. Thread-safe: concurrent calls on disjoint pages.
+// return as INTERNAL naming the call, and — attention with AttentionParams::stop — with
+// CANCELLED or DEADLINE_EXCEEDED when the token stopped it early (out is then incomplete;
+// the CPU kernels poll it, the CUDA ones run to the end). Thread-safe: concurrent calls
+// on disjoint pages.
 #ifndef KVARENA_KERNELS_KV_KERNELS_H_
 #define KVARENA_KERNELS_KV_KERNELS_H_
 

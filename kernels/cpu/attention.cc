@@ -14,6 +14,9 @@
 // token pointers, to prefetch them while it computes. A batch (PagedAttentionBatch) plans
 // each sequence for its share of the threads and runs the units of all of them in one
 // ParallelFor.
+//
+// With params.stop, every unit polls it before it starts and every kTilesPerPoll tiles
+// while it runs; once it says stop, the units left return at once and nothing is merged.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -24,6 +27,7 @@
 #include "kernels/cpu/dtype_convert.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/stop_token.h"
 
 namespace kvarena {
 namespace {
@@ -36,6 +40,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxRowsPerUnit = 64;       // query rows whose state one unit keeps
 constexpr int64_t kMinSplitTokens = 256;  // shortest key range worth its own split
 constexpr int kUnitsPerThread = 4;        // slack for load balance
+constexpr int kTilesPerPoll = 64;         // a running unit polls params.stop this often
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -112,6 +117,7 @@ void TokenPointers(const PagedKvView& view, int64_t pos, int count, const uint8_
   }
 }
 
+// Returns early, writing nothing, once p.stop says stop.
 void RunUnit(const Call& call, int64_t unit) {
   const PagedKvView& view = *call.view;
   const AttentionParams& p = *call.params;
@@ -163,7 +169,9 @@ void RunUnit(const Call& call, int64_t unit) {
     return std::min(s_end, t0 / kTileTokens * kTileTokens + kTileTokens);
   };
   if (s_lo < s_end) TokenPointers(view, s_lo, int(tile_end(s_lo) - s_lo), next_k, next_v);
+  int tiles = 0;
   for (int64_t t0 = s_lo; t0 < s_end;) {
+    if (p.stop != nullptr && ++tiles % kTilesPerPoll == 0 && p.stop->Poll()) return;
     const int64_t t1 = tile_end(t0);
     args.pos0 = t0;
     args.tokens = int(t1 - t0);
@@ -263,11 +271,14 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
 }
 
 // Runs the calls' units (call c owns units [first[c], first[c + 1])) on the pool, then
-// merges the splits of every call that has them.
-void RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
+// merges the splits of every call that has them. Returns false, merging nothing, when the
+// calls' stop token (they share one) stopped them.
+bool RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
   std::vector<int64_t> first(calls.size() + 1, 0);
   for (size_t c = 0; c < calls.size(); ++c) first[c + 1] = first[c] + calls[c].plan.num_units();
+  const StopToken* stop = calls.front().params->stop;
   auto run = [&](int64_t u) {
+    if (stop != nullptr && stop->Poll()) return;
     const size_t c = size_t(std::upper_bound(first.begin(), first.end(), u) - first.begin()) - 1;
     RunUnit(calls[c], u - first[c]);
   };
@@ -276,6 +287,7 @@ void RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
   } else {
     for (int64_t u = 0; u < first.back(); ++u) run(u);
   }
+  if (stop != nullptr && stop->stopped()) return false;
   std::vector<size_t> split;
   for (size_t c = 0; c < calls.size(); ++c) {
     if (calls[c].plan.splits > 1) split.push_back(c);
@@ -285,13 +297,14 @@ void RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
   } else {
     for (size_t c : split) MergeSplits(calls[c]);
   }
+  return true;
 }
 
 }  // namespace
 
-void PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
+bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
                          const AttentionParams& params, const void* q, void* out, ThreadPool* pool) {
-  if (params.n <= 0 || batch <= 0) return;
+  if (params.n <= 0 || batch <= 0) return true;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   // Each sequence plans for its share of the threads: a batch at least as large as the
   // pool runs one unit per sequence (every kv head, the whole key range) with no merge.
@@ -330,12 +343,12 @@ void PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   for (int b = 0; b < batch; ++b) {
     if (calls[b].plan.splits > 1) calls[b].partial = partial.data() + partial_at[b];
   }
-  RunCalls(calls, pool);
+  return RunCalls(calls, pool);
 }
 
-void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+bool PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
                     void* out, ThreadPool* pool) {
-  if (params.n <= 0) return;
+  if (params.n <= 0) return true;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const int num_kv_heads = view.layout.num_kv_heads;
   const int dim = view.layout.head_dim;
@@ -363,7 +376,7 @@ void PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
     partial.resize(qs.size() / dim * call.plan.splits * (dim + 2));
     call.partial = partial.data();
   }
-  RunCalls({call}, pool);
+  return RunCalls({call}, pool);
 }
 
 }  // namespace kvarena

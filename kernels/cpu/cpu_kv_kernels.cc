@@ -4,9 +4,16 @@
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_kernels.h"
+#include "kernels/stop_token.h"
 
 namespace kvarena {
 namespace {
+
+// OK when the kernel ran to the end; else why params.stop stopped it.
+absl::Status Finished(bool finished, const AttentionParams& params) {
+  if (finished || params.stop == nullptr) return absl::OkStatus();
+  return params.stop->status("");
+}
 
 class CpuKvKernels final : public KvKernels {
  public:
@@ -49,14 +56,12 @@ class CpuKvKernels final : public KvKernels {
   }
   absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
                               const void* q, void* out) override {
-    kvarena::PagedAttention(view, params, q, out, &pool_);
-    return absl::OkStatus();
+    return Finished(kvarena::PagedAttention(view, params, q, out, &pool_), params);
   }
   absl::Status PagedAttentionBatch(const PagedKvView* views, const int64_t* pos, int batch,
                                    const AttentionParams& params, const void* q,
                                    void* out) override {
-    kvarena::PagedAttentionBatch(views, pos, batch, params, q, out, &pool_);
-    return absl::OkStatus();
+    return Finished(kvarena::PagedAttentionBatch(views, pos, batch, params, q, out, &pool_), params);
   }
 
  private:

@@ -18,6 +18,7 @@
 
 namespace kvarena {
 
+class StopToken;
 class ThreadPool;
 
 // Writes n tokens at absolute positions [pos, pos + n).
@@ -34,13 +35,17 @@ struct AttentionParams {
   int64_t n = 1;        // queries: positions [q_pos, q_pos + n)
   float scale = 0;      // softmax scale (callers default it to 1/sqrt(head_dim))
   int64_t window = 0;   // 0: full causal; w >= 1: query at p sees keys in (p - w, p]
+  // Polled between units of work (kernels/stop_token.h); null: run to the end. Must
+  // outlive the call.
+  const StopToken* stop = nullptr;
 };
 
 // out[h][i] = softmax(scale * q[h][i] . K[t]) V[t] over keys t with
 // max(view.first_pos(), p - window + 1) <= t <= p, where p = q_pos + i (causal).
 // REQUIRES: q_pos + n <= view.len, and every query has at least one visible key.
-// pool may be null (runs on the calling thread).
-void PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+// pool may be null (runs on the calling thread). Returns false when params.stop stopped
+// it: the units left were skipped and out is incomplete.
+bool PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
                     void* out, ThreadPool* pool);
 
 // PagedAttention for a batch of sequences in one call (a decode step of many caches): the
@@ -49,8 +54,8 @@ void PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
 // (params.q_pos is ignored); q and out are [batch][num_q_heads][n][head_dim]. Each
 // sequence's output equals what PagedAttention gives it to within float32 rounding (the
 // key range may be split differently).
-// REQUIRES: per sequence what PagedAttention requires.
-void PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
+// REQUIRES: per sequence what PagedAttention requires. Returns false as PagedAttention does.
+bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
                          const AttentionParams& params, const void* q, void* out, ThreadPool* pool);
 
 // Whether the vectorised (AVX2 + FMA + F16C) path is in use on this CPU.
