@@ -1,6 +1,7 @@
 #include "core/prefix_events.h"
 
 #include <algorithm>
+#include <new>
 #include <utility>
 
 namespace kvarena {
@@ -13,14 +14,28 @@ void PrefixEventLog::Append(PrefixEvent e) {
   {
     absl::MutexLock lock(&mu_);
     e.seq = next_seq_++;
-    bytes_ += Bytes(e);
-    events_.push_back(std::move(e));
+    try {
+      events_.push_back(std::move(e));
+      bytes_ += Bytes(events_.back());
+    } catch (const std::bad_alloc&) {
+      // Out of memory: forget every event, so each watcher learns it lost some and
+      // resynchronises, rather than miss this one silently (pools append from
+      // destructors, which must not throw).
+      events_.clear();
+      bytes_ = 0;
+    }
     while (events_.size() > 1 && (events_.size() > capacity_ || bytes_ > max_bytes_)) {
       bytes_ -= Bytes(events_.front());
       events_.pop_front();
     }
   }
-  if (listener_) listener_();
+  if (listener_) {
+    try {
+      listener_();
+    } catch (const std::bad_alloc&) {
+      // The watchers catch up at the next event.
+    }
+  }
 }
 
 std::vector<PrefixEvent> PrefixEventLog::ReadFrom(uint64_t from_seq, size_t max, bool* lost) const {

@@ -48,6 +48,8 @@ class PrefixEventLog {
   // What an event costs the log: the struct, its token ids and its namespace.
   static size_t Bytes(const PrefixEvent& e);
   // Appends e (its seq is assigned), dropping the oldest beyond capacity or max_bytes.
+  // Never throws: out of memory, it drops every event kept (readers learn they lost
+  // events), so pools may record from their destructors.
   void Append(PrefixEvent e) ABSL_LOCKS_EXCLUDED(mu_);
   size_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Up to max events with seq >= from_seq (0: from the oldest kept), oldest first.

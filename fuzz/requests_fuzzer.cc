@@ -98,7 +98,7 @@ class Harness {
     o.max_reply_bytes = 1 << 16;
     // Small enough that tiny pages' bookkeeping, long prompts and forks meet both bounds.
     o.metadata_bytes = size_t{6} << 20;
-    o.session_metadata_bytes = size_t{16} << 10;
+    o.session_metadata_bytes = size_t{4} << 10;
     o.idle_ttl = absl::Seconds(30);
     o.clock = &clock_;
     o.TEST_prefix_hash_bits = 6;  // collisions happen: the token-id check must hold
