@@ -171,7 +171,17 @@ class KvStore {
 
   ArenaStats Stats() const;
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
+  // Every cache, in id order (bytewise).
   std::vector<CacheInfo> ListCaches() const;
+  // One page of ListCaches: at most max_caches (at least 1) of the caches whose ids sort
+  // after `after` ("": from the first). The store's map lock is held only to pick the
+  // page's ids (no copy of the whole map); a cache released meanwhile is left out.
+  struct CachePage {
+    std::vector<CacheInfo> caches;
+    std::string last_id;  // the page's last id considered: `after` for the next page
+    bool more = false;    // caches with ids after last_id remain
+  };
+  CachePage ListCaches(const std::string& after, size_t max_caches) const;
 
   // Sessions. AttachSession opens a session with an unguessable id and resume token
   // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
