@@ -62,7 +62,8 @@ struct StoreOptions {
   int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota
   int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
                                           // (INVALID_ARGUMENT beyond)
-  size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
+  // The bytes one GetKv reply may take: its K+V and kGetKvReplyEnvelopeBytes (validate.h).
+  size_t max_reply_bytes = size_t{64} << 20;
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
 
@@ -155,7 +156,8 @@ class KvStore {
   absl::StatusOr<CacheInfo> Fork(const std::string& session, const std::string& cache_id,
                                  const std::string& new_cache_id);
 
-  // RESOURCE_EXHAUSTED when the range's K+V bytes exceed max_reply_bytes (ask for less).
+  // RESOURCE_EXHAUSTED when the range's K+V bytes and the reply's envelope exceed
+  // max_reply_bytes; the message advises a max_tokens that fits.
   absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
                                     int layer, const GetKvRange& range = {});
   absl::StatusOr<CacheDescription> Describe(const std::string& session,
