@@ -1,13 +1,17 @@
 #include "arena/fd_passing.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace kvarena {
 namespace {
@@ -20,10 +24,29 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
 }
 
+// After a call that would block under a finite deadline: waits until sock has `events`
+// (POLLIN or POLLOUT), OK, or DEADLINE_EXCEEDED once the deadline passes.
+absl::Status AwaitReady(int sock, short events, absl::Time deadline, const char* what) {
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the message's deadline passed"));
+    }
+    const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+    pollfd p = {sock, events, 0};
+    const int n = poll(&p, 1, int(std::min<int64_t>(ms, INT_MAX)));
+    if (n > 0) return absl::OkStatus();  // ready, or an error the call itself reports
+    if (n < 0 && errno != EINTR) return Errno("poll");
+  }
+}
+
 // Reads exactly n bytes; collects any fds that ride along, at most kMaxFdsPerMessage in
 // all (INVALID_ARGUMENT beyond, the extras closed): a peer cannot make a receiver hold
 // more fds than one message may carry by sending its bytes in many fd-laden pieces.
-absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds) {
+absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds, absl::Time deadline) {
+  // Under a deadline no call blocks: one that would waits in AwaitReady, up to the deadline.
+  const bool timed = deadline != absl::InfiniteFuture();
+  const int flags = MSG_CMSG_CLOEXEC | (timed ? MSG_DONTWAIT : 0);
   size_t got = 0;
   while (got < n) {
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
@@ -33,8 +56,12 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds) {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    const ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t r = recvmsg(sock, &msg, flags);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (absl::Status s = AwaitReady(sock, POLLIN, deadline, "recvmsg"); !s.ok()) return s;
+      continue;
+    }
     if (r < 0) return Errno("recvmsg");
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -55,7 +82,8 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds) {
 
 }  // namespace
 
-absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int> fds) {
+absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int> fds,
+                         absl::Time deadline) {
   if (bytes.size() > kMaxMessageBytes || fds.size() > kMaxFdsPerMessage) {
     return absl::InvalidArgumentError(absl::StrCat("send: ", bytes.size(), " bytes and ", fds.size(),
                                                    " fds exceed one message"));
@@ -64,6 +92,8 @@ absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int
   std::string frame(reinterpret_cast<const char*>(&len), sizeof(len));
   frame.append(bytes.data(), bytes.size());
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  const bool timed = deadline != absl::InfiniteFuture();  // as in ReadFull
+  const int flags = MSG_NOSIGNAL | (timed ? MSG_DONTWAIT : 0);
   size_t sent = 0;
   while (sent < frame.size()) {
     iovec iov{frame.data() + sent, frame.size() - sent};
@@ -79,24 +109,28 @@ absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int
       c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
       std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
-    const ssize_t r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    const ssize_t r = sendmsg(sock, &msg, flags);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (absl::Status s = AwaitReady(sock, POLLOUT, deadline, "sendmsg"); !s.ok()) return s;
+      continue;
+    }
     if (r < 0) return Errno("sendmsg");
     sent += size_t(r);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Message> RecvMessage(int sock) {
+absl::StatusOr<Message> RecvMessage(int sock, absl::Time deadline) {
   Message m;
   uint32_t len = 0;
-  absl::Status s = ReadFull(sock, reinterpret_cast<char*>(&len), sizeof(len), &m.fds);
+  absl::Status s = ReadFull(sock, reinterpret_cast<char*>(&len), sizeof(len), &m.fds, deadline);
   if (s.ok() && len > kMaxMessageBytes) {
     s = absl::InvalidArgumentError(absl::StrCat("recv: message of ", len, " bytes is too large"));
   }
   if (s.ok()) {
     m.bytes.resize(len);
-    s = ReadFull(sock, m.bytes.data(), len, &m.fds);
+    s = ReadFull(sock, m.bytes.data(), len, &m.fds, deadline);
   }
   if (!s.ok()) {
     for (int fd : m.fds) close(fd);

@@ -89,6 +89,7 @@ absl::Status AttachedSession::Resume() {
     const absl::Duration left = std::max(give_up - absl::Now(), absl::Milliseconds(1));
     absl::Status s = OpenStream(resume_token_, std::min(options_.connect_timeout, left));
     if (s.ok()) {
+      resume_token_ = stream_->resume_token();  // each token resumes once: keep the newest
       resumes_.fetch_add(1);
       return s;
     }

@@ -62,7 +62,9 @@ class AttachedSession {
   std::shared_ptr<grpc::Channel> channel_;  // used by Open, then the supervisor only
 
   // Set once by Open, before the session is shared.
-  std::string session_id_, resume_token_, fd_socket_;
+  std::string session_id_, fd_socket_;
+  // Set by Open, then replaced by the supervisor alone at each resume (tokens rotate).
+  std::string resume_token_;
   std::atomic<int64_t> resumes_{0};
 
   // The stream holding the session: set by Open, then replaced and used only by the

@@ -54,6 +54,11 @@ absl::StatusOr<Message> RegionClient::RoundTripLocked(const std::string& request
       absl::StatusOr<Message> reply = RecvMessage(sock_);
       if (reply.ok()) return reply;
       failed = reply.status();
+    } else {
+      // A peer the daemon refuses is answered and closed as it connects, so its send may
+      // fail; the refusal waits in the socket (a past deadline: read only what is there).
+      absl::StatusOr<Message> refusal = RecvMessage(sock_, absl::InfinitePast());
+      if (refusal.ok()) return refusal;
     }
     // Anything but a closed socket leaves the stream in an unknown state: give up on it too.
     close(sock_);

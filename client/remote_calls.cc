@@ -135,12 +135,18 @@ absl::StatusOr<PageStats> RemoteTransport::CacheStats(const std::string& cache_i
 }
 
 absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::ListCaches() {
-  v1::ListCachesRequest req;
-  v1::ListCachesResponse resp;
-  if (auto s = channel_.Call(&Stub::ListCaches, req, &resp); !s.ok()) return s;
+  // Page after page (the daemon's default page size) until a page gives no next token.
   std::vector<CacheInfo> caches;
-  caches.reserve(resp.caches_size());
-  for (const v1::CacheInfo& c : resp.caches()) caches.push_back(FromProto(c));
+  v1::ListCachesRequest req;
+  do {
+    v1::ListCachesResponse resp;
+    if (auto s = channel_.Call(&Stub::ListCaches, req, &resp); !s.ok()) return s;
+    for (const v1::CacheInfo& c : resp.caches()) caches.push_back(FromProto(c));
+    if (!resp.next_page_token().empty() && resp.next_page_token() == req.page_token()) {
+      return absl::InternalError("list_caches: the daemon gave the same page token twice");
+    }
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
   return caches;
 }
 

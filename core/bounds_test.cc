@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/refusal.h"
+#include "core/validate.h"
 #include "core/store_fixture.h"
 
 namespace kvarena {
@@ -175,11 +176,14 @@ TEST_F(BoundsTest, RequestTokensAreBounded) {
 
 TEST_F(BoundsTest, GetKvRepliesAreBoundedAndPaged) {
   StoreOptions o = Options(size_t{64} << 20);
-  o.max_reply_bytes = 1024;  // 8 tokens of K+V: 2 heads x 8 dims x 4 bytes x 2
+  // 8 tokens of K+V (2 heads x 8 dims x 4 bytes x 2) and the envelope, exactly.
+  o.max_reply_bytes = 1024 + kGetKvReplyEnvelopeBytes;
   MakeStore(o);
   const std::string id = Alloc(Spec(1, 2, 8));
   ASSERT_TRUE(AppendRandom(id, 0, 20).ok());
   ExpectExhausted(store_->GetKv("", id, 0), Refusal::kMaxMessageBytes, "ask for at most 8 tokens");
+  ExpectExhausted(store_->GetKv("", id, 0, GetKvRange{0, 9}), Refusal::kMaxMessageBytes,
+                  "ask for at most 8 tokens");  // the advice is the most that fits
   std::string k, v;
   for (int64_t from = 0; from < 20; from += 8) {
     auto page = store_->GetKv("", id, 0, GetKvRange{from, 8});

@@ -103,12 +103,17 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   int64_t n = t.len() - first;
   if (range.max_tokens > 0) n = std::min(n, range.max_tokens);
   const std::optional<uint64_t> bytes = TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
-  if (!bytes || *bytes > ctx_.max_reply_bytes / 2) {
+  // The K+V bytes a reply may carry: what is left of max_reply_bytes after its envelope.
+  const uint64_t kv_budget = ctx_.max_reply_bytes > kGetKvReplyEnvelopeBytes
+                                 ? ctx_.max_reply_bytes - kGetKvReplyEnvelopeBytes
+                                 : 0;
+  if (!bytes || *bytes > kv_budget / 2) {
     const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
     return RefusedError(Refusal::kMaxMessageBytes, absl::StrCat(
         "get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
-        uint64_t(n) * per_token, " bytes of K and V, above the ", ctx_.max_reply_bytes,
-        " a reply may carry; ask for at most ", ctx_.max_reply_bytes / per_token,
+        uint64_t(n) * per_token, " bytes of K and V, above the ", kv_budget, " a reply of ",
+        ctx_.max_reply_bytes, " bytes may carry besides its ", kGetKvReplyEnvelopeBytes,
+        "-byte envelope; ask for at most ", kv_budget / per_token,
         " tokens at a time (from_pos, max_tokens)"));
   }
   GetKvResult r;

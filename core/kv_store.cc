@@ -1,6 +1,7 @@
 #include "core/kv_store.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -402,16 +403,38 @@ ArenaStats KvStore::Stats() const {
 }
 
 std::vector<CacheInfo> KvStore::ListCaches() const {
-  std::vector<std::shared_ptr<KvCache>> caches;
+  return ListCaches("", std::numeric_limits<size_t>::max()).caches;
+}
+
+KvStore::CachePage KvStore::ListCaches(const std::string& after, size_t max_caches) const {
+  max_caches = std::max<size_t>(max_caches, 1);
+  // The max_caches + 1 smallest ids after `after`, kept as a max-heap while the map is
+  // walked once: the one beyond max_caches only says whether more remain.
+  using Entry = std::pair<std::string, std::shared_ptr<KvCache>>;
+  auto by_id = [](const Entry& a, const Entry& b) { return a.first < b.first; };
+  std::vector<Entry> page;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
-    for (const auto& [id, c] : impl_->caches) caches.push_back(c);
+    for (const auto& [id, c] : impl_->caches) {
+      if (id <= after) continue;
+      if (page.size() > max_caches) {
+        if (id >= page.front().first) continue;
+        std::pop_heap(page.begin(), page.end(), by_id);
+        page.back() = Entry(id, c);
+      } else {
+        page.emplace_back(id, c);
+      }
+      std::push_heap(page.begin(), page.end(), by_id);
+    }
   }
-  std::vector<CacheInfo> out;
-  for (const auto& c : caches) {
-    if (absl::StatusOr<CacheInfo> info = c->Info(); info.ok()) out.push_back(*std::move(info));
+  std::sort_heap(page.begin(), page.end(), by_id);
+  CachePage out;
+  out.more = page.size() > max_caches;
+  if (out.more) page.pop_back();
+  if (!page.empty()) out.last_id = page.back().first;
+  for (const Entry& e : page) {
+    if (absl::StatusOr<CacheInfo> info = e.second->Info(); info.ok()) out.caches.push_back(*std::move(info));
   }
-  std::sort(out.begin(), out.end(), [](const CacheInfo& a, const CacheInfo& b) { return a.cache_id < b.cache_id; });
   return out;
 }
 

@@ -65,7 +65,8 @@ struct StoreOptions {
   // Queries x keys attended x q heads of one Attend (keys: an upper bound, all the call can
   // see); 2^37 passes an 8k-token prefill chunk over a 128k context at 64 q heads.
   int64_t max_attend_work = int64_t{1} << 37;
-  size_t max_reply_bytes = size_t{64} << 20;  // the K+V bytes one GetKv reply may carry
+  // The bytes one GetKv reply may take: its K+V and kGetKvReplyEnvelopeBytes (validate.h).
+  size_t max_reply_bytes = size_t{64} << 20;
   // Caches allocated without a session are released after this long untouched; 0: never.
   absl::Duration idle_ttl = absl::ZeroDuration();
 
@@ -174,7 +175,8 @@ class KvStore {
   absl::StatusOr<CacheInfo> Fork(const std::string& session, const std::string& cache_id,
                                  const std::string& new_cache_id);
 
-  // RESOURCE_EXHAUSTED when the range's K+V bytes exceed max_reply_bytes (ask for less).
+  // RESOURCE_EXHAUSTED when the range's K+V bytes and the reply's envelope exceed
+  // max_reply_bytes; the message advises a max_tokens that fits.
   absl::StatusOr<GetKvResult> GetKv(const std::string& session, const std::string& cache_id,
                                     int layer, const GetKvRange& range = {});
   absl::StatusOr<CacheDescription> Describe(const std::string& session,
@@ -190,7 +192,17 @@ class KvStore {
 
   ArenaStats Stats() const;
   absl::StatusOr<PageStats> CacheStats(const std::string& cache_id) const;
+  // Every cache, in id order (bytewise).
   std::vector<CacheInfo> ListCaches() const;
+  // One page of ListCaches: at most max_caches (at least 1) of the caches whose ids sort
+  // after `after` ("": from the first). The store's map lock is held only to pick the
+  // page's ids (no copy of the whole map); a cache released meanwhile is left out.
+  struct CachePage {
+    std::vector<CacheInfo> caches;
+    std::string last_id;  // the page's last id considered: `after` for the next page
+    bool more = false;    // caches with ids after last_id remain
+  };
+  CachePage ListCaches(const std::string& after, size_t max_caches) const;
 
   // Sessions. AttachSession opens a session with an unguessable id and resume token
   // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise

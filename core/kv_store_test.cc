@@ -176,6 +176,33 @@ TEST_F(StoreTest, ReleaseReturnsEveryPage) {
   EXPECT_EQ(store_->Stats().pages.seq_len, 5);
 }
 
+// Pages of ListCaches come in id order, each cache once, wherever the ids were made;
+// a cache released between pages does not shift the next page.
+TEST_F(StoreTest, ListCachesPagesInIdOrder) {
+  const std::vector<std::string> ids = {"g", "c", "a", "f", "b", "e", "d"};
+  for (const std::string& id : ids) ASSERT_TRUE(store_->Allocate("", Spec(1, 1, 4), id).ok());
+  KvStore::CachePage first = store_->ListCaches("", 3);
+  ASSERT_EQ(first.caches.size(), 3u);
+  EXPECT_EQ(first.caches[0].cache_id, "a");
+  EXPECT_EQ(first.caches[2].cache_id, "c");
+  EXPECT_EQ(first.last_id, "c");
+  EXPECT_TRUE(first.more);
+  ASSERT_TRUE(store_->Release("", "d").ok());  // the next page's first
+  KvStore::CachePage second = store_->ListCaches(first.last_id, 3);
+  ASSERT_EQ(second.caches.size(), 3u);
+  EXPECT_EQ(second.caches[0].cache_id, "e");
+  EXPECT_EQ(second.last_id, "g");
+  EXPECT_FALSE(second.more);
+  EXPECT_TRUE(store_->ListCaches("g", 3).caches.empty());
+  // Exactly max_caches left: the page says no more remain.
+  KvStore::CachePage exact = store_->ListCaches("d", 3);
+  EXPECT_EQ(exact.caches.size(), 3u);
+  EXPECT_FALSE(exact.more);
+  std::vector<std::string> all;
+  for (const CacheInfo& c : store_->ListCaches()) all.push_back(c.cache_id);
+  EXPECT_EQ(all, (std::vector<std::string>{"a", "b", "c", "e", "f", "g"}));
+}
+
 TEST_F(StoreTest, AttendAppendsThenAttendsCausally) {
   const std::string id = Alloc(Spec(1, 2, 8));
   ASSERT_TRUE(AppendRandom(id, 0, 6).ok());

@@ -41,8 +41,11 @@ void PrefixEventLog::Append(PrefixEvent e) {
 std::vector<PrefixEvent> PrefixEventLog::ReadFrom(uint64_t from_seq, size_t max, bool* lost) const {
   absl::MutexLock lock(&mu_);
   const uint64_t oldest = events_.empty() ? next_seq_ : events_.front().seq;
-  *lost = from_seq != 0 && from_seq < oldest;
-  const uint64_t first = std::max(from_seq, oldest);
+  // Past the newest event: a seq of another incarnation of the log (a restarted daemon).
+  // Nothing between it and now can be vouched for, so replay all that is kept.
+  const bool beyond = from_seq > next_seq_;
+  *lost = (from_seq != 0 && from_seq < oldest) || beyond;
+  const uint64_t first = beyond ? oldest : std::max(from_seq, oldest);
   std::vector<PrefixEvent> out;
   for (uint64_t s = first; s < next_seq_ && out.size() < max; ++s) out.push_back(events_[size_t(s - oldest)]);
   return out;

@@ -53,7 +53,8 @@ class PrefixEventLog {
   void Append(PrefixEvent e) ABSL_LOCKS_EXCLUDED(mu_);
   size_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Up to max events with seq >= from_seq (0: from the oldest kept), oldest first.
-  // *lost: events in [from_seq, first returned) are no longer kept.
+  // *lost: events in [from_seq, first returned) are no longer kept, or from_seq is past
+  // next_seq() (then the events come from the oldest kept, as for 0).
   std::vector<PrefixEvent> ReadFrom(uint64_t from_seq, size_t max, bool* lost) const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t next_seq() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t oldest_seq() const ABSL_LOCKS_EXCLUDED(mu_);  // next_seq() when empty

@@ -545,6 +545,14 @@ TEST_F(PrefixTest, EventsRecordStoredRemovedAndClearedInOrder) {
   EXPECT_TRUE(lost);
   EXPECT_EQ(ev.front().seq, 2u);
   EXPECT_EQ(ev.back().seq, 6u);
+  // A seq past the newest (another incarnation's) is lost too, and replays what is kept.
+  ev = store_->PrefixEvents(store_->NextPrefixEventSeq() + 1, 100, &lost);
+  EXPECT_TRUE(lost);
+  ASSERT_EQ(ev.size(), 5u);
+  EXPECT_EQ(ev.front().seq, 2u);
+  ev = store_->PrefixEvents(store_->NextPrefixEventSeq(), 100, &lost);  // up to date
+  EXPECT_FALSE(lost);
+  EXPECT_TRUE(ev.empty());
 }
 
 }  // namespace

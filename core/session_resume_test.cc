@@ -97,16 +97,41 @@ TEST_F(ResumeTest, TheStaleAttachmentsDetachIsANoOp) {
 TEST_F(ResumeTest, ResumingAgainAfterAnotherBreak) {
   const SessionAttachment a = OpenWithCache();
   uint64_t epoch = a.epoch;
+  std::string token = a.resume_token;
   for (int i = 0; i < 3; ++i) {
     store_->DetachSession(a.session_id, absl::Seconds(5), epoch);
     clock_.Advance(absl::Seconds(4));
-    absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", a.resume_token);
+    absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", token);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->epoch, epoch + 1);
     epoch = r->epoch;
+    token = r->resume_token;
   }
   EXPECT_EQ(store_->Reap(), 0);
   EXPECT_EQ(PagesUsed(), 3);
+}
+
+// Each resume hands out a new token and retires the one it used: a stream taken over, or
+// a token that leaked, cannot take the session back.
+TEST_F(ResumeTest, EachResumeRotatesTheToken) {
+  const SessionAttachment a = OpenWithCache();
+  absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", a.resume_token);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->resume_token.size(), 32u);
+  EXPECT_NE(r->resume_token, a.resume_token);
+  EXPECT_NE(r->resume_token, a.session_id);
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token), StatusIs(absl::StatusCode::kNotFound));
+  // The new token works, once, and the session is still the same one.
+  absl::StatusOr<SessionAttachment> again = store_->AttachSession("w", r->resume_token);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->session_id, a.session_id);
+  EXPECT_EQ(again->epoch, 3u);
+  EXPECT_THAT(store_->AttachSession("w", r->resume_token), StatusIs(absl::StatusCode::kNotFound));
+  // A reaped session's newest token is gone with it.
+  store_->DetachSession(a.session_id, absl::Seconds(5), again->epoch);
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(store_->Reap(), 1);
+  EXPECT_THAT(store_->AttachSession("w", again->resume_token), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
 
 absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume_token,
                                                        absl::Time now) {
+  std::string next_token = RandomHex128();  // drawn before the lock: getrandom may block
   absl::MutexLock lock(&mu_);
   auto t = by_token_.find(resume_token);
   Session* s = nullptr;
@@ -61,7 +62,13 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
   s->detached = false;
   s->release_at = absl::InfiniteFuture();
   ++s->epoch;
-  return SessionAttachment{t->second, resume_token, s->epoch, /*resumed=*/true};
+  // The token rotates: whoever held the old one (a stream taken over, a leaked log line)
+  // can no longer take the session.
+  const std::string id = t->second;
+  by_token_.erase(t);
+  by_token_[next_token] = id;
+  s->resume_token = next_token;
+  return SessionAttachment{id, std::move(next_token), s->epoch, /*resumed=*/true};
 }
 
 std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint64_t* scratch_id) const {

@@ -1,5 +1,6 @@
 // SessionTable: the attached workers. Each session has an unguessable id, an unguessable
-// resume token (a later Attach stream presenting it takes the session over), the caches
+// resume token (a later Attach stream presenting it takes the session over, and gets the
+// next token: each token resumes once), the caches
 // it owns, its Quota, its scratch region and — once its Attach stream broke — the time its
 // caches are to be released. Each attachment of a session has an epoch, so the end of a
 // stream that was taken over does not detach the session from the stream that took it.
@@ -51,8 +52,9 @@ class SessionTable {
   absl::StatusOr<SessionAttachment> Open(NewSession session);
   // Attaches the session resume_token names again, at the next epoch, whether it is in
   // its grace period or still attached (a stream the client gave up on the daemon may not
-  // have noticed ending yet). NOT_FOUND when no session holds the token, or its grace
-  // ended by `now` (reaped or about to be: it is gone either way).
+  // have noticed ending yet). The token rotates: the attachment carries a fresh one, and
+  // resume_token resumes nothing from then on. NOT_FOUND when no session holds the token,
+  // or its grace ended by `now` (reaped or about to be: it is gone either way).
   absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now);
   // The scratch region of a live session; null when unknown, detached or without one.
   std::shared_ptr<const Region> Scratch(const std::string& id, uint64_t* scratch_id) const;

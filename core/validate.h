@@ -21,6 +21,11 @@ inline constexpr int kMaxKvHeads = 1024;
 inline constexpr int kMaxHeadDim = 1024;
 inline constexpr int kMaxPageSize = 4096;
 inline constexpr size_t kMaxCacheIdBytes = 256;
+// What a GetKv reply holds besides its K and V bytes, at most: the framing of two tensors
+// (shape, dtype, length prefixes) and two positions, about 150 bytes as protobuf. A range
+// is served when its K+V bytes fit max_reply_bytes less this, so a range of the size a
+// refusal advises fits the wire too.
+inline constexpr size_t kGetKvReplyEnvelopeBytes = 256;
 inline constexpr size_t kMaxPrefixNamespaceBytes = 1024;
 
 // What a request may ask for: the kernels' reach and the store's per-request bound.

@@ -26,6 +26,7 @@ absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const Session
   event.set_resume_token(a.resume_token);
   event.set_session_grace_ms(uint64_t(absl::ToInt64Milliseconds(options.session_grace)));
   event.set_resumed(a.resumed);
+  event.set_daemon_incarnation(options.incarnation);
   event.set_fd_socket(options.fd_socket);
   for (const RegionInfo& r : *regions) ToProto(r, event.add_regions());
   return event;

@@ -56,6 +56,7 @@ class AttachHub {
     absl::Duration session_grace;  // how long a detached session's caches live on
     std::string fd_socket;         // named in every event; "" when none is served
     int max_per_peer = 64;         // live streams from one TCP peer address
+    uint64_t incarnation = 0;      // AttachEvent.daemon_incarnation on every event
   };
   // store and rpcs must outlive the hub.
   AttachHub(KvStore* store, RpcMetrics* rpcs, Options options);

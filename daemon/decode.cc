@@ -1,7 +1,10 @@
 #include "daemon/decode.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
@@ -80,6 +83,34 @@ absl::StatusOr<std::vector<CacheTokens>> DecodeItems(
     out.push_back(CacheTokens{items[i].cache_id(), *tokens});
   }
   return out;
+}
+
+size_t DecodePageSize(uint32_t page_size) {
+  if (page_size == 0) return kDefaultListPage;
+  return std::min(page_size, kMaxListPage);
+}
+
+namespace {
+constexpr absl::string_view kPageTokenPrefix = "after:";  // inside the base64
+}  // namespace
+
+std::string EncodePageToken(const std::string& last_cache_id) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, last_cache_id));
+}
+
+absl::StatusOr<std::string> DecodePageToken(const std::string& token) {
+  if (token.empty()) return std::string();
+  std::string raw;
+  const bool ok = token.size() <= 4 * (kPageTokenPrefix.size() + kMaxCacheIdBytes) &&
+                  absl::WebSafeBase64Unescape(token, &raw) && absl::StartsWith(raw, kPageTokenPrefix) &&
+                  raw.size() > kPageTokenPrefix.size() &&
+                  raw.size() - kPageTokenPrefix.size() <= kMaxCacheIdBytes;
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "list_caches: page_token of ", token.size(),
+        " bytes is not a next_page_token a ListCaches reply gave; send \"\" for the first page"));
+  }
+  return raw.substr(kPageTokenPrefix.size());
 }
 
 }  // namespace kvarena

@@ -9,6 +9,7 @@
 #define KVARENA_DAEMON_DECODE_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +32,16 @@ absl::StatusOr<int64_t> DecodeInt64(absl::string_view op, absl::string_view fiel
 // Reserve / Commit items, at most kMaxItems, with tokens that fit int64.
 absl::StatusOr<std::vector<CacheTokens>> DecodeItems(
     absl::string_view op, const google::protobuf::RepeatedPtrField<v1::CacheTokens>& items);
+
+// ListCaches paging. A page_size of 0 means kDefaultListPage; above kMaxListPage it is
+// kMaxListPage. A page token is opaque to clients (the last cache id of a page, encoded);
+// DecodePageToken gives the id to list after ("" for the first page), INVALID_ARGUMENT
+// for a token no page gave.
+inline constexpr uint32_t kDefaultListPage = 1000;
+inline constexpr uint32_t kMaxListPage = 10000;
+size_t DecodePageSize(uint32_t page_size);
+std::string EncodePageToken(const std::string& last_cache_id);
+absl::StatusOr<std::string> DecodePageToken(const std::string& token);
 
 }  // namespace kvarena
 

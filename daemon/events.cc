@@ -62,6 +62,9 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
  private:
   void WriteLocked(bool first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool lost = false;
+    // Read before the events: one recorded after this read has a seq at or past it, so
+    // moving next_ up to it below skips nothing.
+    const uint64_t next_seq = hub_->store_->NextPrefixEventSeq();
     std::vector<PrefixEvent> events = hub_->store_->PrefixEvents(next_, kMaxEventsPerMessage, &lost);
     if (events.empty() && !lost && !first) return;
     response_.Clear();
@@ -71,8 +74,14 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
       if (p->has_stored()) p->mutable_stored()->set_medium(hub_->medium_);
     }
     response_.set_events_lost(lost);
-    next_ = events.empty() ? std::max(next_, hub_->store_->NextPrefixEventSeq()) : events.back().seq + 1;
+    if (!events.empty()) {
+      next_ = events.back().seq + 1;
+    } else {
+      // Lost with nothing kept: from_seq was past the newest event (it came back to next_seq).
+      next_ = lost ? next_seq : std::max(next_, next_seq);
+    }
     response_.set_next_seq(next_);
+    response_.set_daemon_incarnation(hub_->options_.incarnation);
     writing_ = true;
     StartWrite(&response_);
   }

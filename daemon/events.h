@@ -1,8 +1,10 @@
 // EventsHub: every live WatchEvents stream of the daemon, on gRPC's callback API (a held
 // stream costs no thread). A stream replays the store's prefix-index events from the
 // caller's from_seq (core/prefix_events.h: a bounded buffer; events_lost when the caller
-// asks for more than it keeps), then sends each new batch as the store records it. Its
-// first message comes at once, with the events it replays (maybe none) and next_seq.
+// asks for more than it keeps, or for a from_seq past the newest event: then it replays
+// from the oldest kept), then sends each new batch as the store records it. Its first
+// message comes at once, with the events it replays (maybe none) and next_seq. Every
+// message carries the daemon's incarnation.
 //
 // Bounds: at most max_watchers live streams (RESOURCE_EXHAUSTED beyond); at most one write
 // in flight per stream, each of at most 256 events, so a slow watcher holds no more than
@@ -34,6 +36,7 @@ class EventsHub {
  public:
   struct Options {
     int max_watchers = 64;
+    uint64_t incarnation = 0;  // WatchEventsResponse.daemon_incarnation on every message
   };
   // store and rpcs must outlive the hub's streams.
   EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options);

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -23,21 +22,11 @@
 namespace kvarena {
 namespace {
 
-// The longest a request may take to arrive, or a reply to leave, once under way.
-constexpr absl::Duration kIoTimeout = absl::Seconds(5);
-
 // A poll(2) timeout: -1 for an infinite duration, else at least 1 ms.
 int PollMillis(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return -1;
   const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1)));
   return int(std::clamp<int64_t>(ms, 1, INT_MAX));
-}
-
-// Cuts off a peer that stalls mid-request or does not read its reply.
-void SetIoTimeouts(int conn, absl::Duration idle_timeout) {
-  const timeval tv = absl::ToTimeval(std::max(std::min(kIoTimeout, idle_timeout), absl::Milliseconds(1)));
-  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
 void Log(absl::string_view what) { std::cerr << "kvarenad: fd socket: " << what << std::endl; }
@@ -50,6 +39,10 @@ absl::Status CheckOptions(const FdServerOptions& o) {
   if (o.idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--fd_idle_timeout=", absl::FormatDuration(o.idle_timeout), " must be positive"));
+  }
+  if (o.request_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fd socket: request_timeout=", absl::FormatDuration(o.request_timeout), " must be positive"));
   }
   if (o.accept_backoff <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -149,7 +142,7 @@ void FdServer::AcceptLoop() {
     const int conn = options_.accept(listen_fd_);
     if (conn >= 0) {
       backing_off = false;
-      Admit(conn);
+      if (!RefusedPeer(conn)) Admit(conn);
       continue;
     }
     const int err = errno;
@@ -223,12 +216,27 @@ absl::Status FdServer::PeerAccess(int conn) const {
   return CheckFdPeer(c->uid, geteuid(), options_.allowed_uids);
 }
 
-void FdServer::Serve(int conn) {
+bool FdServer::RefusedPeer(int conn) {
   const absl::Status access = PeerAccess(conn);
-  SetIoTimeouts(conn, options_.idle_timeout);
+  if (access.ok()) return false;
+  std::vector<SharedPiece> none;
+  FdOp op = FdOp::kNone;
+  const v1::FdReply reply = HandleFdRequest(*store_, "", access, &none, &op);
+  if (options_.metrics != nullptr) options_.metrics->CountRequest(op, absl::StatusCode(reply.code()));
+  // A past deadline: sent only if it fits the socket's empty buffer at once, as it does.
+  (void)SendMessage(conn, reply.SerializeAsString(), {}, absl::InfinitePast());
+  close(conn);
+  return true;
+}
+
+void FdServer::Serve(int conn) {
+  const absl::Duration request_timeout = std::min(options_.request_timeout, options_.idle_timeout);
   while (AwaitRequest(conn)) {
-    // Fails when the peer closed, stalled past the I/O timeout or sent a bad frame.
-    absl::StatusOr<Message> in = RecvMessage(conn);
+    // One deadline from the request's first byte to the last byte of its reply, however
+    // the peer paces its bytes.
+    const absl::Time deadline = absl::Now() + request_timeout;
+    // Fails when the peer closed, missed the deadline or sent a bad frame.
+    absl::StatusOr<Message> in = RecvMessage(conn, deadline);
     if (!in.ok()) return;
     for (int fd : in->fds) close(fd);  // clients send none
     std::vector<SharedPiece> pieces;
@@ -236,7 +244,7 @@ void FdServer::Serve(int conn) {
       for (const SharedPiece& p : pieces) close(p.fd);
     };
     FdOp op = FdOp::kNone;
-    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, access, &pieces, &op);
+    const v1::FdReply reply = HandleFdRequest(*store_, in->bytes, absl::OkStatus(), &pieces, &op);
     std::vector<int> fds;
     uint64_t bytes = 0;
     for (const SharedPiece& p : pieces) {
@@ -245,9 +253,8 @@ void FdServer::Serve(int conn) {
     }
     FdMetrics* const metrics = options_.metrics;
     if (metrics != nullptr) metrics->CountRequest(op, absl::StatusCode(reply.code()));
-    if (!SendMessage(conn, reply.SerializeAsString(), fds).ok()) return;
+    if (!SendMessage(conn, reply.SerializeAsString(), fds, deadline).ok()) return;
     if (metrics != nullptr) metrics->CountExport(fds.size(), bytes);
-    if (!access.ok()) return;
   }
 }
 

@@ -6,14 +6,17 @@
 //
 // Access: the socket file gets options.access (mode and group) right after bind, which
 // happens under OwnerOnlyUmask; a peer must pass CheckFdPeer (SO_PEERCRED: the daemon's
-// user or root, or the daemon's user and options.allowed_uids) and name a live session. A
-// refused peer gets PERMISSION_DENIED naming its uid, then the connection closes. A
-// session gets the pools and its own scratch region, never another's.
+// user or root, or the daemon's user and options.allowed_uids) and name a live session.
+// The peer's uid is checked as the connection is accepted, before anything is read: a
+// refused peer is sent one PERMISSION_DENIED reply naming its uid (without waiting: it
+// fits the empty socket buffer) and closed at once, holding no thread. A session gets the
+// pools and its own scratch region, never another's.
 //
 // Bounds: at most max_connections connections are served at once; one beyond is closed
 // as soon as it is accepted. A connection with no request for idle_timeout is closed (the
-// client reconnects), and so is one whose request or reply stalls for min(5 s,
-// idle_timeout) once under way. When accept fails for want of fds or memory the server
+// client reconnects), and so is one whose request has not arrived whole and been answered
+// within min(request_timeout, idle_timeout) of its first byte, however the peer paces its
+// bytes. When accept fails for want of fds or memory the server
 // waits accept_backoff before trying again; it never stops accepting until destroyed.
 // No exception leaves its threads: a connection whose thread cannot be started is closed.
 //
@@ -44,6 +47,8 @@ namespace kvarena {
 struct FdServerOptions {
   int max_connections = 256;                        // --max_fd_connections; at least 1
   absl::Duration idle_timeout = absl::Seconds(60);  // --fd_idle_timeout; positive
+  // From a request's first byte to its reply's last; positive. A test hook: no flag sets it.
+  absl::Duration request_timeout = absl::Seconds(5);
   absl::Duration accept_backoff = absl::Milliseconds(100);  // positive
   SocketAccess access;              // --socket_mode, --socket_group
   std::vector<uid_t> allowed_uids;  // --allowed_uids (CheckFdPeer)
@@ -70,6 +75,9 @@ class FdServer {
  private:
   FdServer(std::string path, int listen_fd, KvStore* store, FdServerOptions options);
   void AcceptLoop();
+  // When CheckFdPeer refuses conn's peer: sends it the refusal, closes conn and returns
+  // true. Reads nothing from conn.
+  bool RefusedPeer(int conn);
   // Serves conn on a new thread, or closes it (over the bound, or no thread to be had).
   void Admit(int conn);
   // A connection's thread: serves conn until it closes, idles out or fails, then closes it.

@@ -4,15 +4,24 @@
 #include <exception>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 
 namespace kvarena {
 namespace {
+
+// civetweb (under prometheus-cpp) gives each connection a thread until its request has
+// come and been answered, waiting up to request_timeout_ms for it (30 s by default, with 2
+// threads): two idle connections stalled every scrape for 30 s. With these, a scrape
+// waits at most kMetricsRequestTimeout however many idle connections are open.
+constexpr int kMetricsThreads = 8;
+constexpr absl::Duration kMetricsRequestTimeout = absl::Seconds(2);
 
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
@@ -255,7 +264,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
       ipv6 ? absl::StrCat("[", address, "]:", port) : absl::StrCat(address, ":", port)));
   server->collector_ = std::make_shared<StoreCollector>(sources);
   try {  // prometheus-cpp (civetweb) reports an address it cannot bind by throwing
-    server->exposer_ = std::make_unique<prometheus::Exposer>(server->bind_address_);
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", server->bind_address_,
+        "num_threads", std::to_string(kMetricsThreads),
+        "request_timeout_ms", std::to_string(absl::ToInt64Milliseconds(kMetricsRequestTimeout))});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("--metrics_address=", address, " --metrics_port=",
                                                port, ": cannot serve metrics: ", e.what()));

@@ -175,8 +175,12 @@ absl::Status Requests::Stats(const v1::StatsRequest& req, v1::StatsResponse* res
   return s.status();
 }
 
-absl::Status Requests::ListCaches(const v1::ListCachesRequest&, v1::ListCachesResponse* resp) {
-  for (const CacheInfo& info : store_->ListCaches()) ToProto(info, resp->add_caches());
+absl::Status Requests::ListCaches(const v1::ListCachesRequest& req, v1::ListCachesResponse* resp) {
+  absl::StatusOr<std::string> after = DecodePageToken(req.page_token());
+  if (!after.ok()) return after.status();
+  const KvStore::CachePage page = store_->ListCaches(*after, DecodePageSize(req.page_size()));
+  for (const CacheInfo& info : page.caches) ToProto(info, resp->add_caches());
+  if (page.more) resp->set_next_page_token(EncodePageToken(page.last_id));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,7 @@
 #include "daemon/server.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -20,6 +22,20 @@
 
 namespace kvarena {
 namespace {
+
+// The daemon's incarnation: 64 bits from the system's CSPRNG, never 0 (the proto's
+// "unset").
+uint64_t NewIncarnation() {
+  uint64_t v = 0;
+  while (v == 0) {
+    size_t got = 0;
+    while (got < sizeof(v)) {
+      const ssize_t r = getrandom(reinterpret_cast<char*>(&v) + got, sizeof(v) - got, 0);
+      if (r > 0) got += size_t(r);
+    }
+  }
+  return v;
+}
 
 constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
 // Sync handlers run on pooled threads (held Attach streams, on the callback API, take
@@ -131,10 +147,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!store.ok()) return store.status();
   d->store_ = std::move(*store);
   const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);
+  const uint64_t incarnation = NewIncarnation();
   d->attach_ = std::make_unique<AttachHub>(
       d->store_.get(), &d->rpcs_,
-      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer});
-  d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, EventsHub::Options{});
+      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer, incarnation});
+  EventsHub::Options events_options;
+  events_options.incarnation = incarnation;
+  d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
                                                      d->events_.get());
   if (options.metrics_port != 0) {

@@ -21,9 +21,9 @@ CommandResult Print(std::string out) {
   return r;
 }
 
-CommandResult Fail(absl::Status s) {
+CommandResult Fail(const absl::Status& s) {
   CommandResult r;
-  r.status = std::move(s);
+  r.status = absl::Status(s.code(), ForTerminal(s.message()));  // may echo a caller's cache id
   r.exit_code = 1;
   return r;
 }
@@ -79,7 +79,7 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
 }
 
 std::string CacheText(const std::string& cache_id, const PageStats& p) {
-  std::string out = absl::StrCat("cache ", cache_id, "\n");
+  std::string out = absl::StrCat("cache ", ForTerminal(cache_id), "\n");
   Table t;
   t.AddRow({"pages", absl::StrCat("used ", p.pages_used, "  (page size ",
                                   PageSizeText(p.page_size), " tokens, ",

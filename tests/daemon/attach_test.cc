@@ -47,13 +47,16 @@ class AttachTest : public KvarenadTest {
     return out;
   }
 
-  // Opens a stream on `channel`: OK once its first event came (the stream is then held
-  // until the test ends), else the status the daemon ended it with.
-  grpc::Status TryOpen(const std::shared_ptr<grpc::Channel>& channel) {
+  // Opens a stream on `channel` (resuming resume_token's session when not empty): OK once
+  // its first event came (the stream is then held until the test ends, last in streams_),
+  // else the status the daemon ended it with.
+  grpc::Status TryOpen(const std::shared_ptr<grpc::Channel>& channel,
+                       const std::string& resume_token = "") {
     Stream s;
     s.context = std::make_unique<grpc::ClientContext>();
     v1::AttachRequest req;
     req.set_client_name("attach-test");
+    req.set_resume_token(resume_token);
     s.reader = v1::KvCacheService::NewStub(channel)->Attach(s.context.get(), req);
     if (!s.reader->Read(&s.first)) return s.reader->Finish();
     streams_.push_back(std::move(s));
@@ -117,6 +120,23 @@ TEST(PeerHostTest, StripsThePortAndNamesNoUnixPeer) {
   EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:5555"), "::1");
   EXPECT_EQ(PeerHost("unix:/tmp/kvarena.sock"), "");
   EXPECT_EQ(PeerHost("unix:"), "");
+}
+
+// A resumed stream's first event carries a new token; the one it presented resumes
+// nothing any more (a stream taken over cannot take the session back).
+TEST_F(AttachTest, AResumeRotatesTheToken) {
+  const std::shared_ptr<grpc::Channel> channel = daemon_->NewChannel();
+  ASSERT_TRUE(TryOpen(channel).ok());
+  const v1::AttachEvent opened = streams_.back().first;
+  ASSERT_TRUE(TryOpen(channel, opened.resume_token()).ok());
+  const v1::AttachEvent resumed = streams_.back().first;
+  EXPECT_TRUE(resumed.resumed());
+  EXPECT_EQ(resumed.session_id(), opened.session_id());
+  EXPECT_EQ(resumed.resume_token().size(), 32u);
+  EXPECT_NE(resumed.resume_token(), opened.resume_token());
+  EXPECT_EQ(TryOpen(channel, opened.resume_token()).error_code(), StatusCode::NOT_FOUND);
+  ASSERT_TRUE(TryOpen(channel, resumed.resume_token()).ok());
+  EXPECT_EQ(streams_.back().first.session_id(), opened.session_id());
 }
 
 // 300 streams on 3 connections: a sync server would hold a thread for each.

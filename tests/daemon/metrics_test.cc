@@ -145,6 +145,25 @@ TEST_F(MetricsTest, ServesTheTextFormat) {
   EXPECT_NE(e->Family("kvarena_rpc_duration_seconds"), nullptr);
 }
 
+// Idle connections (more than the exposer has threads) do not hold up a scrape: each is
+// given up on after the request timeout. Bounded by the client's 10 s, not timed.
+TEST_F(MetricsTest, IdleConnectionsDoNotStallAScrape) {
+  std::vector<int> idle;
+  for (int i = 0; i < 12; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port_));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+    idle.push_back(fd);  // sends nothing
+  }
+  const std::string response = GetMetrics(port_, /*timeout_s=*/10);
+  for (int fd : idle) close(fd);
+  EXPECT_THAT(response, HasSubstr("200 OK"));
+  EXPECT_THAT(response, HasSubstr("kvarena_rpc_duration_seconds"));
+}
+
 // Every series of `name` that moved between two scrapes, by how much.
 std::map<PromLabels, double> Moved(const Exposition& before, const Exposition& after,
                                    const std::string& name) {

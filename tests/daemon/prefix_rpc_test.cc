@@ -1,5 +1,6 @@
 // Prefix reuse at the wire, against a real kvarenad: prompt_tokens on Allocate, SetTokens,
-// Fork, the prefix fields of CacheInfo and PageStats, and the /metrics families.
+// Fork, the prefix fields of CacheInfo and PageStats, the /metrics families, and
+// WatchEvents (replay, the daemon's incarnation, a from_seq past the newest event).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -198,6 +199,73 @@ TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
   EXPECT_EQ(msg.next_seq(), 5u);
   ctx.TryCancel();
   ctx2.TryCancel();
+}
+
+// A watcher that resumes with from_seq tells a restarted daemon by its incarnation: the
+// same on every message of one daemon process (AttachEvent included), another after a
+// restart, never 0. And the restarted daemon, asked for a seq past its newest, says the
+// watcher lost events and replays what it keeps, rather than waiting for that seq.
+TEST_F(PrefixRpcTest, EveryMessageCarriesTheIncarnationARestartChanges) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub_->WatchEvents(&ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  const uint64_t incarnation = msg.daemon_incarnation();
+  EXPECT_NE(incarnation, 0u);
+  AllocatePrompt({1, 2, 3, 4, 5}, "a");
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(AppendF32("a", l, 0, 5, 2, 8, 1.0f).ok());
+  int events = 0;
+  while (events < 2 && reader->Read(&msg)) {
+    events += msg.events_size();
+    EXPECT_EQ(msg.daemon_incarnation(), incarnation);
+  }
+  ASSERT_EQ(events, 2);  // one full page on each layer
+  const uint64_t resume_from = msg.next_seq();
+  ctx.TryCancel();
+  {
+    grpc::ClientContext attach;
+    attach.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub_->Attach(&attach, v1::AttachRequest());
+    v1::AttachEvent event;
+    ASSERT_TRUE(stream->Read(&event));
+    EXPECT_EQ(event.daemon_incarnation(), incarnation);
+    attach.TryCancel();
+  }
+
+  StartDaemon({"--arena_bytes=16Mi"});
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchEventsRequest resume;
+  resume.set_from_seq(resume_from);
+  auto again = stub_->WatchEvents(&ctx2, resume);
+  ASSERT_TRUE(again->Read(&msg));
+  EXPECT_NE(msg.daemon_incarnation(), incarnation);
+  EXPECT_NE(msg.daemon_incarnation(), 0u);
+  EXPECT_TRUE(msg.events_lost());  // resume_from is past the new daemon's newest event
+  EXPECT_EQ(msg.next_seq(), 1u);
+  ctx2.TryCancel();
+}
+
+TEST_F(PrefixRpcTest, AFromSeqPastTheNewestReportsLostEventsAndMissesNone) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchEventsRequest far;
+  far.set_from_seq(1000);
+  auto reader = stub_->WatchEvents(&ctx, far);
+  v1::WatchEventsResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  EXPECT_TRUE(msg.events_lost());
+  EXPECT_EQ(msg.events_size(), 0);
+  EXPECT_EQ(msg.next_seq(), 1u);
+  // The events that follow come from seq 1, not from 1000.
+  AllocatePrompt({1, 2, 3, 4, 5}, "a");
+  ASSERT_TRUE(AppendF32("a", 0, 0, 5, 2, 8, 1.0f).ok());
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_GE(msg.events_size(), 1);
+  EXPECT_EQ(msg.events(0).seq(), 1u);
+  EXPECT_FALSE(msg.events_lost());
+  ctx.TryCancel();
 }
 
 TEST_F(PrefixRpcTest, AWatcherDoesNotHoldUpShutdown) {

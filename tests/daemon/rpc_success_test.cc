@@ -1,5 +1,9 @@
 // Every KvCacheService RPC's success path against a real kvarenad.
+#include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "tests/daemon/rpc_test_util.h"
 
@@ -270,6 +274,42 @@ TEST_F(RpcTest, ListCachesListsEveryCache) {
   std::vector<std::string> ids;
   for (const v1::CacheInfo& c : resp.caches()) ids.push_back(c.cache_id());
   EXPECT_THAT(ids, ::testing::UnorderedElementsAre(a, b));
+}
+
+// 25 caches in pages of 10: three pages, every cache exactly once, in id order; the
+// last page gives no token; a token no page gave is INVALID_ARGUMENT.
+TEST_F(RpcTest, ListCachesPagesThroughEveryCacheOnce) {
+  std::set<std::string> made;
+  for (int i = 0; i < 25; ++i) made.insert(Allocate(Spec(1, 1, 4)));
+  std::vector<std::string> listed;
+  v1::ListCachesRequest req;
+  req.set_page_size(10);
+  int pages = 0;
+  do {
+    v1::ListCachesResponse resp;
+    ASSERT_TRUE(stub_->ListCaches(Ctx().get(), req, &resp).ok());
+    ++pages;
+    EXPECT_EQ(resp.caches_size(), pages < 3 ? 10 : 5);
+    for (const v1::CacheInfo& c : resp.caches()) listed.push_back(c.cache_id());
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()), made);
+  EXPECT_EQ(listed.size(), made.size());
+  // page_size 0: the default page (1000) holds them all.
+  v1::ListCachesResponse all;
+  ASSERT_TRUE(stub_->ListCaches(Ctx().get(), v1::ListCachesRequest(), &all).ok());
+  EXPECT_EQ(all.caches_size(), 25);
+  EXPECT_EQ(all.next_page_token(), "");
+  for (const std::string& bad : {std::string("not a token"), std::string("YWZ0ZXI6"), *made.begin()}) {
+    SCOPED_TRACE(bad);
+    v1::ListCachesRequest r;
+    r.set_page_token(bad);
+    v1::ListCachesResponse resp;
+    EXPECT_THAT(stub_->ListCaches(Ctx().get(), r, &resp),
+                StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "page_token"));
+  }
 }
 
 TEST_F(RpcTest, ReserveAndCommitAdvanceEveryLayer) {

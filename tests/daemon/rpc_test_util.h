@@ -28,8 +28,8 @@ namespace kvarena {
 const char* GrpcCodeName(grpc::StatusCode code);
 
 // GET http://127.0.0.1:port/metrics with a bare socket: the whole response, head and body
-// ("" on failure).
-std::string GetMetrics(int port);
+// ("" on failure). Each send and receive gives up after timeout_s seconds (0: never).
+std::string GetMetrics(int port, int timeout_s = 0);
 
 MATCHER_P(StatusIs, code, absl::StrCat(negation ? "isn't " : "is ", GrpcCodeName(code))) {
   return arg.error_code() == code;

@@ -187,10 +187,12 @@ TEST_F(SessionTest, AResumeTokenTakesTheSessionOverWithItsCaches) {
   EXPECT_THAT(a.reader->Finish(), StatusIs(StatusCode::ABORTED, "resumed by a newer Attach"));
   EXPECT_TRUE(Allocate(Spec(1, 1, 4), session).size() > 0);
 
-  // Broken, then resumed from its grace: the cache is there and the session acts again.
+  // Broken, then resumed from its grace with the token b was given (tokens rotate: a's
+  // resumes nothing now): the cache is there and the session acts again.
+  EXPECT_NE(b.first.resume_token(), a.first.resume_token());
   b.ctx->TryCancel();
   ASSERT_TRUE(WaitUntilDetached(session, id));
-  RawStream c = OpenStream(*daemon_, a.first.resume_token());
+  RawStream c = OpenStream(*daemon_, b.first.resume_token());
   ASSERT_TRUE(c.got_first);
   EXPECT_EQ(c.first.session_id(), session);
   EXPECT_EQ(Stats(id).pages().seq_len(), 8u);

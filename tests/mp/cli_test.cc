@@ -1,5 +1,11 @@
-// The kvarena CLI binary against a live kvarenad: stats (table and JSON), caches, health.
+// The kvarena CLI binary against a live kvarenad: stats (table and JSON), caches (every
+// page of them, client-chosen ids escaped), health.
 #include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -108,6 +114,45 @@ TEST_F(CliTest, CachesListsEachCache) {
   ASSERT_EQ(m.caches_size(), 1);
   EXPECT_EQ(m.caches(0).cache_id(), "cli-d");
   EXPECT_EQ(m.caches(0).seq_len(), 33u);
+}
+
+// Cache ids are the client's choice: the table shows control characters as \xNN (no
+// escape sequence reaches the operator's terminal), and --json escapes them as JSON does.
+TEST_F(CliTest, CachesEscapesControlCharactersInIds) {
+  const std::string id = "red\x1b[31m\nline";
+  AllocateCache(id, 5);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"caches"}, std::vector<std::string>{"stats", "--cache=" + id}}) {
+    CommandResult r = Cli(args);
+    ASSERT_TRUE(r.exited_ok()) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("red\\x1b[31m\\x0aline"));
+    EXPECT_EQ(r.output.find('\x1b'), std::string::npos) << r.output;
+  }
+  CommandResult j = Cli({"caches", "--json"});
+  ASSERT_TRUE(j.exited_ok()) << j.output;
+  EXPECT_EQ(j.output.find('\x1b'), std::string::npos) << j.output;
+  v1::ListCachesResponse m;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(j.output, &m).ok()) << j.output;
+  ASSERT_EQ(m.caches_size(), 1);
+  EXPECT_EQ(m.caches(0).cache_id(), id);
+}
+
+// More caches than the daemon's default ListCaches page (1000): the CLI follows the pages.
+TEST_F(CliTest, CachesListsEveryPage) {
+  CacheSpec spec;
+  spec.num_layers = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 8;
+  spec.dtype = DType::kFloat32;
+  for (int i = 0; i < 1005; ++i) ASSERT_THAT(Observer()->Allocate(spec, absl::StrCat("p", i)), IsOk());
+  CommandResult j = Cli({"caches", "--json"});
+  ASSERT_TRUE(j.exited_ok()) << j.output.substr(0, 1000);
+  v1::ListCachesResponse m;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(j.output, &m).ok());
+  std::set<std::string> ids;
+  for (const v1::CacheInfo& c : m.caches()) ids.insert(c.cache_id());
+  EXPECT_EQ(m.caches_size(), 1005);
+  EXPECT_EQ(ids.size(), 1005u);
 }
 
 TEST_F(CliTest, HealthServingExitsZero) {

@@ -85,6 +85,24 @@ TEST_F(ResumeTest, OverAUnixSocketTheSessionAndItsCachesSurviveABrokenStream) {
   EXPECT_THAT((*client)->Release((*cache)->cache_id()), IsOk());
 }
 
+// Each resume rotates the token: the client must present the newest one at the next.
+TEST_F(ResumeTest, ASecondBreakResumesWithTheTokenTheFirstResumeGave) {
+  Start("1h", /*tcp=*/false);
+  auto client = Client::Connect(proxy_->address());
+  ASSERT_THAT(client, IsOk());
+  auto cache = (*client)->Allocate(SmallSpec());
+  ASSERT_THAT(cache, IsOk());
+  AppendTokens(**cache, 4);
+  for (int64_t resumes = 1; resumes <= 2; ++resumes) {
+    proxy_->Cut();
+    ASSERT_TRUE(WaitFor([&] { return (*client)->resumes() == resumes || !(*client)->connected(); }));
+    ASSERT_EQ((*client)->resumes(), resumes) << daemon().output();
+    EXPECT_TRUE((*client)->connected());
+  }
+  EXPECT_TRUE((*cache)->is_valid());
+  AppendTokens(**cache, 1);
+}
+
 TEST_F(ResumeTest, OverTcpTheClientRetriesUntilTheProxyForwardsAgain) {
   Start("1h", /*tcp=*/true);
   auto client = Client::Connect(proxy_->address());

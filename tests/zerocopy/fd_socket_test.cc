@@ -2,6 +2,7 @@
 // a KvStore, the daemon's FdServer and a worker's RegionClient; the accept loop's answers
 // to failing accept4 calls (injected); a RegionClient whose connection the server closed.
 #include <grp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -167,9 +168,10 @@ TEST_F(FdSocketTest, AnotherSessionCannotObtainTheScratchFds) {
 TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
   const std::string s = *store_->OpenSession("w");
-  // Exit code of a child that asks for the session's regions as user nobody:
-  // 4 = could not connect (the socket's 0660 mode), 3 = refused by SO_PEERCRED, 1 = served.
-  auto ask_as_nobody = [&]() {
+  // Exit code of a child that asks for the session's regions as user nobody (or, without
+  // `ask`, connects and only reads, for up to 10 s): 4 = could not connect (the socket's
+  // 0660 mode), 3 = refused by SO_PEERCRED, 1 = served or no answer.
+  auto ask_as_nobody = [&](bool ask = true) {
     const pid_t child = fork();
     if (child == 0) {
       if (setgroups(0, nullptr) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
@@ -177,8 +179,13 @@ TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
       req.set_session_id(s);
       req.mutable_list_regions();
       auto sock = ConnectUnix(server_->path());
-      if (!sock.ok() || !SendMessage(*sock, req.SerializeAsString()).ok()) _exit(4);
-      auto m = RecvMessage(*sock);
+      if (!sock.ok()) _exit(4);
+      // Refused at accept, the peer may find the socket closed before it sends; the
+      // refusal is there to read either way.
+      const bool sent = ask && SendMessage(*sock, req.SerializeAsString()).ok();
+      const absl::Time deadline = !ask ? absl::Now() + absl::Seconds(10)
+                                  : sent ? absl::InfiniteFuture() : absl::InfinitePast();
+      auto m = RecvMessage(*sock, deadline);
       v1::FdReply r;
       if (m.ok()) r.ParseFromString(m->bytes);
       _exit(m.ok() && r.code() == int(absl::StatusCode::kPermissionDenied) && m->fds.empty() ? 3 : 1);
@@ -191,6 +198,38 @@ TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
   // Even with the file mode opened up, the credential check refuses the other user.
   ASSERT_EQ(chmod(server_->path().c_str(), 0666), 0);
   EXPECT_EQ(ask_as_nobody(), 3);
+  // The check comes at accept, before anything is read: a peer that sends nothing is
+  // refused too, instead of holding a connection until the idle timeout.
+  EXPECT_EQ(ask_as_nobody(/*ask=*/false), 3);
+}
+
+// A request trickled one byte at a time, each well within any per-read timeout, is cut
+// off at the request deadline; other peers are served meanwhile.
+TEST_F(FdSocketTest, ATrickledRequestIsCutOffAtItsDeadline) {
+  FdServerOptions o;
+  o.request_timeout = absl::Seconds(1);
+  Restart(std::move(o));
+  const int sock = *ConnectUnix(server_->path());
+  const uint32_t len = 1000;  // announces 1000 bytes; at one per 300 ms, 5 minutes' worth
+  ASSERT_EQ(send(sock, &len, sizeof(len), MSG_NOSIGNAL), ssize_t(sizeof(len)));
+  bool closed = false;
+  for (int i = 0; i < 40 && !closed; ++i) {
+    pollfd p = {sock, POLLIN, 0};
+    if (poll(&p, 1, 300) > 0) {  // readable: no reply is due, so only the end of the stream
+      char c;
+      const ssize_t r = recv(sock, &c, 1, 0);
+      EXPECT_TRUE(r == 0 || (r < 0 && errno == ECONNRESET)) << r << " " << std::strerror(errno);
+      closed = true;
+      break;
+    }
+    (void)send(sock, "x", 1, MSG_NOSIGNAL);
+    if (i == 1) {
+      EXPECT_TRUE(Served());  // mid-trickle, another peer gets its answer
+    }
+  }
+  close(sock);
+  EXPECT_TRUE(closed) << "a request trickled for 12 s still holds its connection";
+  EXPECT_TRUE(Served());
 }
 
 TEST_F(FdSocketTest, AcceptRetriesAtOnceWhenAConnectionWentAway) {

@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,38 @@ TEST_F(RemoteClientTest, GetKvPagesALayerAboveTheMessageLimitBitForBit) {
   EXPECT_EQ(resp.first_pos(), 1000u);
   EXPECT_EQ(resp.layer_len(), 3000u);
   EXPECT_THAT(resp.k().shape(), ::testing::ElementsAre(1, kKvHeads, 100, kHeadDim));
+}
+
+// A refusal's advice accounts for the reply's envelope: 2 KiB of K+V a token under a
+// 1 MiB limit, so 512 tokens would be exactly the limit in K+V alone and fail on the
+// wire; the advised max_tokens is served, one more is refused.
+TEST_F(RemoteClientTest, GetKvsAdvisedPageSizeFitsTheWire) {
+  auto h = Fill({0}, 1000);
+  ASSERT_NE(h, nullptr);
+  auto stub = v1::KvCacheService::NewStub(daemon_->NewChannel());
+  auto get = [&](uint64_t max_tokens, v1::GetKvResponse* resp) {
+    v1::GetKvRequest req;
+    req.set_cache_id(h->cache_id());
+    req.set_max_tokens(max_tokens);
+    grpc::ClientContext ctx;
+    return stub->GetKv(&ctx, req, resp);
+  };
+  v1::GetKvResponse resp;
+  const grpc::Status whole = get(0, &resp);
+  ASSERT_EQ(whole.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << whole.error_message();
+  std::smatch m;
+  const std::string message = whole.error_message();
+  ASSERT_TRUE(std::regex_search(message, m, std::regex("ask for at most (\\d+) tokens"))) << message;
+  const uint64_t advised = std::stoull(m[1]);
+  EXPECT_GT(advised, 500u);
+  EXPECT_LT(advised, 512u);
+  const grpc::Status fits = get(advised, &resp);
+  ASSERT_TRUE(fits.ok()) << fits.error_message();
+  EXPECT_EQ(resp.k().shape(2), int64_t(advised));
+  EXPECT_LE(resp.ByteSizeLong(), kDaemonLimit);
+  const grpc::Status over = get(advised + 1, &resp);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
+  EXPECT_THAT(over.error_message(), HasSubstr("ask for at most"));  // core's refusal, not the wire's
 }
 
 TEST_F(RemoteClientTest, AClientLimitAboveTheDaemonsSaysWhichOptionToSet) {
