@@ -375,28 +375,19 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
 }
 
 absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
-                                                         const std::string& resume_token) {
+                                                         const std::string& resume_token,
+                                                         const SessionPeer& peer) {
   Impl& im = *impl_;
   if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
-  s.quota = std::make_shared<Quota>(im.options.max_caches_per_session, im.options.session_max_pages);
-  // The scratch region is charged to the arena; a session the budget cannot cover works
-  // without one (its tensors travel inline, ResolveSlice says why).
-  const size_t want = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
-  if (want > 0 && im.budget.TryCharge(want)) {
-    if (auto r = im.scratch_backend->Reserve(want, absl::StrCat("kvarena-scratch-", s.scratch_id)); r.ok()) {
-      s.scratch = std::shared_ptr<const Region>(*std::move(r));
-      s.scratch_charge = want;
-    } else {
-      im.budget.Refund(want);
-    }
+  // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
+  if (peer.can_map) {
+    s.scratch_size = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
   }
-  const size_t charge = s.scratch_charge;
-  absl::StatusOr<SessionAttachment> a = im.sessions.Open(std::move(s));
-  if (!a.ok()) im.budget.Refund(charge);
-  return a;
+  s.quota = std::make_shared<Quota>(im.options.max_caches_per_session, im.options.session_max_pages);
+  return im.sessions.Open(std::move(s));
 }
 
 absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {

@@ -34,10 +34,6 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
         "max_sessions=", max_sessions_));
   }
   Session& s = sessions_[a.session_id];
-  if (session.scratch) {
-    scratch_bytes_ += session.scratch_charge;
-    ++scratch_regions_;
-  }
   s.info = std::move(session);
   s.resume_token = a.resume_token;
   by_token_[a.resume_token] = a.session_id;
@@ -64,12 +60,30 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
   return SessionAttachment{t->second, resume_token, s->epoch, /*resumed=*/true};
 }
 
-std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint64_t* scratch_id) const {
+absl::StatusOr<SessionTable::ScratchView> SessionTable::Scratch(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (id.empty() || it == sessions_.end() || it->second.detached) {
+    return absl::FailedPreconditionError("no attached session (Attach first)");
+  }
+  const Session& s = it->second;
+  return ScratchView{s.info.scratch_id, s.info.scratch_size, s.scratch};
+}
+
+std::shared_ptr<const Region> SessionTable::SetScratch(const std::string& id,
+                                                       std::shared_ptr<const Region> region,
+                                                       size_t charge) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.detached) return nullptr;
-  *scratch_id = it->second.info.scratch_id;
-  return it->second.info.scratch;
+  Session& s = it->second;
+  if (s.scratch == nullptr) {
+    s.scratch = std::move(region);
+    s.scratch_charge = charge;
+    scratch_bytes_ += charge;
+    ++scratch_regions_;
+  }
+  return s.scratch;
 }
 
 std::shared_ptr<Quota> SessionTable::QuotaOf(const std::string& id) const {
@@ -147,9 +161,9 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
     Expired e;
     e.session_id = it->first;
     e.cache_ids.assign(s.caches.begin(), s.caches.end());
-    if (s.info.scratch) {
-      e.scratch_charge = s.info.scratch_charge;
-      scratch_bytes_ -= s.info.scratch_charge;
+    if (s.scratch) {
+      e.scratch_charge = s.scratch_charge;
+      scratch_bytes_ -= s.scratch_charge;
       --scratch_regions_;
     }
     out.push_back(std::move(e));

@@ -1,6 +1,7 @@
 // SessionTable: the attached workers. Each session has an unguessable id, an unguessable
 // resume token (a later Attach stream presenting it takes the session over), the caches
-// it owns, its Quota, its scratch region and — once its Attach stream broke — the time its
+// it owns, its Quota, its scratch region (planned at open, created and charged to the
+// arena when the session first maps it) and — once its Attach stream broke — the time its
 // caches are to be released. Each attachment of a session has an epoch, so the end of a
 // stream that was taken over does not detach the session from the stream that took it.
 //
@@ -41,9 +42,8 @@ class SessionTable {
 
   struct NewSession {
     std::string client_name;
-    std::shared_ptr<const Region> scratch;  // may be null
     uint64_t scratch_id = 0;
-    size_t scratch_charge = 0;  // arena bytes charged for it, refunded when the session goes
+    size_t scratch_size = 0;  // the scratch region's bytes once mapped; 0: it gets none
     std::shared_ptr<Quota> quota;
   };
   // Opens a session with a fresh id and resume token (each 128 bits from the system's
@@ -54,8 +54,21 @@ class SessionTable {
   // have noticed ending yet). NOT_FOUND when no session holds the token, or its grace
   // ended by `now` (reaped or about to be: it is gone either way).
   absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now);
-  // The scratch region of a live session; null when unknown, detached or without one.
-  std::shared_ptr<const Region> Scratch(const std::string& id, uint64_t* scratch_id) const;
+  // A live session's scratch region: its id and size (0 when it gets none), and the region
+  // itself once created (SetScratch), else null.
+  struct ScratchView {
+    uint64_t id = 0;
+    size_t size = 0;
+    std::shared_ptr<const Region> region;
+  };
+  // FAILED_PRECONDITION when the session is unknown or detached.
+  absl::StatusOr<ScratchView> Scratch(const std::string& id) const;
+  // Gives a live session its scratch region, charged `charge` arena bytes (refunded with
+  // TakeExpired). Returns the region the session holds afterwards: `region`, or the one
+  // another call installed first, or null when the session is unknown or detached. The
+  // charge is taken only when `region` itself is returned; otherwise the caller refunds it.
+  std::shared_ptr<const Region> SetScratch(const std::string& id, std::shared_ptr<const Region> region,
+                                           size_t charge);
   // The quota of a live session; null when unknown or detached.
   std::shared_ptr<Quota> QuotaOf(const std::string& id) const;
   // Starts the grace period; a no-op for an unknown id, or when epoch is not 0 and the
@@ -63,7 +76,7 @@ class SessionTable {
   void Detach(const std::string& id, absl::Time release_at, uint64_t epoch = 0);
   bool Contains(const std::string& id) const;
   int64_t size() const;
-  // Scratch bytes charged by the sessions held, and how many regions.
+  // Scratch bytes charged by the sessions held, and how many regions were created.
   size_t scratch_bytes() const;
   int64_t scratch_regions() const;
 
@@ -94,6 +107,8 @@ class SessionTable {
  private:
   struct Session {
     NewSession info;
+    std::shared_ptr<const Region> scratch;  // null until first mapped
+    size_t scratch_charge = 0;
     absl::flat_hash_set<std::string> caches;
     std::string resume_token;
     uint64_t epoch = 1;

@@ -164,7 +164,9 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
                                         " Attach streams; max_attach_per_peer=",
                                         options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
-                 store_->AttachSession(request.client_name(), request.resume_token());
+                 // A TCP peer cannot reach the fd socket: its session gets no scratch region.
+                 store_->AttachSession(request.client_name(), request.resume_token(),
+                                       SessionPeer{.can_map = host.empty()});
              !a.ok()) {
     refused = a.status();
   } else {
