@@ -25,6 +25,9 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxSessions: return "max_sessions";
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
+    case Refusal::kMaxWatchers: return "max_watchers";
+    case Refusal::kMaxWatchersPerPeer: return "max_watchers_per_peer";
+    case Refusal::kWatcherBehind: return "watcher_behind";
   }
   return "other";
 }

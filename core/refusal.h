@@ -24,8 +24,11 @@ enum class Refusal {
   kMaxSessions,          // --max_sessions
   kMaxMessageBytes,      // --max_message_bytes: a GetKv reply too large
   kMaxAttachPerPeer,     // --max_attach_per_peer (the daemon's Attach streams)
+  kMaxWatchers,          // the daemon's WatchEvents streams (64)
+  kMaxWatchersPerPeer,   // --max_watchers_per_peer
+  kWatcherBehind,        // a WatchEvents stream dropped: it fell too far behind
 };
-inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxAttachPerPeer) + 1;
+inline constexpr int kNumRefusals = static_cast<int>(Refusal::kWatcherBehind) + 1;
 
 // "arena_full", "max_tokens", ...: the metrics label.
 const char* RefusalName(Refusal reason);

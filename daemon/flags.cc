@@ -78,6 +78,8 @@ ABSL_FLAG(absl::Duration, idle_ttl, absl::ZeroDuration(),
 ABSL_FLAG(int, max_attach_per_peer, 64,
           "Most Attach streams one TCP peer address may hold open (Unix-socket peers count "
           "against --max_sessions only).");
+ABSL_FLAG(int, max_watchers_per_peer, 8,
+          "Most WatchEvents streams one TCP peer address may hold (all peers together: 64).");
 ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
 ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
           "An fd-socket connection idle this long is closed (clients reconnect).");
@@ -131,6 +133,7 @@ DaemonOptions OptionsFromFlags() {
   o.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
   o.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
   o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
+  o.max_watchers_per_peer = absl::GetFlag(FLAGS_max_watchers_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
   o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);

@@ -82,6 +82,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat("--max_attach_per_peer=", options.max_attach_per_peer,
                                                    " must be at least 1"));
   }
+  if (options.max_watchers_per_peer < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_watchers_per_peer=", options.max_watchers_per_peer, " must be at least 1"));
+  }
   if (options.metrics_port < 0 || options.metrics_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
@@ -130,7 +134,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->attach_ = std::make_unique<AttachHub>(
       d->store_.get(), &d->rpcs_,
       AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer});
-  d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, EventsHub::Options{});
+  EventsHub::Options events_options;
+  events_options.max_watchers_per_peer = options.max_watchers_per_peer;
+  d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
                                                      d->events_.get());
   if (options.metrics_port != 0) {

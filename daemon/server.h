@@ -66,6 +66,7 @@ struct DaemonOptions {
   absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
   int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
   int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
+  int max_watchers_per_peer = 8;  // WatchEvents streams from one TCP peer address
   int max_fd_connections = 256;  // open fd-socket connections
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
 };
