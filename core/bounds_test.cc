@@ -120,6 +120,29 @@ TEST_F(BoundsTest, SessionsAreBounded) {
   EXPECT_TRUE(store_->OpenSession("c").ok());
 }
 
+TEST_F(BoundsTest, SessionsOfOnePeerAreBounded) {
+  StoreOptions o = Options(size_t{16} << 20);
+  o.max_sessions = 8;
+  o.max_sessions_per_peer = 2;
+  MakeStore(o);
+  const SessionPeer uid{.key = "uid 1000"};
+  const std::string a = store_->AttachSession("a", "", uid)->session_id;
+  ASSERT_TRUE(store_->AttachSession("b", "", uid).ok());
+  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
+                  "uid 1000 holds 2 sessions (attached or in their grace period); max_sessions_per_peer=2");
+  // Another peer, and a peer the daemon cannot name, count against max_sessions only.
+  EXPECT_TRUE(store_->AttachSession("d", "", SessionPeer{.key = "uid 1001"}).ok());
+  EXPECT_TRUE(store_->OpenSession("e").ok());
+  EXPECT_TRUE(store_->OpenSession("f").ok());
+  EXPECT_TRUE(store_->OpenSession("g").ok());
+  // The slot comes back when a session's grace ends.
+  store_->DetachSession(a, absl::Seconds(1));
+  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer, "max_sessions_per_peer=2");
+  clock_.Advance(absl::Seconds(1));
+  store_->Reap();
+  EXPECT_TRUE(store_->AttachSession("c", "", uid).ok());
+}
+
 TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {
   StoreOptions o = Options(size_t{64} << 20);
   o.idle_ttl = absl::Seconds(10);

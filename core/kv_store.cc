@@ -147,6 +147,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
   }
   for (auto [name, value] : {std::pair("max_pools", int64_t(options.max_pools)),
                              std::pair("max_sessions", options.max_sessions),
+                             std::pair("max_sessions_per_peer", options.max_sessions_per_peer),
                              std::pair("max_caches", options.max_caches),
                              std::pair("max_caches_per_session", options.max_caches_per_session),
                              std::pair("max_request_tokens", options.max_request_tokens)}) {
@@ -381,6 +382,7 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
   if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
+  s.peer = peer.key;
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
   // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
   if (peer.can_map) {

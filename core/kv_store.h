@@ -58,6 +58,7 @@ struct StoreOptions {
   // Bounds (each refusal is RESOURCE_EXHAUSTED naming the bound, unless noted).
   int max_pools = 64;                     // geometries alive at once; empty pools are destroyed
   int64_t max_sessions = 1024;            // attached or in their grace period
+  int64_t max_sessions_per_peer = 256;    // of them opened by one SessionPeer::key
   int64_t max_caches = 16384;             // caches alive at once
   int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
                                           // one session, for this bound and the next
@@ -103,6 +104,9 @@ struct SessionPeer {
   // Whether the peer can map a scratch region (reaches the fd socket: a Unix-socket
   // peer). false: the session gets none, and nothing is charged for it.
   bool can_map = true;
+  // Who the peer is, for max_sessions_per_peer ("uid 1000", "tcp 10.0.0.7"); "" when
+  // unknown: such sessions count against max_sessions only.
+  std::string key;
 };
 
 // A tensor's bytes inside a session's scratch region, resolved to a pointer. Holding it
@@ -183,7 +187,8 @@ class KvStore {
   std::vector<CacheInfo> ListCaches() const;
 
   // Sessions. AttachSession opens a session with an unguessable id and resume token
-  // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
+  // (RESOURCE_EXHAUSTED beyond max_sessions, or beyond max_sessions_per_peer held by
+  // peer.key) when resume_token is empty, and otherwise
   // resumes the session that token names, with its caches, while its grace has not run
   // out by the store's clock (NOT_FOUND after; SessionTable::Resume). A new session's
   // scratch region is listed (when peer.can_map) but costs nothing until it is first

@@ -40,7 +40,7 @@ struct KvStore::Impl {
         limits(LimitsFor(kernels->limits(), o.max_request_tokens)),
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity),
-        sessions(o.max_sessions),
+        sessions(o.max_sessions, o.max_sessions_per_peer),
         sessionless(std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages)) {
     pool_counters.events = &events;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);

@@ -23,6 +23,7 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxCachesPerSession: return "max_caches_per_session";
     case Refusal::kMaxPools: return "max_pools";
     case Refusal::kMaxSessions: return "max_sessions";
+    case Refusal::kMaxSessionsPerPeer: return "max_sessions_per_peer";
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
     case Refusal::kMaxWatchers: return "max_watchers";

@@ -22,6 +22,7 @@ enum class Refusal {
   kMaxCachesPerSession,  // --max_caches_per_session
   kMaxPools,             // --max_pools
   kMaxSessions,          // --max_sessions
+  kMaxSessionsPerPeer,   // --max_sessions_per_peer
   kMaxMessageBytes,      // --max_message_bytes: a GetKv reply too large
   kMaxAttachPerPeer,     // --max_attach_per_peer (the daemon's Attach streams)
   kMaxWatchers,          // the daemon's WatchEvents streams (64)

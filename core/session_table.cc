@@ -33,6 +33,14 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
+  if (!session.peer.empty()) {
+    if (auto it = per_peer_.find(session.peer); it != per_peer_.end() && it->second >= max_per_peer_) {
+      return RefusedError(Refusal::kMaxSessionsPerPeer, absl::StrCat(
+          "attach: ", session.peer, " holds ", it->second, " sessions (attached or in their grace "
+          "period); max_sessions_per_peer=", max_per_peer_));
+    }
+    ++per_peer_[session.peer];
+  }
   Session& s = sessions_[a.session_id];
   s.info = std::move(session);
   s.resume_token = a.resume_token;
@@ -168,6 +176,7 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
     }
     out.push_back(std::move(e));
     by_token_.erase(s.resume_token);
+    if (auto p = per_peer_.find(s.info.peer); p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
     --counts_.in_grace;
     sessions_.erase(it++);
   }

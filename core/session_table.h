@@ -37,17 +37,21 @@ struct SessionAttachment {
 
 class SessionTable {
  public:
-  // max_sessions bounds the sessions held (attached or in their grace period).
-  explicit SessionTable(int64_t max_sessions) : max_sessions_(max_sessions) {}
+  // max_sessions bounds the sessions held (attached or in their grace period), and
+  // max_per_peer those of them opened by one peer (NewSession::peer).
+  SessionTable(int64_t max_sessions, int64_t max_per_peer)
+      : max_sessions_(max_sessions), max_per_peer_(max_per_peer) {}
 
   struct NewSession {
     std::string client_name;
+    std::string peer;  // who opened it (SessionPeer::key); "": counted against no peer
     uint64_t scratch_id = 0;
     size_t scratch_size = 0;  // the scratch region's bytes once mapped; 0: it gets none
     std::shared_ptr<Quota> quota;
   };
   // Opens a session with a fresh id and resume token (each 128 bits from the system's
-  // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held.
+  // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held,
+  // or max_per_peer opened by session.peer.
   absl::StatusOr<SessionAttachment> Open(NewSession session);
   // Attaches the session resume_token names again, at the next epoch, whether it is in
   // its grace period or still attached (a stream the client gave up on the daemon may not
@@ -116,9 +120,11 @@ class SessionTable {
     absl::Time release_at = absl::InfiniteFuture();
   };
   const int64_t max_sessions_;
+  const int64_t max_per_peer_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);  // -> id
+  absl::flat_hash_map<std::string, int64_t> per_peer_ ABSL_GUARDED_BY(mu_);  // held, by peer
   size_t scratch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t scratch_regions_ ABSL_GUARDED_BY(mu_) = 0;
   Counts counts_ ABSL_GUARDED_BY(mu_);  // held is sessions_.size(), filled in by counts()

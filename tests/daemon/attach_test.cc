@@ -131,7 +131,8 @@ TEST(PeerHostTest, StripsThePortAndNamesNoUnixPeer) {
 // 300 streams on 3 connections: a sync server would hold a thread for each.
 TEST_F(AttachTest, HeldStreamsTakeNoThreadsAndUnaryCallsGoOn) {
   constexpr int kStreams = 300;
-  StartDaemon({"--arena_bytes=64Mi", "--scratch_bytes=0", "--num_threads=1"});
+  StartDaemon({"--arena_bytes=64Mi", "--scratch_bytes=0", "--num_threads=1",
+               "--max_sessions_per_peer=300"});  // one uid holds them all
   // The first stream starts the threads of the callback machinery; the others add none.
   ASSERT_NO_FATAL_FAILURE(OpenMany(1, Channels(1)));
   const int threads_before = DaemonThreads();
@@ -269,6 +270,24 @@ TEST_F(AttachTest, IdleTcpStreamsChargeNoScratch) {
   stats = Stats();
   EXPECT_EQ(stats.bytes_committed(), uint64_t{8} << 20);
   EXPECT_EQ(stats.pages().pages_used(), 256u);
+}
+
+// kvarenad accepts on its Unix socket itself and learns each peer's uid (SO_PEERCRED):
+// one uid holds at most --max_sessions_per_peer sessions, whatever connections it opens.
+TEST_F(AttachTest, MaxSessionsPerPeerBoundsOneUid) {
+  TempDir dir;
+  const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
+  StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=64Mi",
+               "--scratch_bytes=0", "--max_sessions=1024", "--max_sessions_per_peer=256"});
+  ASSERT_NO_FATAL_FAILURE(OpenMany(256, Channels(4)));
+  EXPECT_THAT(TryOpen(daemon_->NewChannel()),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                       "uid " + std::to_string(getuid()) + " holds 256 sessions (attached or in "
+                       "their grace period); max_sessions_per_peer=256"));
+  // The cap's other side: a TCP peer's session, and sessionless calls of the operator.
+  EXPECT_TRUE(TryOpen(TcpChannel(tcp)).ok());
+  EXPECT_FALSE(Allocate(Spec(1, 2, 8)).empty());
+  EXPECT_EQ(Stats().num_sessions(), 257u);
 }
 
 TEST_F(AttachTest, SigtermEndsEveryStreamWithUnavailableAndExitsZero) {
