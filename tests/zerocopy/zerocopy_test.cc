@@ -258,6 +258,37 @@ TEST_F(ZeroCopyTest, FdSocketFlagNamesOrDisablesTheSocket) {
   EXPECT_FALSE(std::filesystem::exists(daemon_->socket_path() + ".fds"));
 }
 
+// The scratch region is created at its first export: an arena that cannot cover it refuses
+// that export, and the worker maps its pools all the same and sends tensors inline.
+TEST_F(ZeroCopyTest, AScratchTheArenaCannotCoverIsRefusedAndTheWorkerGoesInline) {
+  Start({"--arena_bytes=4Mi", "--scratch_bytes=8Mi"});
+  Attached& a = Attach("w");
+  ASSERT_NE(a.scratch_id(), 0u);  // listed: it costs nothing until mapped
+  auto regions = RegionClient::Connect(a.first.fd_socket(), a.session());
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  auto scratch = (*regions)->GetScratch();
+  EXPECT_EQ(scratch.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("scratch_bytes=8388608"));
+  EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("arena_bytes=4194304"));
+  Allocate(a.session());
+  EXPECT_TRUE((*regions)->GetPool(0).ok());
+
+  auto client = Client::Connect(daemon_->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
+  auto h = (*client)->Allocate(spec);
+  ASSERT_TRUE(h.ok()) << h.status();
+  v1::Tensor q = HalfTensor(kQHeads, 2, &rng_), k = HalfTensor(kKvHeads, 2, &rng_);
+  auto arg = [](const v1::Tensor& t) {
+    return TensorArg{DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(),
+                     t.data().size()};
+  };
+  auto out = (*h)->attention(0, arg(q), arg(k), arg(k));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->data.size(), q.data().size());
+  EXPECT_TRUE((*h)->key_cache(0).ok());  // its pool is mapped
+}
+
 // Over TCP the fd socket's path means nothing (the client may be on another host): the
 // client sends tensors inline and maps no pool, and says so when asked for a view.
 TEST_F(ZeroCopyTest, ClientOverTcpWorksInlineWithoutMappings) {
