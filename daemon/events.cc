@@ -156,6 +156,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
     } else {
       auto* stream = new EventsStream(this, ctx, request.from_seq(), host);
       streams_.insert(stream);
+      live_.fetch_add(1);  // before the replay: an event recorded after it wakes the stream
       if (!host.empty()) ++per_peer_[host];
       stream->Poke(/*first=*/true);  // under mu_: no event slips between the replay and the stream
       return stream;
@@ -166,6 +167,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
 }
 
 void EventsHub::EventsRecorded() {
+  if (live_.load() == 0 || wake_asked_.exchange(true)) return;
   absl::MutexLock lock(&wake_mu_);
   pending_ = true;
 }
@@ -177,6 +179,7 @@ void EventsHub::Dispatch() {
       wake_mu_.Await(absl::Condition(this, &EventsHub::WakeLocked));
       if (stopping_) return;
       pending_ = false;
+      wake_asked_.store(false);  // before the walk: what is recorded during it wakes us again
     }
     absl::MutexLock lock(&mu_);
     for (EventsStream* stream : streams_) stream->Poke(/*first=*/false);
@@ -192,6 +195,7 @@ void EventsHub::BeginShutdown() {
 void EventsHub::Done(EventsStream* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
+  live_.fetch_sub(1);
   if (auto it = per_peer_.find(stream->peer_host()); it != per_peer_.end() && --it->second == 0) {
     per_peer_.erase(it);
   }

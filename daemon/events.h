@@ -27,6 +27,7 @@
 #ifndef KVARENA_DAEMON_EVENTS_H_
 #define KVARENA_DAEMON_EVENTS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -87,6 +88,8 @@ class EventsHub {
   absl::flat_hash_map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);  // TCP peers only
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
+  std::atomic<int> live_{0};  // streams_.size(): with none, EventsRecorded wakes nobody
+  std::atomic<bool> wake_asked_{false};  // a wake-up is pending: later ones need no lock
   absl::Mutex wake_mu_;
   bool pending_ ABSL_GUARDED_BY(wake_mu_) = false;   // events recorded since the last walk
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;  // the destructor runs
