@@ -113,6 +113,9 @@ class Backend {
                                                           const std::string& label) = 0;
 };
 
+// The share_kind() of the host backend's regions.
+inline constexpr char kHostMemfdKind[] = "host_memfd";
+
 // The host backend: memfd + MAP_NORESERVE, decommit by FALLOC_FL_PUNCH_HOLE.
 std::unique_ptr<Backend> NewHostBackend();
 

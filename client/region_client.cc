@@ -129,13 +129,20 @@ absl::Status RegionClient::RefreshLocked() {
   }
   std::erase_if(pools_, [&listed](const auto& entry) { return !listed.contains(entry.first); });
   for (const v1::RegionDescriptor& r : reply->regions()) {
-    const bool have = r.scratch() ? scratch_.region != nullptr : pools_.contains(r.pool_id());
+    const bool have = r.scratch() ? scratch_.region != nullptr || !scratch_refused_.ok()
+                                  : pools_.contains(r.pool_id());
     if (have) continue;
     Mapped m;
     if (absl::Status s = MapLocked(r.region_id(), r.kind(), r.size(), r.ipc_handle(), &m); !s.ok()) {
       // Listed, then destroyed with its last cache (another process's) before its export:
       // nothing to map, and no reason to fail the pool the caller asked for.
       if (!r.scratch() && absl::IsNotFound(s)) continue;
+      // The arena cannot cover the scratch region the daemon creates at its first export:
+      // the session works without one (tensors inline), and its pools map all the same.
+      if (r.scratch() && absl::IsResourceExhausted(s)) {
+        scratch_refused_ = std::move(s);
+        continue;
+      }
       return s;
     }
     if (r.scratch()) {
@@ -182,9 +189,10 @@ absl::Status RegionClient::SyncPools() {
 
 absl::StatusOr<RegionClient::Scratch> RegionClient::GetScratch() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (scratch_.region == nullptr) {
+  if (scratch_.region == nullptr && scratch_refused_.ok()) {
     if (absl::Status s = RefreshLocked(); !s.ok()) return s;
   }
+  if (!scratch_refused_.ok()) return scratch_refused_;
   if (scratch_.region == nullptr) return absl::FailedPreconditionError("the daemon gave this session no scratch region");
   return Scratch{scratch_.region_id, scratch_.region->base(), scratch_.region->size()};
 }

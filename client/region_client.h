@@ -56,7 +56,9 @@ class RegionClient {
     uint8_t* base = nullptr;
     size_t size = 0;
   };
-  // The session's scratch region, mapped on first use.
+  // The session's scratch region, mapped on first use. The daemon creates it then and may
+  // refuse (RESOURCE_EXHAUSTED when the arena cannot cover it): that refusal is kept and
+  // returned from then on, and maps no pool less.
   absl::StatusOr<Scratch> GetScratch();
 
   // How many pools are mapped here now (tests: destroyed pools are unmapped).
@@ -86,6 +88,7 @@ class RegionClient {
   int sock_;  // -1 after a failed reconnect; guarded by mu_
   std::map<uint64_t, Mapped> pools_;  // by pool id
   Mapped scratch_;
+  absl::Status scratch_refused_;  // why the daemon would not export the scratch region
 };
 
 }  // namespace kvarena

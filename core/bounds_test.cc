@@ -106,36 +106,42 @@ TEST_F(BoundsTest, SessionPageQuotaBoundsAppendAndReserve) {
   EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
 }
 
-TEST_F(BoundsTest, SessionsAreBoundedAndTheirScratchIsCharged) {
+TEST_F(BoundsTest, SessionsAreBounded) {
   StoreOptions o = Options(size_t{16} << 20);
   o.max_sessions = 2;
   MakeStore(o);
   const std::string a = *store_->OpenSession("a");
   ASSERT_TRUE(store_->OpenSession("b").ok());
   ExpectExhausted(store_->OpenSession("c"), Refusal::kMaxSessions, "max_sessions=2");
-  ArenaStats s = store_->Stats();
-  EXPECT_EQ(s.scratch_regions, 2);
-  EXPECT_EQ(s.scratch_bytes, 2 * kChunkGranularity);
-  EXPECT_EQ(s.bytes_committed, 2 * kChunkGranularity);
   store_->DetachSession(a, absl::Seconds(1));
   // In its grace: still held.
   ExpectExhausted(store_->OpenSession("c"), Refusal::kMaxSessions, "max_sessions=2");
   clock_.Advance(absl::Seconds(1));
   store_->Reap();
-  s = store_->Stats();
-  EXPECT_EQ(s.scratch_regions, 1);
-  EXPECT_EQ(s.bytes_committed, kChunkGranularity);
   EXPECT_TRUE(store_->OpenSession("c").ok());
 }
 
-TEST_F(BoundsTest, ASessionTheBudgetCannotCoverGetsNoScratch) {
-  StoreOptions o = Options(size_t{4} << 20);
-  o.scratch_bytes = size_t{8} << 20;
+TEST_F(BoundsTest, SessionsOfOnePeerAreBounded) {
+  StoreOptions o = Options(size_t{16} << 20);
+  o.max_sessions = 8;
+  o.max_sessions_per_peer = 2;
   MakeStore(o);
-  const std::string s = *store_->OpenSession("w");
-  EXPECT_EQ(store_->Stats().scratch_regions, 0);
-  EXPECT_THAT(store_->ResolveSlice(s, kScratchRegionBase, 0, 1), StatusIs(Code::kFailedPrecondition));
-  EXPECT_TRUE(store_->Allocate(s, Spec(1, 2, 8), "a").ok());  // the arena is all for pages
+  const SessionPeer uid{.key = "uid 1000"};
+  const std::string a = store_->AttachSession("a", "", uid)->session_id;
+  ASSERT_TRUE(store_->AttachSession("b", "", uid).ok());
+  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
+                  "uid 1000 holds 2 sessions (attached or in their grace period); max_sessions_per_peer=2");
+  // Another peer, and a peer the daemon cannot name, count against max_sessions only.
+  EXPECT_TRUE(store_->AttachSession("d", "", SessionPeer{.key = "uid 1001"}).ok());
+  EXPECT_TRUE(store_->OpenSession("e").ok());
+  EXPECT_TRUE(store_->OpenSession("f").ok());
+  EXPECT_TRUE(store_->OpenSession("g").ok());
+  // The slot comes back when a session's grace ends.
+  store_->DetachSession(a, absl::Seconds(1));
+  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer, "max_sessions_per_peer=2");
+  clock_.Advance(absl::Seconds(1));
+  store_->Reap();
+  EXPECT_TRUE(store_->AttachSession("c", "", uid).ok());
 }
 
 TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {

@@ -165,6 +165,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
   }
   for (auto [name, value] : {std::pair("max_pools", int64_t(options.max_pools)),
                              std::pair("max_sessions", options.max_sessions),
+                             std::pair("max_sessions_per_peer", options.max_sessions_per_peer),
                              std::pair("max_caches", options.max_caches),
                              std::pair("max_caches_per_session", options.max_caches_per_session),
                              std::pair("max_request_tokens", options.max_request_tokens),
@@ -439,28 +440,20 @@ KvStore::CachePage KvStore::ListCaches(const std::string& after, size_t max_cach
 }
 
 absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
-                                                         const std::string& resume_token) {
+                                                         const std::string& resume_token,
+                                                         const SessionPeer& peer) {
   Impl& im = *impl_;
   if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
+  s.peer = peer.key;
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
-  s.quota = im.NewQuota();
-  // The scratch region is charged to the arena; a session the budget cannot cover works
-  // without one (its tensors travel inline, ResolveSlice says why).
-  const size_t want = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
-  if (want > 0 && im.budget.TryCharge(want)) {
-    if (auto r = im.scratch_backend->Reserve(want, absl::StrCat("kvarena-scratch-", s.scratch_id)); r.ok()) {
-      s.scratch = std::shared_ptr<const Region>(*std::move(r));
-      s.scratch_charge = want;
-    } else {
-      im.budget.Refund(want);
-    }
+  // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
+  if (peer.can_map) {
+    s.scratch_size = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
   }
-  const size_t charge = s.scratch_charge;
-  absl::StatusOr<SessionAttachment> a = im.sessions.Open(std::move(s));
-  if (!a.ok()) im.budget.Refund(charge);
-  return a;
+  s.quota = im.NewQuota();
+  return im.sessions.Open(std::move(s));
 }
 
 absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {

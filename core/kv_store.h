@@ -47,8 +47,10 @@ struct StoreOptions {
   int default_page_size = 16;
   int num_threads = -1;        // CPU attention threads; -1: one per core
   int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
-  // Per session, host memory for zero-copy tensors, charged to arena_bytes while the
-  // session lives; a session the budget cannot cover gets none (its tensors go inline).
+  // Per session, host memory for zero-copy tensors: created when the session first maps
+  // it (ExportRegion) and charged to arena_bytes from then while the session lives; a
+  // session the budget cannot cover then is refused it (its tensors go inline), and a
+  // session whose peer cannot map (SessionPeer::can_map) gets none.
   size_t scratch_bytes = size_t{16} << 20;
   // The kernels for the backend's pages; null: the CPU kernels with num_threads threads.
   std::shared_ptr<KvKernels> kernels;
@@ -56,6 +58,7 @@ struct StoreOptions {
   // Bounds (each refusal is RESOURCE_EXHAUSTED naming the bound, unless noted).
   int max_pools = 64;                     // geometries alive at once; empty pools are destroyed
   int64_t max_sessions = 1024;            // attached or in their grace period
+  int64_t max_sessions_per_peer = 256;    // of them opened by one SessionPeer::key
   int64_t max_caches = 16384;             // caches alive at once
   int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
                                           // one session, for this bound and the next
@@ -111,6 +114,16 @@ struct RegionInfo {
   std::string ipc_handle;  // cuda_ipc only
 };
 inline constexpr uint64_t kScratchRegionBase = uint64_t{1} << 32;
+
+// Who opens a session (KvStore::AttachSession).
+struct SessionPeer {
+  // Whether the peer can map a scratch region (reaches the fd socket: a Unix-socket
+  // peer). false: the session gets none, and nothing is charged for it.
+  bool can_map = true;
+  // Who the peer is, for max_sessions_per_peer ("uid 1000", "tcp 10.0.0.7"); "" when
+  // unknown: such sessions count against max_sessions only.
+  std::string key;
+};
 
 // A tensor's bytes inside a session's scratch region, resolved to a pointer. Holding it
 // keeps the region mapped even if the session ends meanwhile.
@@ -205,15 +218,19 @@ class KvStore {
   CachePage ListCaches(const std::string& after, size_t max_caches) const;
 
   // Sessions. AttachSession opens a session with an unguessable id and resume token
-  // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
+  // (RESOURCE_EXHAUSTED beyond max_sessions, or beyond max_sessions_per_peer held by
+  // peer.key) when resume_token is empty, and otherwise
   // resumes the session that token names, with its caches, while its grace has not run
-  // out by the store's clock (NOT_FOUND after; SessionTable::Resume). OpenSession is
+  // out by the store's clock (NOT_FOUND after; SessionTable::Resume). A new session's
+  // scratch region is listed (when peer.can_map) but costs nothing until it is first
+  // exported. OpenSession is
   // AttachSession's id without a token. DetachSession starts the grace period, unless
   // epoch names an attachment the session has been resumed past; Reap releases the
   // caches of sessions whose grace has run out (only caches they still own) and
   // sessionless caches idle past idle_ttl, by the store's clock.
   absl::StatusOr<SessionAttachment> AttachSession(const std::string& client_name,
-                                                  const std::string& resume_token);
+                                                  const std::string& resume_token,
+                                                  const SessionPeer& peer = {});
   absl::StatusOr<std::string> OpenSession(const std::string& client_name);
   void DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch = 0);
   // Returns the number of caches released.
@@ -228,11 +245,13 @@ class KvStore {
   // Region::ExportPiecesAfter: the oldest generations first, without the first `first`,
   // at most max_pieces, fds created for those only; *total (when given) is how many there
   // are after after_generation in all.
+  // The session's first export of its scratch region creates it and charges scratch_bytes
+  // to the arena: RESOURCE_EXHAUSTED (arena_full) when the budget cannot cover them.
   // PERMISSION_DENIED for another session's scratch region, NOT_FOUND for an unknown id.
   absl::StatusOr<std::vector<SharedPiece>> ExportRegion(
       const std::string& session, uint64_t region_id, uint64_t after_generation = 0,
       size_t first = 0, size_t max_pieces = std::numeric_limits<size_t>::max(),
-      size_t* total = nullptr) const;
+      size_t* total = nullptr);
   // [offset, offset + length) of the session's own scratch region. INVALID_ARGUMENT when
   // outside it; PERMISSION_DENIED for any other region.
   absl::StatusOr<ResolvedSlice> ResolveSlice(const std::string& session, uint64_t region_id,

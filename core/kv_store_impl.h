@@ -42,7 +42,7 @@ struct KvStore::Impl {
         limits(LimitsOf(kernels->limits(), o)),
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
-        sessions(o.max_sessions),
+        sessions(o.max_sessions, o.max_sessions_per_peer),
         sessionless(NewQuota()) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
@@ -91,6 +91,10 @@ struct KvStore::Impl {
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
+  // The session's scratch region, created and charged to the budget on its first call
+  // (RESOURCE_EXHAUSTED when the budget cannot cover it).
+  absl::StatusOr<std::shared_ptr<const Region>> CreateScratch(const std::string& session,
+                                                              const SessionTable::ScratchView& scratch);
   void RegionsChanged() const {
     if (options.on_regions_changed) options.on_regions_changed();
   }

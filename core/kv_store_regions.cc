@@ -1,6 +1,7 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 
@@ -19,18 +20,37 @@ RegionInfo PoolRegionInfo(const PagePool& pool) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::string& session) const {
-  uint64_t scratch_id = 0;
-  std::shared_ptr<const Region> scratch = impl_->sessions.Scratch(session, &scratch_id);
-  if (session.empty() || !impl_->sessions.Contains(session)) {
-    return absl::FailedPreconditionError("regions: no attached session (Attach first)");
+absl::StatusOr<std::shared_ptr<const Region>> KvStore::Impl::CreateScratch(
+    const std::string& session, const SessionTable::ScratchView& scratch) {
+  if (scratch.region != nullptr) return scratch.region;
+  if (!budget.TryCharge(scratch.size)) {
+    return RefusedError(Refusal::kArenaFull, absl::StrCat(
+        "export: the session's scratch region (scratch_bytes=", scratch.size, ") does not fit the "
+        "arena: ", budget.used(), " of arena_bytes=", budget.limit(), " are committed; its "
+        "tensors travel inline"));
   }
+  absl::StatusOr<std::unique_ptr<Region>> r =
+      scratch_backend->Reserve(scratch.size, absl::StrCat("kvarena-scratch-", scratch.id));
+  if (!r.ok()) {
+    budget.Refund(scratch.size);
+    return Annotated(r.status(), "export: scratch region: ");
+  }
+  std::shared_ptr<const Region> mine(*std::move(r));
+  std::shared_ptr<const Region> held = sessions.SetScratch(session, mine, scratch.size);
+  if (held != mine) budget.Refund(scratch.size);  // another export won, or the session went
+  if (held == nullptr) return absl::FailedPreconditionError("export: the session detached");
+  return held;
+}
+
+absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::string& session) const {
+  absl::StatusOr<SessionTable::ScratchView> scratch = impl_->sessions.Scratch(session);
+  if (!scratch.ok()) return Annotated(scratch.status(), "regions: ");
   std::vector<RegionInfo> out;
-  if (scratch) {
+  if (scratch->size > 0) {  // listed before it is created: its first export creates it
     RegionInfo r;
-    r.region_id = scratch_id;
-    r.kind = scratch->share_kind();
-    r.size = scratch->size();
+    r.region_id = scratch->id;
+    r.kind = kHostMemfdKind;  // the scratch backend is always the host's
+    r.size = scratch->size;
     r.scratch = true;
     out.push_back(r);
   }
@@ -43,18 +63,18 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
                                                                uint64_t region_id,
                                                                uint64_t after_generation,
                                                                size_t first, size_t max_pieces,
-                                                               size_t* total) const {
-  if (session.empty() || !impl_->sessions.Contains(session)) {
-    return absl::FailedPreconditionError("export: no attached session (Attach first)");
-  }
+                                                               size_t* total) {
+  absl::StatusOr<SessionTable::ScratchView> scratch = impl_->sessions.Scratch(session);
+  if (!scratch.ok()) return Annotated(scratch.status(), "export: ");
   std::shared_ptr<const Region> region;
   if (region_id >= kScratchRegionBase) {
-    uint64_t own = 0;
-    region = impl_->sessions.Scratch(session, &own);
-    if (!region || own != region_id) {
+    if (scratch->size == 0 || scratch->id != region_id) {
       return absl::PermissionDeniedError(
           absl::StrCat("export: region ", region_id, " is not this session's scratch region"));
     }
+    absl::StatusOr<std::shared_ptr<const Region>> r = impl_->CreateScratch(session, *scratch);
+    if (!r.ok()) return r.status();
+    region = *std::move(r);
   } else {
     absl::ReaderMutexLock lock(&impl_->mu);
     auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
@@ -69,21 +89,25 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
 
 absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, uint64_t region_id,
                                                     uint64_t offset, uint64_t length) const {
-  uint64_t own = 0;
-  std::shared_ptr<const Region> scratch = impl_->sessions.Scratch(session, &own);
-  if (!scratch) {
+  absl::StatusOr<SessionTable::ScratchView> view = impl_->sessions.Scratch(session);
+  if (!view.ok() || view->size == 0) {
     return absl::FailedPreconditionError(
         "shared slice: the call carries no attached session with a scratch region");
   }
-  if (region_id != own) {
+  if (region_id != view->id) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "shared slice: region_id=", region_id, " is not this session's scratch region (", own, ")"));
+        "shared slice: region_id=", region_id, " is not this session's scratch region (", view->id, ")"));
   }
-  if (offset > scratch->size() || length > scratch->size() - offset) {
+  if (offset > view->size || length > view->size - offset) {
     return absl::InvalidArgumentError(absl::StrCat("shared slice: [", offset, ", +", length,
                                                    ") lies outside the scratch region of ",
-                                                   scratch->size(), " bytes"));
+                                                   view->size, " bytes"));
   }
+  if (view->region == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared slice: region_id=", region_id, " is not mapped yet (export it over the fd socket first)"));
+  }
+  const std::shared_ptr<const Region>& scratch = view->region;
   return ResolvedSlice{scratch, scratch->base() + offset, size_t(length)};
 }
 

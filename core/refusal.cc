@@ -23,10 +23,14 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxCachesPerSession: return "max_caches_per_session";
     case Refusal::kMaxPools: return "max_pools";
     case Refusal::kMaxSessions: return "max_sessions";
+    case Refusal::kMaxSessionsPerPeer: return "max_sessions_per_peer";
     case Refusal::kMaxMessageBytes: return "max_message_bytes";
     case Refusal::kMetadataBytes: return "metadata_bytes";
     case Refusal::kMaxAttachPerPeer: return "max_attach_per_peer";
     case Refusal::kMaxAttendWork: return "max_attend_work";
+    case Refusal::kMaxWatchers: return "max_watchers";
+    case Refusal::kMaxWatchersPerPeer: return "max_watchers_per_peer";
+    case Refusal::kWatcherBehind: return "watcher_behind";
   }
   return "other";
 }

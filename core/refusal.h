@@ -22,12 +22,16 @@ enum class Refusal {
   kMaxCachesPerSession,  // --max_caches_per_session
   kMaxPools,             // --max_pools
   kMaxSessions,          // --max_sessions
+  kMaxSessionsPerPeer,   // --max_sessions_per_peer
   kMaxMessageBytes,      // --max_message_bytes: a GetKv reply too large
   kMetadataBytes,        // --metadata_bytes: caches' tables, declared token ids
   kMaxAttachPerPeer,     // --max_attach_per_peer (the daemon's Attach streams)
   kMaxAttendWork,        // --max_attend_work: queries x keys x q heads of one Attend
+  kMaxWatchers,          // the daemon's WatchEvents streams (64)
+  kMaxWatchersPerPeer,   // --max_watchers_per_peer
+  kWatcherBehind,        // a WatchEvents stream dropped: it fell too far behind
 };
-inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxAttendWork) + 1;
+inline constexpr int kNumRefusals = static_cast<int>(Refusal::kWatcherBehind) + 1;
 
 // "arena_full", "max_tokens", ...: the metrics label.
 const char* RefusalName(Refusal reason);

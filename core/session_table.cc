@@ -33,11 +33,15 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
-  Session& s = sessions_[a.session_id];
-  if (session.scratch) {
-    scratch_bytes_ += session.scratch_charge;
-    ++scratch_regions_;
+  if (!session.peer.empty()) {
+    if (auto it = per_peer_.find(session.peer); it != per_peer_.end() && it->second >= max_per_peer_) {
+      return RefusedError(Refusal::kMaxSessionsPerPeer, absl::StrCat(
+          "attach: ", session.peer, " holds ", it->second, " sessions (attached or in their grace "
+          "period); max_sessions_per_peer=", max_per_peer_));
+    }
+    ++per_peer_[session.peer];
   }
+  Session& s = sessions_[a.session_id];
   s.info = std::move(session);
   s.resume_token = a.resume_token;
   by_token_[a.resume_token] = a.session_id;
@@ -71,12 +75,30 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
   return SessionAttachment{id, std::move(next_token), s->epoch, /*resumed=*/true};
 }
 
-std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint64_t* scratch_id) const {
+absl::StatusOr<SessionTable::ScratchView> SessionTable::Scratch(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (id.empty() || it == sessions_.end() || it->second.detached) {
+    return absl::FailedPreconditionError("no attached session (Attach first)");
+  }
+  const Session& s = it->second;
+  return ScratchView{s.info.scratch_id, s.info.scratch_size, s.scratch};
+}
+
+std::shared_ptr<const Region> SessionTable::SetScratch(const std::string& id,
+                                                       std::shared_ptr<const Region> region,
+                                                       size_t charge) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.detached) return nullptr;
-  *scratch_id = it->second.info.scratch_id;
-  return it->second.info.scratch;
+  Session& s = it->second;
+  if (s.scratch == nullptr) {
+    s.scratch = std::move(region);
+    s.scratch_charge = charge;
+    scratch_bytes_ += charge;
+    ++scratch_regions_;
+  }
+  return s.scratch;
 }
 
 std::shared_ptr<Quota> SessionTable::QuotaOf(const std::string& id) const {
@@ -154,13 +176,14 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
     Expired e;
     e.session_id = it->first;
     e.cache_ids.assign(s.caches.begin(), s.caches.end());
-    if (s.info.scratch) {
-      e.scratch_charge = s.info.scratch_charge;
-      scratch_bytes_ -= s.info.scratch_charge;
+    if (s.scratch) {
+      e.scratch_charge = s.scratch_charge;
+      scratch_bytes_ -= s.scratch_charge;
       --scratch_regions_;
     }
     out.push_back(std::move(e));
     by_token_.erase(s.resume_token);
+    if (auto p = per_peer_.find(s.info.peer); p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
     --counts_.in_grace;
     sessions_.erase(it++);
   }

@@ -32,6 +32,14 @@ absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const Session
   return event;
 }
 
+// Who opens a session: a TCP peer by its address (it cannot reach the fd socket, so its
+// session gets no scratch region), a Unix-socket peer by its uid when `uids` knows it.
+SessionPeer SessionPeerOf(const std::string& peer, const std::string& host, const PeerUids* uids) {
+  if (!host.empty()) return SessionPeer{.can_map = false, .key = "peer " + host};
+  const std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt;
+  return SessionPeer{.can_map = true, .key = uid.has_value() ? absl::StrCat("uid ", *uid) : ""};
+}
+
 // Marks a call the daemon ends because it is shutting down (kAttachEndMetadataKey).
 void MarkShutdown(grpc::CallbackServerContext* ctx, const absl::Status& status) {
   if (absl::IsUnavailable(status)) ctx->AddTrailingMetadata(kAttachEndMetadataKey, kAttachEndShutdown);
@@ -165,7 +173,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
                                         " Attach streams; max_attach_per_peer=",
                                         options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
-                 store_->AttachSession(request.client_name(), request.resume_token());
+                 store_->AttachSession(request.client_name(), request.resume_token(),
+                                       SessionPeerOf(ctx->peer(), host, options_.peer_uids));
              !a.ok()) {
     refused = a.status();
   } else {

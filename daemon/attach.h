@@ -8,9 +8,10 @@
 // session is detached with the grace, exactly once, unless a newer stream resumed it.
 // Streams ended by the shutdown carry kAttachEndMetadataKey: there is nothing to resume.
 //
-// Bounds: the store's max_sessions (its RESOURCE_EXHAUSTED passes through), and at most
-// max_per_peer live streams from one TCP peer address (Unix-socket peers are not counted:
-// gRPC cannot tell them apart).
+// Bounds: the store's max_sessions and max_sessions_per_peer (its RESOURCE_EXHAUSTED passes
+// through; a session's peer is its TCP address, or the uid of a Unix-socket peer that
+// options.peer_uids knows), and at most max_per_peer live streams from one TCP peer
+// address (Unix-socket peers are not counted here).
 //
 // Metrics: each call is counted once in RpcMetrics, by the code it ends with (CANCELLED
 // when the worker went away, UNAVAILABLE at shutdown) or is refused with; it is not timed.
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "core/kv_store.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/unix_listener.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace grpc {
@@ -57,6 +59,7 @@ class AttachHub {
     std::string fd_socket;         // named in every event; "" when none is served
     int max_per_peer = 64;         // live streams from one TCP peer address
     uint64_t incarnation = 0;      // AttachEvent.daemon_incarnation on every event
+    const PeerUids* peer_uids = nullptr;  // Unix-socket peers' uids; null: none known
   };
   // store and rpcs must outlive the hub.
   AttachHub(KvStore* store, RpcMetrics* rpcs, Options options);

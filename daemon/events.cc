@@ -4,7 +4,11 @@
 #include <optional>
 #include <utility>
 
+#include <grpcpp/server_context.h>
+
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
+#include "daemon/attach.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -26,12 +30,18 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, uint64_t from_seq) : hub_(hub), next_(from_seq) {}
+  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq, std::string peer_host)
+      : hub_(hub), ctx_(ctx), peer_host_(std::move(peer_host)), next_(from_seq) {}
 
+  const std::string& peer_host() const { return peer_host_; }
+
+  // Sends what was recorded since the last write, unless a write is in flight: then the
+  // stream pulls it when that write completes, or is dropped when it fell too far behind.
   void Poke(bool first) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (finished_ || end_.has_value() || writing_) return;
-    WriteLocked(first);
+    if (finished_ || end_.has_value()) return;
+    if (!writing_) return WriteLocked(first);
+    DropIfBehindLocked();
   }
 
   void End(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -47,6 +57,7 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
+    if (ok) DropIfBehindLocked();
     if (end_.has_value()) return FinishLocked(*end_);
     if (!ok) return FinishLocked(absl::CancelledError("watch_events: the client went away"));
     WriteLocked(/*first=*/false);  // what was recorded during the write, if anything
@@ -60,6 +71,20 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   }
 
  private:
+  // Ends the stream (after the write in flight) with the seq to resume from when more than
+  // max_backlog events were recorded since that write started: the watcher does not read.
+  // A replay of old events, read as fast as it is sent, is never behind.
+  void DropIfBehindLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (end_.has_value()) return;
+    const uint64_t recorded = hub_->store_->NextPrefixEventSeq() - newest_at_write_;
+    if (recorded <= hub_->options_.max_backlog) return;
+    resume_from_ = next_;
+    end_ = RefusedError(Refusal::kWatcherBehind, absl::StrCat(
+        "watch_events: dropped this watcher: ", recorded, " events were recorded while one of its "
+        "writes waited for the client to read (at most ", hub_->options_.max_backlog,
+        "); watch again with from_seq=", next_));
+  }
+
   void WriteLocked(bool first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool lost = false;
     // Read before the events: one recorded after this read has a seq at or past it, so
@@ -82,6 +107,7 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     }
     response_.set_next_seq(next_);
     response_.set_daemon_incarnation(hub_->options_.incarnation);
+    newest_at_write_ = next_seq;
     writing_ = true;
     StartWrite(&response_);
   }
@@ -89,35 +115,58 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     hub_->rpcs_->RecordStreamEnd(Rpc::kWatchEvents, status);
+    if (resume_from_.has_value()) {
+      ctx_->AddTrailingMetadata(kResumeFromSeqMetadataKey, absl::StrCat(*resume_from_));
+    }
     Finish(ToGrpcStatus(status));
   }
 
   EventsHub* const hub_;
+  grpc::CallbackServerContext* const ctx_;  // gRPC's, valid until OnDone
+  const std::string peer_host_;
   absl::Mutex mu_;
   uint64_t next_ ABSL_GUARDED_BY(mu_);  // the seq to send next (0: the oldest kept)
+  uint64_t newest_at_write_ ABSL_GUARDED_BY(mu_) = 0;  // NextPrefixEventSeq() as the write began
   v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);  // gRPC reads it while writing_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint64_t> resume_from_ ABSL_GUARDED_BY(mu_);  // set when dropped for lagging
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 EventsHub::EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options)
-    : store_(store), rpcs_(rpcs), options_(options), medium_(store->Medium()) {}
+    : store_(store), rpcs_(rpcs), options_(options), medium_(store->Medium()),
+      dispatcher_([this] { Dispatch(); }) {}
 
-EventsHub::~EventsHub() = default;
+EventsHub::~EventsHub() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = true;
+  }
+  dispatcher_.join();
+}
 
-grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(const v1::WatchEventsRequest& request) {
+grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::CallbackServerContext* ctx,
+                                                                    const v1::WatchEventsRequest& request) {
+  const std::string host = PeerHost(ctx->peer());
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
+    auto peer = per_peer_.find(host);
     if (shutting_down_) {
       refused = absl::UnavailableError("watch_events: kvarenad is shutting down");
     } else if (int(streams_.size()) >= options_.max_watchers) {
-      refused = absl::ResourceExhaustedError(absl::StrCat("watch_events: ", streams_.size(),
-                                                          " streams are open; at most ", options_.max_watchers));
+      refused = RefusedError(Refusal::kMaxWatchers, absl::StrCat(
+          "watch_events: ", streams_.size(), " streams are open; at most ", options_.max_watchers));
+    } else if (!host.empty() && peer != per_peer_.end() && peer->second >= options_.max_watchers_per_peer) {
+      refused = RefusedError(Refusal::kMaxWatchersPerPeer, absl::StrCat(
+          "watch_events: peer ", host, " holds ", peer->second,
+          " WatchEvents streams; max_watchers_per_peer=", options_.max_watchers_per_peer));
     } else {
-      auto* stream = new EventsStream(this, request.from_seq());
+      auto* stream = new EventsStream(this, ctx, request.from_seq(), host);
       streams_.insert(stream);
+      live_.fetch_add(1);  // before the replay: an event recorded after it wakes the stream
+      if (!host.empty()) ++per_peer_[host];
       stream->Poke(/*first=*/true);  // under mu_: no event slips between the replay and the stream
       return stream;
     }
@@ -127,8 +176,23 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(const v1::Wa
 }
 
 void EventsHub::EventsRecorded() {
-  absl::MutexLock lock(&mu_);
-  for (EventsStream* stream : streams_) stream->Poke(/*first=*/false);
+  if (live_.load() == 0 || wake_asked_.exchange(true)) return;
+  absl::MutexLock lock(&wake_mu_);
+  pending_ = true;
+}
+
+void EventsHub::Dispatch() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&wake_mu_);
+      wake_mu_.Await(absl::Condition(this, &EventsHub::WakeLocked));
+      if (stopping_) return;
+      pending_ = false;
+      wake_asked_.store(false);  // before the walk: what is recorded during it wakes us again
+    }
+    absl::MutexLock lock(&mu_);
+    for (EventsStream* stream : streams_) stream->Poke(/*first=*/false);
+  }
 }
 
 void EventsHub::BeginShutdown() {
@@ -140,6 +204,10 @@ void EventsHub::BeginShutdown() {
 void EventsHub::Done(EventsStream* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
+  live_.fetch_sub(1);
+  if (auto it = per_peer_.find(stream->peer_host()); it != per_peer_.end() && --it->second == 0) {
+    per_peer_.erase(it);
+  }
 }
 
 }  // namespace kvarena

@@ -28,7 +28,7 @@ v1::FdReply ListRegions(const KvStore& store, const std::string& session) {
   return reply;
 }
 
-v1::FdReply ExportRegion(const KvStore& store, const std::string& session,
+v1::FdReply ExportRegion(KvStore& store, const std::string& session,
                          const v1::FdRequest::ExportRegion& req, std::vector<SharedPiece>* pieces_out) {
   size_t total = 0;
   absl::StatusOr<std::vector<SharedPiece>> page = store.ExportRegion(
@@ -57,7 +57,7 @@ const char* FdOpName(FdOp op) {
   return "none";
 }
 
-v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
+v1::FdReply HandleFdRequest(KvStore& store, absl::string_view request,
                             const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out,
                             FdOp* op) {
   pieces_out->clear();

@@ -3,7 +3,7 @@
 // pieces from the store, and builds the FdReply. No I/O, so a fuzzer can drive it with
 // arbitrary bytes.
 //
-// Thread-safety: safe to call concurrently (it only calls KvStore's const methods).
+// Thread-safety: safe to call concurrently (KvStore is).
 #ifndef KVARENA_DAEMON_FD_REQUESTS_H_
 #define KVARENA_DAEMON_FD_REQUESTS_H_
 
@@ -30,11 +30,13 @@ const char* FdOpName(FdOp op);
 // INVALID_ARGUMENT for bytes that do not parse or name no operation, and the store's
 // codes otherwise. ExportRegion answers one page: the pieces after after_generation in
 // generation order, without the first first_piece, at most kMaxFdsPerMessage, with
-// total_pieces = how many there are after after_generation in all.
+// total_pieces = how many there are after after_generation in all. A session's first
+// export of its scratch region creates it (RESOURCE_EXHAUSTED naming scratch_bytes and
+// arena_bytes when the arena cannot cover it): only peers CheckFdPeer lets in get here.
 // *pieces_out receives the page's pieces in reply.pieces() order; the caller owns their
 // fds (send them with the reply, then close them). It is left empty on any error.
 // *op (when given) receives what the request asked for.
-v1::FdReply HandleFdRequest(const KvStore& store, absl::string_view request,
+v1::FdReply HandleFdRequest(KvStore& store, absl::string_view request,
                             const absl::Status& peer_access, std::vector<SharedPiece>* pieces_out,
                             FdOp* op = nullptr);
 

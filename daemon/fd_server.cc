@@ -16,7 +16,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
+#include "core/refusal.h"
 #include "daemon/fd_requests.h"
+#include "daemon/listen.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace kvarena {
@@ -59,35 +61,15 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   if (!options.accept) {
     options.accept = [](int listen_fd) { return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC); };
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("fd socket path '", path, "' is too long"));
-  }
-  std::memcpy(addr.sun_path, path.data(), path.size());
   // A socket file nobody answers on is stale (a daemon that died); a live one is not ours.
   if (absl::StatusOr<int> live = ConnectUnix(path); live.ok()) {
     close(*live);
     return absl::FailedPreconditionError(absl::StrCat("fd socket ", path, " is in use by a live daemon"));
   }
   unlink(path.c_str());
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  int bound = 0;
-  {
-    OwnerOnlyUmask owner_only;  // born 0600, then opened to options.access
-    bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  }
-  if (bound != 0 || listen(fd, 64) != 0) {
-    absl::Status s = absl::InternalError(absl::StrCat("fd socket ", path, ": ", std::strerror(errno)));
-    close(fd);
-    return s;
-  }
-  if (absl::Status s = ApplySocketAccess(path, options.access); !s.ok()) {
-    close(fd);
-    unlink(path.c_str());
-    return s;
-  }
+  absl::StatusOr<int> listening = ListenUnix(path, options.access);
+  if (!listening.ok()) return Annotated(listening.status(), "fd socket: ");
+  const int fd = *listening;
   std::unique_ptr<FdServer> server(new FdServer(path, fd, store, std::move(options)));
   if (pipe2(server->stop_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));

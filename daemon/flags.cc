@@ -94,6 +94,10 @@ ABSL_FLAG(absl::Duration, idle_ttl, absl::ZeroDuration(),
 ABSL_FLAG(int, max_attach_per_peer, 64,
           "Most Attach streams one TCP peer address may hold open (Unix-socket peers count "
           "against --max_sessions only).");
+ABSL_FLAG(int64_t, max_sessions_per_peer, 256,
+          "Most sessions of one TCP peer address or one Unix-socket uid (under --max_sessions).");
+ABSL_FLAG(int, max_watchers_per_peer, 8,
+          "Most WatchEvents streams one TCP peer address may hold (all peers together: 64).");
 ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
 ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
           "An fd-socket connection idle this long is closed (clients reconnect).");
@@ -151,6 +155,8 @@ DaemonOptions OptionsFromFlags() {
   o.max_attend_work = absl::GetFlag(FLAGS_max_attend_work);
   o.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
   o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
+  o.max_watchers_per_peer = absl::GetFlag(FLAGS_max_watchers_per_peer);
+  o.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
   o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);

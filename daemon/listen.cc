@@ -37,6 +37,33 @@ int TryConnect(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<int> ListenUnix(const std::string& path, const SocketAccess& access) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is too long"));
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket for", path, errno);
+  int bound = 0;
+  {
+    OwnerOnlyUmask owner_only;  // born 0600, then opened to `access`
+    bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  if (bound != 0 || ::listen(fd, SOMAXCONN) != 0) {
+    absl::Status s = Errno(bound != 0 ? "bind" : "listen", path, errno);
+    ::close(fd);
+    return s;
+  }
+  if (absl::Status s = ApplySocketAccess(path, access); !s.ok()) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return s;
+  }
+  return fd;
+}
+
 absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
     const std::vector<std::string>& specs) {
   std::vector<ListenAddress> out;

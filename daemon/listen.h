@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/socket_access.h"
 
 namespace kvarena {
 
@@ -25,6 +26,11 @@ absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
 // (one nobody answers on: connect() gets ECONNREFUSED). ALREADY_EXISTS when a live
 // process answers on it, FAILED_PRECONDITION when the path is not a socket.
 absl::Status PrepareUnixSocket(const std::string& path);
+
+// Binds a Unix stream socket (close-on-exec) at path under OwnerOnlyUmask, listens, then
+// gives the file `access`. Returns the listening fd, which the caller owns. INVALID_ARGUMENT
+// for a path too long; the bind or listen error (naming the path) else.
+absl::StatusOr<int> ListenUnix(const std::string& path, const SocketAccess& access);
 
 }  // namespace kvarena
 

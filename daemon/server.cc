@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "daemon/backend.h"
 #include "daemon/byte_size.h"
@@ -98,6 +99,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat("--max_attach_per_peer=", options.max_attach_per_peer,
                                                    " must be at least 1"));
   }
+  if (options.max_sessions_per_peer < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_sessions_per_peer=", options.max_sessions_per_peer, " must be at least 1"));
+  }
+  if (options.max_watchers_per_peer < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_watchers_per_peer=", options.max_watchers_per_peer, " must be at least 1"));
+  }
   if (options.metrics_port < 0 || options.metrics_port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics_port=", options.metrics_port, " must be in [0, 65535]"));
@@ -128,6 +137,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.session_metadata_bytes = options.session_metadata_bytes;
   store_options.max_pools = options.max_pools;
   store_options.max_sessions = options.max_sessions;
+  store_options.max_sessions_per_peer = options.max_sessions_per_peer;
   store_options.max_caches = options.max_caches;
   store_options.max_caches_per_session = options.max_caches_per_session;
   store_options.session_max_pages = options.session_max_pages;
@@ -150,9 +160,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   const uint64_t incarnation = NewIncarnation();
   d->attach_ = std::make_unique<AttachHub>(
       d->store_.get(), &d->rpcs_,
-      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer, incarnation});
+      AttachHub::Options{options.session_grace, fd_path, options.max_attach_per_peer, incarnation,
+                         &d->peer_uids_});
   EventsHub::Options events_options;
   events_options.incarnation = incarnation;
+  events_options.max_watchers_per_peer = options.max_watchers_per_peer;
   d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
                                                      d->events_.get());
@@ -193,9 +205,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::vector<int> ports(d->addresses_.size(), 0);
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
     const ListenAddress& a = d->addresses_[i];
-    builder.AddListeningPort(
-        a.uri, a.unix_path.empty() ? *tcp_credentials : grpc::InsecureServerCredentials(),
-        &ports[i]);
+    if (a.unix_path.empty()) {
+      builder.AddListeningPort(a.uri, *tcp_credentials, &ports[i]);
+      continue;
+    }
+    // Accepted by kvarenad itself, which learns each peer's uid (daemon/unix_listener.h).
+    absl::StatusOr<std::unique_ptr<UnixListener>> listener =
+        UnixListener::Bind(a.unix_path, *access, &d->peer_uids_);
+    if (!listener.ok()) return Annotated(listener.status(), absl::StrCat("--listen=", a.uri, ": "));
+    d->unix_listeners_.push_back(*std::move(listener));
   }
   builder.RegisterService(d->service_.get());
   ConfigureBuilder(int(options.max_message_bytes), &builder);
@@ -210,11 +228,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
     ListenAddress& a = d->addresses_[i];
-    if (!a.unix_path.empty()) {
-      KVARENA_RETURN_IF_ERROR(ApplySocketAccess(a.unix_path, *access));
-    } else if (absl::EndsWith(a.uri, ":0")) {  // report the port the system picked
+    if (a.unix_path.empty() && absl::EndsWith(a.uri, ":0")) {  // report the port the system picked
       a.uri = absl::StrCat(a.uri.substr(0, a.uri.size() - 1), ports[i]);
     }
+  }
+  for (const std::unique_ptr<UnixListener>& listener : d->unix_listeners_) {
+    KVARENA_RETURN_IF_ERROR(listener->Start(d->server_.get()));
   }
   grpc::HealthCheckServiceInterface* health = d->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
@@ -233,6 +252,7 @@ Daemon::~Daemon() {
     stop_reaper_.Notify();
     reaper_.join();
   }
+  unix_listeners_.clear();  // no connection reaches server_ any more
   if (server_ != nullptr) {  // both no-ops after Shutdown(deadline)
     attach_->BeginShutdown();  // else Shutdown() would wait for attached workers forever
     events_->BeginShutdown();  // ... and for watchers
@@ -244,6 +264,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(false);  // Watch streams see NOT_SERVING ...
   health->Shutdown();               // ... and then end, so they do not hold up the drain
+  unix_listeners_.clear();  // no new connection reaches server_
   attach_->BeginShutdown();
   events_->BeginShutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));

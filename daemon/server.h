@@ -2,7 +2,8 @@
 // standard health service, server reflection) on every --listen address, the fd socket
 // that shares pool and scratch memory with attached workers, the session reaper and the
 // optional metrics endpoint. Unix sockets are bound owner-only and then given
-// socket_mode and socket_group (daemon/socket_access.h); TCP listeners get the
+// socket_mode and socket_group (daemon/socket_access.h), and accepted by kvarenad itself,
+// which learns each peer's uid (daemon/unix_listener.h); TCP listeners get the
 // credentials of daemon/tcp_credentials.h.
 //
 // Thread-safety: Shutdown() may be called from any thread, once; Wait() from one.
@@ -31,6 +32,7 @@
 #include "daemon/rpc_metrics.h"
 #include "daemon/service.h"
 #include "daemon/tcp_credentials.h"
+#include "daemon/unix_listener.h"
 
 namespace kvarena {
 
@@ -70,6 +72,8 @@ struct DaemonOptions {
   absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
   int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
   int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
+  int max_watchers_per_peer = 8;  // WatchEvents streams from one TCP peer address
+  int64_t max_sessions_per_peer = 256;  // sessions of one TCP peer address or Unix uid
   int max_fd_connections = 256;  // open fd-socket connections
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
 };
@@ -111,9 +115,12 @@ class Daemon {
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;
+  PeerUids peer_uids_;  // filled by unix_listeners_, read by attach_
   std::unique_ptr<KvCacheServiceImpl> service_;
   std::unique_ptr<MetricsServer> metrics_;
   std::unique_ptr<grpc::Server> server_;
+  // The unix: listeners, which hand connections to server_: stopped before it shuts down.
+  std::vector<std::unique_ptr<UnixListener>> unix_listeners_;
   absl::Notification stop_reaper_;
   std::thread reaper_;
 };

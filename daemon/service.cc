@@ -121,8 +121,8 @@ grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::
 }
 
 grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEvents(
-    grpc::CallbackServerContext*, const v1::WatchEventsRequest* req) {
-  return events_->Start(*req);
+    grpc::CallbackServerContext* ctx, const v1::WatchEventsRequest* req) {
+  return events_->Start(ctx, *req);
 }
 
 grpc::Status KvCacheServiceImpl::Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) {

@@ -19,6 +19,9 @@ inline constexpr char kSessionMetadataKey[] = "kvarena-session";
 // ("shutdown": kvarenad is draining, so resuming the session there is pointless).
 inline constexpr char kAttachEndMetadataKey[] = "kvarena-attach-end";
 inline constexpr char kAttachEndShutdown[] = "shutdown";
+// Trailing metadata of a WatchEvents stream the daemon dropped because it fell behind: the
+// from_seq (decimal) to watch again from without missing an event.
+inline constexpr char kResumeFromSeqMetadataKey[] = "kvarena-resume-from-seq";
 
 DType FromProto(v1::DType d);
 v1::DType ToProto(DType d);

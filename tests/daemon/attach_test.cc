@@ -1,6 +1,7 @@
 // Attach streams against a real kvarenad: many held streams take no thread and burn no CPU
 // while unary calls go on; every stream hears of each pool created or destroyed, once; the
-// session and per-peer bounds refuse with their numbers; shutdown ends every stream.
+// session and per-peer bounds refuse with their numbers; TCP sessions charge no scratch;
+// shutdown ends every stream.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +46,14 @@ class AttachTest : public KvarenadTest {
     std::vector<std::shared_ptr<grpc::Channel>> out;
     for (int i = 0; i < n; ++i) out.push_back(daemon_->NewChannel());
     return out;
+  }
+
+  // A channel to the TCP address `tcp`, its own connection (and port).
+  static std::shared_ptr<grpc::Channel> TcpChannel(const std::string& tcp) {
+    static int next = 0;
+    grpc::ChannelArguments args;
+    args.SetInt("kvarena.test.tcp_channel", next++);
+    return grpc::CreateCustomChannel(tcp, grpc::InsecureChannelCredentials(), args);
   }
 
   // Opens a stream on `channel` (resuming resume_token's session when not empty): OK once
@@ -142,7 +151,8 @@ TEST_F(AttachTest, AResumeRotatesTheToken) {
 // 300 streams on 3 connections: a sync server would hold a thread for each.
 TEST_F(AttachTest, HeldStreamsTakeNoThreadsAndUnaryCallsGoOn) {
   constexpr int kStreams = 300;
-  StartDaemon({"--arena_bytes=64Mi", "--scratch_bytes=0", "--num_threads=1"});
+  StartDaemon({"--arena_bytes=64Mi", "--scratch_bytes=0", "--num_threads=1",
+               "--max_sessions_per_peer=300"});  // one uid holds them all
   // The first stream starts the threads of the callback machinery; the others add none.
   ASSERT_NO_FATAL_FAILURE(OpenMany(1, Channels(1)));
   const int threads_before = DaemonThreads();
@@ -234,14 +244,8 @@ TEST_F(AttachTest, MaxAttachPerPeerBoundsTcpPeersOnly) {
   const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
   StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=64Mi",
                "--scratch_bytes=0", "--max_attach_per_peer=2"});
-  const auto tcp_channel = [&tcp] {
-    static int next = 0;
-    grpc::ChannelArguments args;
-    args.SetInt("kvarena.test.tcp_channel", next++);  // its own connection (and port)
-    return grpc::CreateCustomChannel(tcp, grpc::InsecureChannelCredentials(), args);
-  };
-  ASSERT_NO_FATAL_FAILURE(OpenMany(2, {tcp_channel(), tcp_channel()}));
-  const auto third = tcp_channel();
+  ASSERT_NO_FATAL_FAILURE(OpenMany(2, {TcpChannel(tcp), TcpChannel(tcp)}));
+  const auto third = TcpChannel(tcp);
   EXPECT_THAT(TryOpen(third), StatusIs(StatusCode::RESOURCE_EXHAUSTED,
                                        "peer 127.0.0.1 holds 2 Attach streams; "
                                        "max_attach_per_peer=2"));
@@ -260,6 +264,50 @@ TEST_F(AttachTest, MaxAttachPerPeerBoundsTcpPeersOnly) {
     reopened = TryOpen(third);
   }
   EXPECT_TRUE(reopened.ok()) << ::testing::PrintToString(reopened);
+}
+
+// A TCP peer cannot map a scratch region: its sessions are listed none and charge nothing.
+TEST_F(AttachTest, IdleTcpStreamsChargeNoScratch) {
+  TempDir dir;
+  const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
+  StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=8Mi",
+               "--scratch_bytes=4Mi", "--max_attach_per_peer=64"});
+  ASSERT_NO_FATAL_FAILURE(OpenMany(64, {TcpChannel(tcp), TcpChannel(tcp)}));
+  for (const Stream& s : streams_) EXPECT_EQ(s.first.regions_size(), 0);
+  // A Unix-socket session is told of its scratch region, which costs nothing until mapped.
+  ASSERT_NO_FATAL_FAILURE(OpenMany(1, Channels(1)));
+  ASSERT_EQ(streams_.back().first.regions_size(), 1);
+  EXPECT_TRUE(streams_.back().first.regions(0).scratch());
+  EXPECT_EQ(streams_.back().first.regions(0).size(), uint64_t{4} << 20);
+  v1::StatsResponse stats = Stats();
+  EXPECT_EQ(stats.num_sessions(), 65u);
+  EXPECT_EQ(stats.bytes_committed(), 0u);
+  EXPECT_EQ(stats.scratch_regions(), 0u);
+
+  // Another caller gets every page of the arena: 256 pages of 32 KiB.
+  const std::string id = Allocate(Spec(1, 8, 128));
+  EXPECT_TRUE(AppendF32(id, 0, 0, 1024, 8, 128, 1.0f).ok());
+  stats = Stats();
+  EXPECT_EQ(stats.bytes_committed(), uint64_t{8} << 20);
+  EXPECT_EQ(stats.pages().pages_used(), 256u);
+}
+
+// kvarenad accepts on its Unix socket itself and learns each peer's uid (SO_PEERCRED):
+// one uid holds at most --max_sessions_per_peer sessions, whatever connections it opens.
+TEST_F(AttachTest, MaxSessionsPerPeerBoundsOneUid) {
+  TempDir dir;
+  const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
+  StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=64Mi",
+               "--scratch_bytes=0", "--max_sessions=1024", "--max_sessions_per_peer=256"});
+  ASSERT_NO_FATAL_FAILURE(OpenMany(256, Channels(4)));
+  EXPECT_THAT(TryOpen(daemon_->NewChannel()),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                       "uid " + std::to_string(getuid()) + " holds 256 sessions (attached or in "
+                       "their grace period); max_sessions_per_peer=256"));
+  // The cap's other side: a TCP peer's session, and sessionless calls of the operator.
+  EXPECT_TRUE(TryOpen(TcpChannel(tcp)).ok());
+  EXPECT_FALSE(Allocate(Spec(1, 2, 8)).empty());
+  EXPECT_EQ(Stats().num_sessions(), 257u);
 }
 
 TEST_F(AttachTest, SigtermEndsEveryStreamWithUnavailableAndExitsZero) {

@@ -294,7 +294,7 @@ TEST_F(FdSocketTest, AcceptKeepsTryingAfterRunningOutOfFdsAndMemory) {
 // with each request before it is answered (a test changes the store there).
 class OneRequestPerConnection {
  public:
-  OneRequestPerConnection(const std::string& path, const KvStore* store,
+  OneRequestPerConnection(const std::string& path, KvStore* store,
                           std::function<void(const v1::FdRequest&)> before_reply = {})
       : store_(store), before_reply_(std::move(before_reply)) {
     sockaddr_un addr{};
@@ -331,7 +331,7 @@ class OneRequestPerConnection {
     }
   }
 
-  const KvStore* const store_;
+  KvStore* const store_;
   const std::function<void(const v1::FdRequest&)> before_reply_;
   int listen_fd_ = -1;
   std::atomic<int> connections_{0};

@@ -46,6 +46,12 @@ v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
   return t;
 }
 
+// The client library's view of a wire tensor's bytes.
+TensorArg Arg(const v1::Tensor& t) {
+  return TensorArg{DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(),
+                   t.data().size()};
+}
+
 struct Attached {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::KvCacheService::Stub> stub;
@@ -114,6 +120,19 @@ class ZeroCopyTest : public ::testing::Test {
     s.mutable_shared()->set_offset(offset);
     s.mutable_shared()->set_length(t.data().size());
     return s;
+  }
+
+  // Allocates a cache through the client library and attends once (2 tokens, passed as
+  // the library passes them); *h receives the cache.
+  void AllocateAndAttend(Client& client, std::shared_ptr<GenericKvCacheHandle>* h) {
+    CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
+    auto allocated = client.Allocate(spec);
+    ASSERT_TRUE(allocated.ok()) << allocated.status();
+    *h = *std::move(allocated);
+    v1::Tensor q = HalfTensor(kQHeads, 2, &rng_), k = HalfTensor(kKvHeads, 2, &rng_);
+    auto out = (*h)->attention(0, Arg(q), Arg(k), Arg(k));
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->data.size(), q.data().size());
   }
 
   std::unique_ptr<DaemonProcess> daemon_;
@@ -258,6 +277,28 @@ TEST_F(ZeroCopyTest, FdSocketFlagNamesOrDisablesTheSocket) {
   EXPECT_FALSE(std::filesystem::exists(daemon_->socket_path() + ".fds"));
 }
 
+// The scratch region is created at its first export: an arena that cannot cover it refuses
+// that export, and the worker maps its pools all the same and sends tensors inline.
+TEST_F(ZeroCopyTest, AScratchTheArenaCannotCoverIsRefusedAndTheWorkerGoesInline) {
+  Start({"--arena_bytes=4Mi", "--scratch_bytes=8Mi"});
+  Attached& a = Attach("w");
+  ASSERT_NE(a.scratch_id(), 0u);  // listed: it costs nothing until mapped
+  auto regions = RegionClient::Connect(a.first.fd_socket(), a.session());
+  ASSERT_TRUE(regions.ok()) << regions.status();
+  auto scratch = (*regions)->GetScratch();
+  EXPECT_EQ(scratch.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("scratch_bytes=8388608"));
+  EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("arena_bytes=4194304"));
+  Allocate(a.session());
+  EXPECT_TRUE((*regions)->GetPool(0).ok());
+
+  auto client = Client::Connect(daemon_->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::shared_ptr<GenericKvCacheHandle> h;
+  ASSERT_NO_FATAL_FAILURE(AllocateAndAttend(**client, &h));
+  EXPECT_TRUE(h->key_cache(0).ok());  // its pool is mapped
+}
+
 // Over TCP the fd socket's path means nothing (the client may be on another host): the
 // client sends tensors inline and maps no pool, and says so when asked for a view.
 TEST_F(ZeroCopyTest, ClientOverTcpWorksInlineWithoutMappings) {
@@ -268,22 +309,14 @@ TEST_F(ZeroCopyTest, ClientOverTcpWorksInlineWithoutMappings) {
   ASSERT_NE(at, std::string::npos) << log;
   auto client = Client::Connect("127.0.0.1:" + std::to_string(std::atoi(log.c_str() + at + 10)));
   ASSERT_TRUE(client.ok()) << client.status();
-  CacheSpec spec{1, kKvHeads, kHeadDim, DType::kFloat16, 16, {}, 0, ""};
-  auto h = (*client)->Allocate(spec);
-  ASSERT_TRUE(h.ok()) << h.status();
-  v1::Tensor q = HalfTensor(kQHeads, 2, &rng_), k = HalfTensor(kKvHeads, 2, &rng_);
-  auto arg = [](const v1::Tensor& t) {
-    return TensorArg{DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(),
-                     t.data().size()};
-  };
-  auto out = (*h)->attention(0, arg(q), arg(k), arg(k));
-  ASSERT_TRUE(out.ok()) << out.status();
-  EXPECT_EQ(out->data.size(), q.data().size());
-  auto view = (*h)->key_cache(0);
+  std::shared_ptr<GenericKvCacheHandle> h;
+  ASSERT_NO_FATAL_FAILURE(AllocateAndAttend(**client, &h));
+  auto view = h->key_cache(0);
   EXPECT_EQ(view.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(view.status().message()), ::testing::HasSubstr("unix:"));
-  EXPECT_EQ((*h)->reserve(1).code(), absl::StatusCode::kOk);  // Reserve is an RPC: it works
-  EXPECT_EQ((*h)->append_local(0, arg(k), arg(k)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h->reserve(1).code(), absl::StatusCode::kOk);  // Reserve is an RPC: it works
+  const v1::Tensor k = HalfTensor(kKvHeads, 1, &rng_);
+  EXPECT_EQ(h->append_local(0, Arg(k), Arg(k)).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
