@@ -415,11 +415,13 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
 }
 
 absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
-                                                         const std::string& resume_token) {
+                                                         const std::string& resume_token,
+                                                         const std::string& owner) {
   Impl& im = *impl_;
-  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
+  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now(), owner);
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
+  s.owner = owner;
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
   s.quota = im.NewQuota();
   // The scratch region is charged to the arena; a session the budget cannot cover works
@@ -451,6 +453,10 @@ void KvStore::DetachSession(const std::string& session_id, absl::Duration grace,
 
 bool KvStore::HasSession(const std::string& session_id) const {
   return impl_->sessions.Contains(session_id);
+}
+
+bool KvStore::SessionOwnedBy(const std::string& session_id, const std::string& owner) const {
+  return impl_->sessions.OwnedBy(session_id, owner);
 }
 
 int KvStore::Reap() {

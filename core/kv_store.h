@@ -188,18 +188,22 @@ class KvStore {
   // Sessions. AttachSession opens a session with an unguessable id and resume token
   // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
   // resumes the session that token names, with its caches, while its grace has not run
-  // out by the store's clock (NOT_FOUND after; SessionTable::Resume). OpenSession is
+  // out by the store's clock (NOT_FOUND after, or when owner is not the one that opened
+  // it; SessionTable::Resume). owner is the daemon's tenant ("" without tenants). OpenSession is
   // AttachSession's id without a token. DetachSession starts the grace period, unless
   // epoch names an attachment the session has been resumed past; Reap releases the
   // caches of sessions whose grace has run out (only caches they still own) and
   // sessionless caches idle past idle_ttl, by the store's clock.
   absl::StatusOr<SessionAttachment> AttachSession(const std::string& client_name,
-                                                  const std::string& resume_token);
+                                                  const std::string& resume_token,
+                                                  const std::string& owner = "");
   absl::StatusOr<std::string> OpenSession(const std::string& client_name);
   void DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch = 0);
   // Returns the number of caches released.
   int Reap();
   bool HasSession(const std::string& session_id) const;
+  // Whether session_id is held and was opened by owner (AttachSession's).
+  bool SessionOwnedBy(const std::string& session_id, const std::string& owner) const;
 
   // Zero-copy data plane. The regions a session may map (pools grow new entries as new
   // geometries appear); FAILED_PRECONDITION for no or an unknown session.

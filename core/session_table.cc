@@ -46,12 +46,12 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
 }
 
 absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume_token,
-                                                       absl::Time now) {
+                                                       absl::Time now, const std::string& owner) {
   absl::MutexLock lock(&mu_);
   auto t = by_token_.find(resume_token);
   Session* s = nullptr;
   if (t != by_token_.end()) s = &sessions_.at(t->second);
-  if (s == nullptr || (s->detached && s->release_at <= now)) {
+  if (s == nullptr || s->info.owner != owner || (s->detached && s->release_at <= now)) {
     return absl::NotFoundError(
         "attach: no session holds this resume_token (its grace period ended, kvarenad "
         "restarted, or it was never issued); its caches are gone");
@@ -62,6 +62,12 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
   s->release_at = absl::InfiniteFuture();
   ++s->epoch;
   return SessionAttachment{t->second, resume_token, s->epoch, /*resumed=*/true};
+}
+
+bool SessionTable::OwnedBy(const std::string& id, const std::string& owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.info.owner == owner;
 }
 
 std::shared_ptr<const Region> SessionTable::Scratch(const std::string& id, uint64_t* scratch_id) const {

@@ -41,6 +41,7 @@ class SessionTable {
 
   struct NewSession {
     std::string client_name;
+    std::string owner;  // who may resume or use it (the daemon's tenant; "" without tenants)
     std::shared_ptr<const Region> scratch;  // may be null
     uint64_t scratch_id = 0;
     size_t scratch_charge = 0;  // arena bytes charged for it, refunded when the session goes
@@ -51,9 +52,13 @@ class SessionTable {
   absl::StatusOr<SessionAttachment> Open(NewSession session);
   // Attaches the session resume_token names again, at the next epoch, whether it is in
   // its grace period or still attached (a stream the client gave up on the daemon may not
-  // have noticed ending yet). NOT_FOUND when no session holds the token, or its grace
-  // ended by `now` (reaped or about to be: it is gone either way).
-  absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now);
+  // have noticed ending yet). NOT_FOUND when no session holds the token, its grace ended
+  // by `now` (reaped or about to be: it is gone either way), or it belongs to another
+  // owner (the same message: another owner's session does not exist for this caller).
+  absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now,
+                                           const std::string& owner = "");
+  // Whether id is a session held (attached or in its grace) that owner opened.
+  bool OwnedBy(const std::string& id, const std::string& owner) const;
   // The scratch region of a live session; null when unknown, detached or without one.
   std::shared_ptr<const Region> Scratch(const std::string& id, uint64_t* scratch_id) const;
   // The quota of a live session; null when unknown or detached.

@@ -151,11 +151,17 @@ AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)
 AttachHub::~AttachHub() = default;
 
 grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServerContext* ctx,
-                                                            const v1::AttachRequest& request) {
+                                                            const v1::AttachRequest& request,
+                                                            const absl::StatusOr<Caller>& caller) {
   const std::string host = PeerHost(ctx->peer());
+  const TenantScope scope(caller.ok() ? caller->tenant : nullptr);
   absl::Status refused;
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) {
+  if (!caller.ok()) {
+    refused = caller.status();
+  } else if (absl::Status write = scope.CheckWrite("attach"); !write.ok()) {
+    refused = write;
+  } else if (shutting_down_) {
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
@@ -164,7 +170,7 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
                                         " Attach streams; max_attach_per_peer=",
                                         options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
-                 store_->AttachSession(request.client_name(), request.resume_token());
+                 store_->AttachSession(request.client_name(), request.resume_token(), scope.owner());
              !a.ok()) {
     refused = a.status();
   } else {

@@ -4,6 +4,8 @@
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+
 #include "absl/strings/str_cat.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
@@ -26,7 +28,8 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, uint64_t from_seq) : hub_(hub), next_(from_seq) {}
+  EventsStream(EventsHub* hub, uint64_t from_seq, const Tenant* tenant)
+      : hub_(hub), scope_(tenant), next_(from_seq) {}
 
   void Poke(bool first) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -65,7 +68,8 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     std::vector<PrefixEvent> events = hub_->store_->PrefixEvents(next_, kMaxEventsPerMessage, &lost);
     if (events.empty() && !lost && !first) return;
     response_.Clear();
-    for (const PrefixEvent& e : events) {
+    for (PrefixEvent& e : events) {
+      if (!VisibleLocked(&e)) continue;
       v1::KvEvent* p = response_.add_events();
       ToProto(e, p);
       if (p->has_stored()) p->mutable_stored()->set_medium(hub_->medium_);
@@ -77,6 +81,26 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     StartWrite(&response_);
   }
 
+  // Whether the caller may see e; a tenant's stored event gets its namespace stripped.
+  // A removed event carries no namespace: a tenant sees it for a page this stream saw
+  // stored in one of its namespaces (what it holds is bounded by the pages alive).
+  bool VisibleLocked(PrefixEvent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!scope_.tenanted()) return true;
+    switch (e->kind) {
+      case PrefixEvent::Kind::kStored:
+        if (!scope_.Sees(e->prefix_namespace)) return false;
+        e->prefix_namespace = scope_.Out(e->prefix_namespace);
+        if (!scope_.sees_all()) seen_.insert({e->pool_id, e->hash});
+        return true;
+      case PrefixEvent::Kind::kRemoved:
+        return scope_.sees_all() || seen_.erase({e->pool_id, e->hash}) > 0;
+      case PrefixEvent::Kind::kAllCleared:
+        if (!scope_.sees_all()) seen_.clear();
+        return true;
+    }
+    return false;
+  }
+
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     hub_->rpcs_->RecordStreamEnd(Rpc::kWatchEvents, status);
@@ -84,7 +108,10 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   }
 
   EventsHub* const hub_;
+  const TenantScope scope_;
   absl::Mutex mu_;
+  // A tenant's stream: the pages (pool, hash) it sent stored events for, not yet removed.
+  absl::flat_hash_set<std::pair<uint64_t, Hash128>> seen_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_);  // the seq to send next (0: the oldest kept)
   v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);  // gRPC reads it while writing_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -97,17 +124,20 @@ EventsHub::EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options)
 
 EventsHub::~EventsHub() = default;
 
-grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(const v1::WatchEventsRequest& request) {
+grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(
+    const v1::WatchEventsRequest& request, const absl::StatusOr<Caller>& caller) {
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) {
+    if (!caller.ok()) {
+      refused = caller.status();
+    } else if (shutting_down_) {
       refused = absl::UnavailableError("watch_events: kvarenad is shutting down");
     } else if (int(streams_.size()) >= options_.max_watchers) {
       refused = absl::ResourceExhaustedError(absl::StrCat("watch_events: ", streams_.size(),
                                                           " streams are open; at most ", options_.max_watchers));
     } else {
-      auto* stream = new EventsStream(this, request.from_seq());
+      auto* stream = new EventsStream(this, request.from_seq(), caller->tenant);
       streams_.insert(stream);
       stream->Poke(/*first=*/true);  // under mu_: no event slips between the replay and the stream
       return stream;

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/kv_store.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/tenant_scope.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace kvarena {
@@ -41,7 +42,11 @@ class EventsHub {
   EventsHub(const EventsHub&) = delete;
   EventsHub& operator=(const EventsHub&) = delete;
 
-  grpc::ServerWriteReactor<v1::WatchEventsResponse>* Start(const v1::WatchEventsRequest& request)
+  // With tenants, the stream carries only the caller's namespaces' events, the
+  // namespaces stripped (the operator: all); refused at once with the caller's error when
+  // it did not authenticate.
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* Start(const v1::WatchEventsRequest& request,
+                                                           const absl::StatusOr<Caller>& caller)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The store recorded events: every idle stream sends what it has not sent yet.
   void EventsRecorded() ABSL_LOCKS_EXCLUDED(mu_);
