@@ -8,7 +8,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/small_file.h"
@@ -30,18 +29,11 @@ bool ValidName(absl::string_view name) {
   return true;
 }
 
-// One `key=value` option of a line into *tenant; false when it is not one.
+// One option of a line into *tenant; false when it is not one.
 bool ApplyOption(absl::string_view option, Tenant* tenant) {
-  if (option == "role=operator") {
-    tenant->operator_role = true;
-    return true;
-  }
-  std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(option, absl::MaxSplits('=', 1));
-  int64_t* field = kv.first == "max_pages"      ? &tenant->max_pages
-                   : kv.first == "max_sessions" ? &tenant->max_sessions
-                   : kv.first == "max_caches"   ? &tenant->max_caches
-                                                : nullptr;
-  return field != nullptr && absl::SimpleAtoi(kv.second, field) && *field > 0;
+  if (option != "role=operator") return false;
+  tenant->operator_role = true;
+  return true;
 }
 
 }  // namespace
@@ -60,8 +52,7 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     if (words.empty()) continue;
     if (words.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected 'NAME TOKEN_FILE [role=operator] [max_pages=N] [max_sessions=N] "
-          "[max_caches=N]'"));
+          where, ": expected 'NAME TOKEN_FILE [role=operator]'"));
     }
     Tenant tenant;
     tenant.name = std::string(words[0]);
@@ -74,7 +65,7 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
       if (!ApplyOption(words[i], &tenant)) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": unknown option '", absl::CHexEscape(words[i]),
-            "' (role=operator, max_pages=N, max_sessions=N, max_caches=N with N > 0)"));
+            "' (the only one is role=operator; per-tenant bounds are not implemented)"));
       }
     }
     absl::StatusOr<std::string> token = read_token(absl::StrCat(where, ": token file"), std::string(words[1]));

@@ -1,9 +1,12 @@
 // Tenants: who may call kvarenad when --tenants_file is set. Each line of the file names a
-// tenant, the file holding its bearer token, and optionally its role and bounds:
+// tenant, the file holding its bearer token, and optionally its role:
 //
 //   # comment
-//   alice /etc/kvarena/alice.token max_pages=4096 max_sessions=8 max_caches=256
+//   alice /etc/kvarena/alice.token
 //   ops   /etc/kvarena/ops.token   role=operator
+//
+// Per-tenant bounds (max_pages=, max_sessions=, max_caches=) are not implemented: such an
+// option is refused like any unknown one, rather than accepted and not enforced.
 //
 // A tenant's name is 1-64 bytes of [A-Za-z0-9_.-]; a relative token path is read from
 // the tenants file's directory. role=operator is a read-only view of every tenant (README
@@ -29,9 +32,6 @@ struct Tenant {
   std::string name;
   std::string token;      // the bearer token itself
   bool operator_role = false;
-  int64_t max_pages = 0;     // 0: no tenant bound
-  int64_t max_sessions = 0;
-  int64_t max_caches = 0;
 };
 
 class Tenants {
@@ -42,8 +42,8 @@ class Tenants {
       std::function<absl::StatusOr<std::string>(absl::string_view what, const std::string& path)>;
 
   // Reads --tenants_file. INVALID_ARGUMENT naming the file and line for a malformed line,
-  // a bad name, a duplicate name or token, an unreadable or too-short token file; or for
-  // a file with no tenant.
+  // a bad name, an unknown option, a duplicate name or token, a too-short token file (an
+  // unreadable one: the read's code); or for a file with no tenant.
   static absl::StatusOr<Tenants> Load(const std::string& path);
   // As Load, for the file's text (file names it in messages).
   static absl::StatusOr<Tenants> Parse(absl::string_view file, absl::string_view text,

@@ -14,18 +14,17 @@ std::string WriteTestFile(const TempDir& dir, const std::string& name, const std
   return path;
 }
 
-void TenantsTest::StartWithTenants(const std::string& alice_options) {
+void TenantsTest::SetUp() {
   WriteTestFile(files_, "alice.token", std::string(kAliceToken) + "\n");
   WriteTestFile(files_, "bob.token", std::string(kBobToken) + "\n");
   WriteTestFile(files_, "ops.token", std::string(kOpsToken) + "\n");
   const std::string tenants = WriteTestFile(
       files_, "tenants",
       "# name  token file  options\n"
-      "alice alice.token " + alice_options + "\n"
+      "alice alice.token\n"
       "\n"
       "bob " + files_.path() + "/bob.token\n"
       "ops ops.token role=operator  # read-only\n");
-  stub_.reset();
   daemon_ = std::make_unique<DaemonProcess>(
       std::vector<std::string>{"--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});
   // Health stays open: WaitServing polls it without a token.

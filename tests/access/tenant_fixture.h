@@ -25,10 +25,9 @@ std::string WriteTestFile(const TempDir& dir, const std::string& name, const std
 
 class TenantsTest : public ::testing::Test {
  protected:
-  void SetUp() override { StartWithTenants(""); }
+  // Starts kvarenad with the three tenants.
+  void SetUp() override;
   void TearDown() override;
-  // (Re)starts kvarenad with the three tenants, alice_options ending alice's line.
-  void StartWithTenants(const std::string& alice_options);
 
   // A context carrying `token` as a bearer token ("" = none) and `session` ("" = none).
   static std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token,
