@@ -459,6 +459,10 @@ bool KvStore::SessionOwnedBy(const std::string& session_id, const std::string& o
   return impl_->sessions.OwnedBy(session_id, owner);
 }
 
+bool KvStore::SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const {
+  return impl_->sessions.OwnsCache(session_id, cache_id);
+}
+
 int KvStore::Reap() {
   Impl& im = *impl_;
   const absl::Time now = im.clock->Now();

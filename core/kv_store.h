@@ -204,6 +204,8 @@ class KvStore {
   bool HasSession(const std::string& session_id) const;
   // Whether session_id is held and was opened by owner (AttachSession's).
   bool SessionOwnedBy(const std::string& session_id, const std::string& owner) const;
+  // Whether session_id is held and owns cache_id.
+  bool SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const;
 
   // Zero-copy data plane. The regions a session may map (pools grow new entries as new
   // geometries appear); FAILED_PRECONDITION for no or an unknown session.

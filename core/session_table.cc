@@ -141,6 +141,12 @@ void SessionTable::RemoveCache(const std::string& id, const std::string& cache_i
   if (it != sessions_.end()) it->second.caches.erase(cache_id);
 }
 
+bool SessionTable::OwnsCache(const std::string& id, const std::string& cache_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.caches.contains(cache_id);
+}
+
 std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
   std::vector<Expired> out;
   absl::MutexLock lock(&mu_);

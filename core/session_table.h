@@ -87,6 +87,8 @@ class SessionTable {
   // unknown or detached (its caches are on their way out).
   absl::Status AddCache(const std::string& id, const std::string& cache_id);
   void RemoveCache(const std::string& id, const std::string& cache_id);
+  // Whether session id is held and owns cache_id.
+  bool OwnsCache(const std::string& id, const std::string& cache_id) const;
 
   // Removes every session whose grace ended by `now` and returns them.
   struct Expired {

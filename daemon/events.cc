@@ -28,8 +28,8 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, uint64_t from_seq, const Tenant* tenant)
-      : hub_(hub), scope_(tenant), next_(from_seq) {}
+  EventsStream(EventsHub* hub, uint64_t from_seq, const Caller& caller)
+      : hub_(hub), scope_(caller.tenant), all_names_(SeesAllNames(caller)), next_(from_seq) {}
 
   void Poke(bool first) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -70,6 +70,10 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     response_.Clear();
     for (PrefixEvent& e : events) {
       if (!VisibleLocked(&e)) continue;
+      if (!all_names_) {
+        e.token_ids.clear();
+        e.prefix_namespace.clear();
+      }
       v1::KvEvent* p = response_.add_events();
       ToProto(e, p);
       if (p->has_stored()) p->mutable_stored()->set_medium(hub_->medium_);
@@ -109,6 +113,7 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 
   EventsHub* const hub_;
   const TenantScope scope_;
+  const bool all_names_;  // else events go without namespaces and token ids
   absl::Mutex mu_;
   // A tenant's stream: the pages (pool, hash) it sent stored events for, not yet removed.
   absl::flat_hash_set<std::pair<uint64_t, Hash128>> seen_ ABSL_GUARDED_BY(mu_);
@@ -137,7 +142,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(
       refused = absl::ResourceExhaustedError(absl::StrCat("watch_events: ", streams_.size(),
                                                           " streams are open; at most ", options_.max_watchers));
     } else {
-      auto* stream = new EventsStream(this, request.from_seq(), caller->tenant);
+      auto* stream = new EventsStream(this, request.from_seq(), *caller);
       streams_.insert(stream);
       stream->Poke(/*first=*/true);  // under mu_: no event slips between the replay and the stream
       return stream;

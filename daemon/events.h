@@ -43,8 +43,9 @@ class EventsHub {
   EventsHub& operator=(const EventsHub&) = delete;
 
   // With tenants, the stream carries only the caller's namespaces' events, the
-  // namespaces stripped (the operator: all); refused at once with the caller's error when
-  // it did not authenticate.
+  // namespaces stripped (the operator: all); without, events carry namespaces and token
+  // ids only for SeesAllNames callers. Refused at once with the caller's error when it
+  // did not authenticate.
   grpc::ServerWriteReactor<v1::WatchEventsResponse>* Start(const v1::WatchEventsRequest& request,
                                                            const absl::StatusOr<Caller>& caller)
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -255,8 +255,12 @@ absl::Status Requests::Stats(S caller, const v1::StatsRequest& req, v1::StatsRes
 absl::Status Requests::ListCaches(S caller, const v1::ListCachesRequest&,
                                   v1::ListCachesResponse* resp) {
   const TenantScope scope(caller.tenant);
+  const bool all_names = SeesAllNames(caller);
   for (CacheInfo& info : store_->ListCaches()) {
     if (!scope.Sees(info.cache_id)) continue;
+    if (!all_names && !store_->SessionOwnsCache(caller.session, info.cache_id)) {
+      info.spec.prefix_namespace.clear();  // another's salt: it would let the caller adopt
+    }
     scope.Out(&info);
     ToProto(info, resp->add_caches());
   }

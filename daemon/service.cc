@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/bearer_token.h"
 #include "daemon/status.h"
@@ -26,6 +27,7 @@ std::optional<absl::string_view> MetadataOf(const grpc::ServerContextBase* ctx, 
 absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBase* ctx) const {
   Caller caller;
   caller.session = std::string(MetadataOf(ctx, kSessionMetadataKey).value_or(""));
+  caller.unix_socket = absl::StartsWith(ctx->peer(), "unix:");
   if (tenants_ == nullptr) return caller;
   absl::StatusOr<const Tenant*> tenant = tenants_->Authenticate(MetadataOf(ctx, kAuthorizationMetadataKey));
   if (!tenant.ok()) return tenant.status();

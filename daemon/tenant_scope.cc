@@ -13,6 +13,10 @@ bool IsOperator(const Tenant* t) { return t != nullptr && t->operator_role; }
 
 }  // namespace
 
+bool SeesAllNames(const Caller& caller) {
+  return caller.tenant != nullptr || (caller.session.empty() && caller.unix_socket);
+}
+
 TenantScope::TenantScope(const Tenant* tenant)
     : tenant_(tenant),
       prefix_(tenant == nullptr || tenant->operator_role

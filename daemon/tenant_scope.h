@@ -32,7 +32,15 @@ inline constexpr char kTenantSeparator = '\x1f';
 struct Caller {
   std::string session;             // metadata kvarena-session; "" for none
   const Tenant* tenant = nullptr;  // null without --tenants_file
+  bool unix_socket = false;        // it came over a Unix socket
 };
+
+// Whether the caller may see every cache's prefix namespace and every event's namespace
+// and token ids: with tenants, the tenant's own are all it sees (TenantScope filters the
+// rest out); without, only the operator sees them — a caller with no session over a Unix
+// socket (as the kvarena CLI is). Other callers see namespaces of their own session's
+// caches only, and events without namespaces or token ids.
+bool SeesAllNames(const Caller& caller);
 
 class TenantScope {
  public:
