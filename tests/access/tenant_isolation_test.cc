@@ -201,12 +201,7 @@ TEST_F(TenantsTest, ListCachesAndWatchEventsShowOnlyTheTenantsOwn) {
   // Each tenant's stream replays its own page (one full page per layer), its namespace as
   // it sent it; the operator's shows both.
   const auto replay = [this](const char* token) {
-    auto ctx = Ctx(token);
-    auto watch = stub_->WatchEvents(ctx.get(), v1::WatchEventsRequest());
-    v1::WatchEventsResponse batch;
-    EXPECT_TRUE(watch->Read(&batch));
-    ctx->TryCancel();
-    watch->Finish();
+    const v1::WatchEventsResponse batch = FirstEventsBatch(stub_.get(), Ctx(token).get());
     std::vector<std::string> seen;
     for (const v1::KvEvent& e : batch.events()) {
       if (!e.has_stored()) continue;

@@ -32,12 +32,7 @@ class NameRedactionTest : public KvarenadTest {
   }
   // "namespace:token ids" of each stored event a WatchEvents stream replays.
   std::vector<std::string> Replayed(const std::string& session) {
-    auto ctx = Ctx(session);
-    auto watch = stub_->WatchEvents(ctx.get(), v1::WatchEventsRequest());
-    v1::WatchEventsResponse batch;
-    EXPECT_TRUE(watch->Read(&batch));
-    ctx->TryCancel();
-    watch->Finish();
+    const v1::WatchEventsResponse batch = FirstEventsBatch(stub_.get(), Ctx(session).get());
     std::vector<std::string> out;
     for (const v1::KvEvent& e : batch.events()) {
       if (e.has_stored()) out.push_back(absl::StrCat(e.stored().prefix_namespace(), ":", e.stored().token_ids_size()));
