@@ -3,6 +3,7 @@
 // (another's are NOT_FOUND / unknown), prefix pages are shared only within a tenant (the
 // poisoning sequence of issue 18), and the views (ListCaches, WatchEvents) are filtered;
 // the operator role reads everything and writes nothing.
+#include "kvarena/client.h"
 #include "tests/access/tenant_fixture.h"
 #include "tests/daemon/rpc_test_util.h"
 
@@ -244,6 +245,29 @@ TEST_F(TenantsTest, TheOperatorReadsEverythingAndWritesNothing) {
   v1::AttachEvent event;
   EXPECT_THAT(Attach(kOpsToken, &event), StatusIs(StatusCode::PERMISSION_DENIED));
   EXPECT_THAT(List(kAliceToken), ElementsAre("a1"));
+}
+
+TEST_F(TenantsTest, TheClientLibrarySendsATenantsTokenOverTheUnixSocket) {
+  const std::string address = "unix:" + daemon_->socket_path();
+  ClientOptions options;
+  options.auth_token = kAliceToken;
+  absl::StatusOr<std::shared_ptr<Client>> alice = Client::Connect(address, options);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  CacheSpec spec;
+  spec.num_layers = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 8;
+  spec.dtype = DType::kFloat32;
+  ASSERT_TRUE((*alice)->Allocate(spec, "lib").ok());
+  absl::StatusOr<std::vector<CacheInfo>> listed = (*alice)->ListCaches();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].cache_id, "lib");
+  EXPECT_THAT(List(kAliceToken), ElementsAre("lib"));
+  EXPECT_TRUE(List(kBobToken).empty());
+
+  options.auth_token = kBobToken + std::string("x");
+  EXPECT_EQ(Client::Connect(address, options).status().code(), absl::StatusCode::kUnauthenticated);
 }
 
 }  // namespace
