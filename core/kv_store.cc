@@ -416,12 +416,14 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
 
 absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
                                                          const std::string& resume_token,
-                                                         const std::string& owner) {
+                                                         const std::string& owner,
+                                                         int64_t owner_max_sessions) {
   Impl& im = *impl_;
   if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now(), owner);
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.owner = owner;
+  s.owner_max_sessions = owner_max_sessions;
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
   s.quota = im.NewQuota();
   // The scratch region is charged to the arena; a session the budget cannot cover works

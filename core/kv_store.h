@@ -189,14 +189,16 @@ class KvStore {
   // (RESOURCE_EXHAUSTED beyond max_sessions) when resume_token is empty, and otherwise
   // resumes the session that token names, with its caches, while its grace has not run
   // out by the store's clock (NOT_FOUND after, or when owner is not the one that opened
-  // it; SessionTable::Resume). owner is the daemon's tenant ("" without tenants). OpenSession is
+  // it; SessionTable::Resume). owner is the daemon's tenant ("" without tenants);
+  // owner_max_sessions > 0 bounds the sessions it holds at once (RESOURCE_EXHAUSTED). OpenSession is
   // AttachSession's id without a token. DetachSession starts the grace period, unless
   // epoch names an attachment the session has been resumed past; Reap releases the
   // caches of sessions whose grace has run out (only caches they still own) and
   // sessionless caches idle past idle_ttl, by the store's clock.
   absl::StatusOr<SessionAttachment> AttachSession(const std::string& client_name,
                                                   const std::string& resume_token,
-                                                  const std::string& owner = "");
+                                                  const std::string& owner = "",
+                                                  int64_t owner_max_sessions = 0);
   absl::StatusOr<std::string> OpenSession(const std::string& client_name);
   void DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch = 0);
   // Returns the number of caches released.

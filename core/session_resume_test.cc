@@ -109,5 +109,25 @@ TEST_F(ResumeTest, ResumingAgainAfterAnotherBreak) {
   EXPECT_EQ(PagesUsed(), 3);
 }
 
+TEST_F(ResumeTest, OnlyItsOwnerResumesOrCountsASession) {
+  const SessionAttachment a = *store_->AttachSession("w", "", "alice", /*owner_max_sessions=*/1);
+  EXPECT_TRUE(store_->SessionOwnedBy(a.session_id, "alice"));
+  EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, "bob"));
+  EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, ""));
+  // Another owner's resume: as if no session held the token; the session is untouched.
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token, "bob"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no session holds this resume_token")));
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token),
+              StatusIs(absl::StatusCode::kNotFound));
+  absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", a.resume_token, "alice");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch, 2u);
+  // alice's bound counts alice's sessions only.
+  EXPECT_THAT(store_->AttachSession("w", "", "alice", 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("'alice' holds 1 sessions")));
+  EXPECT_TRUE(store_->AttachSession("w", "", "bob", 1).ok());
+  EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace kvarena

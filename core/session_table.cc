@@ -33,6 +33,15 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
+  if (session.owner_max_sessions > 0) {
+    int64_t owned = 0;
+    for (const auto& [id, s] : sessions_) owned += s.info.owner == session.owner ? 1 : 0;
+    if (owned >= session.owner_max_sessions) {
+      return RefusedError(Refusal::kMaxSessions, absl::StrCat(
+          "attach: '", session.owner, "' holds ", owned, " sessions (attached or in their grace "
+          "period); its max_sessions=", session.owner_max_sessions));
+    }
+  }
   Session& s = sessions_[a.session_id];
   if (session.scratch) {
     scratch_bytes_ += session.scratch_charge;

@@ -42,13 +42,15 @@ class SessionTable {
   struct NewSession {
     std::string client_name;
     std::string owner;  // who may resume or use it (the daemon's tenant; "" without tenants)
+    int64_t owner_max_sessions = 0;  // sessions of this owner held at once; 0: no bound
     std::shared_ptr<const Region> scratch;  // may be null
     uint64_t scratch_id = 0;
     size_t scratch_charge = 0;  // arena bytes charged for it, refunded when the session goes
     std::shared_ptr<Quota> quota;
   };
   // Opens a session with a fresh id and resume token (each 128 bits from the system's
-  // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held.
+  // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held,
+  // or owner_max_sessions of its owner.
   absl::StatusOr<SessionAttachment> Open(NewSession session);
   // Attaches the session resume_token names again, at the next epoch, whether it is in
   // its grace period or still attached (a stream the client gave up on the daemon may not

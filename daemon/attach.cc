@@ -170,7 +170,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
                                         " Attach streams; max_attach_per_peer=",
                                         options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
-                 store_->AttachSession(request.client_name(), request.resume_token(), scope.owner());
+                 store_->AttachSession(request.client_name(), request.resume_token(), scope.owner(),
+                                       scope.tenanted() ? caller->tenant->max_sessions : 0);
              !a.ok()) {
     refused = a.status();
   } else {

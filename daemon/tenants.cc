@@ -8,8 +8,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/small_file.h"
 #include "daemon/bearer_token.h"
 
@@ -31,9 +33,12 @@ bool ValidName(absl::string_view name) {
 
 // One option of a line into *tenant; false when it is not one.
 bool ApplyOption(absl::string_view option, Tenant* tenant) {
-  if (option != "role=operator") return false;
-  tenant->operator_role = true;
-  return true;
+  if (option == "role=operator") {
+    tenant->operator_role = true;
+    return true;
+  }
+  return absl::ConsumePrefix(&option, "max_sessions=") && absl::SimpleAtoi(option, &tenant->max_sessions) &&
+         tenant->max_sessions > 0;
 }
 
 }  // namespace
@@ -52,7 +57,7 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     if (words.empty()) continue;
     if (words.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected 'NAME TOKEN_FILE [role=operator]'"));
+          where, ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N]'"));
     }
     Tenant tenant;
     tenant.name = std::string(words[0]);
@@ -65,7 +70,8 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
       if (!ApplyOption(words[i], &tenant)) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": unknown option '", absl::CHexEscape(words[i]),
-            "' (the only one is role=operator; per-tenant bounds are not implemented)"));
+            "' (role=operator, max_sessions=N with N > 0; max_pages and max_caches are not "
+            "implemented)"));
       }
     }
     absl::StatusOr<std::string> token = read_token(absl::StrCat(where, ": token file"), std::string(words[1]));

@@ -1,12 +1,16 @@
 // Tenants: who may call kvarenad when --tenants_file is set. Each line of the file names a
-// tenant, the file holding its bearer token, and optionally its role:
+// tenant, the file holding its bearer token, and optionally its role and session bound:
 //
 //   # comment
 //   alice /etc/kvarena/alice.token
 //   ops   /etc/kvarena/ops.token   role=operator
 //
-// Per-tenant bounds (max_pages=, max_sessions=, max_caches=) are not implemented: such an
-// option is refused like any unknown one, rather than accepted and not enforced.
+//   bob   /etc/kvarena/bob.token     max_sessions=8
+//
+// max_sessions=N bounds the sessions the tenant holds at once (attached or in their grace
+// period; RESOURCE_EXHAUSTED naming it). Other per-tenant bounds (max_pages=, max_caches=)
+// are not implemented: such an option is refused like any unknown one, rather than
+// accepted and not enforced.
 //
 // A tenant's name is 1-64 bytes of [A-Za-z0-9_.-]; a relative token path is read from
 // the tenants file's directory. role=operator is a read-only view of every tenant (README
@@ -32,6 +36,7 @@ struct Tenant {
   std::string name;
   std::string token;      // the bearer token itself
   bool operator_role = false;
+  int64_t max_sessions = 0;  // 0: only the daemon's --max_sessions
 };
 
 class Tenants {

@@ -23,7 +23,7 @@ void TenantsTest::SetUp() {
       "# name  token file  options\n"
       "alice alice.token\n"
       "\n"
-      "bob " + files_.path() + "/bob.token\n"
+      "bob " + files_.path() + "/bob.token max_sessions=2\n"
       "ops ops.token role=operator  # read-only\n");
   daemon_ = std::make_unique<DaemonProcess>(
       std::vector<std::string>{"--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});

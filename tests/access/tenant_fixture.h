@@ -1,5 +1,5 @@
-// TenantsTest: the real kvarenad with --tenants_file listing alice, bob (tenants) and ops
-// (role=operator), and contexts that carry a tenant's bearer token.
+// TenantsTest: the real kvarenad with --tenants_file listing alice, bob (tenants; bob with
+// max_sessions=2) and ops (role=operator), and contexts that carry a tenant's bearer token.
 //
 // Thread-compatible: one test thread drives it.
 #ifndef KVARENA_TESTS_ACCESS_TENANT_FIXTURE_H_

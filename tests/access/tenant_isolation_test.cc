@@ -247,6 +247,18 @@ TEST_F(TenantsTest, TheOperatorReadsEverythingAndWritesNothing) {
   EXPECT_THAT(List(kAliceToken), ElementsAre("a1"));
 }
 
+TEST_F(TenantsTest, MaxSessionsBoundsTheTenantsSessions) {
+  v1::AttachEvent event;
+  ASSERT_TRUE(Attach(kBobToken, &event).ok());
+  ASSERT_TRUE(Attach(kBobToken, &event).ok());
+  EXPECT_THAT(Attach(kBobToken, &event),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED, "'bob' holds 2 sessions (attached or in "
+                                                       "their grace period); its max_sessions=2"));
+  EXPECT_TRUE(Attach(kAliceToken, &event).ok());  // another tenant's bound is not alice's
+  EXPECT_TRUE(Attach(kAliceToken, &event).ok());
+  EXPECT_TRUE(Attach(kAliceToken, &event).ok());
+}
+
 TEST_F(TenantsTest, TheClientLibrarySendsATenantsTokenOverTheUnixSocket) {
   const std::string address = "unix:" + daemon_->socket_path();
   ClientOptions options;

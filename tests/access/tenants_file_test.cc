@@ -25,13 +25,15 @@ absl::StatusOr<Tenants> Parse(const std::string& text) {
 }
 
 TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
-  absl::StatusOr<Tenants> t = Parse("# comment\n\n  alice a  # trailing\n" "ops\to role=operator\n");
+  absl::StatusOr<Tenants> t =
+      Parse("# comment\n\n  alice a max_sessions=3  # trailing\n" "ops\to role=operator\n");
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->all().size(), 2u);
   const Tenant& alice = t->all()[0];
   EXPECT_EQ(alice.name, "alice");
   EXPECT_EQ(alice.token, "a-0123456789abcdef");
   EXPECT_FALSE(alice.operator_role);
+  EXPECT_EQ(alice.max_sessions, 3);
   EXPECT_TRUE(t->all()[1].operator_role);
 }
 
@@ -44,6 +46,8 @@ TEST(TenantsFileTest, RefusesABadLineNamingIt) {
       {"alice\n", Code::kInvalidArgument, "line 1: expected 'NAME TOKEN_FILE"},
       {"ok a\nal/ice b\n", Code::kInvalidArgument, "line 2: tenant name 'al/ice'"},
       {"alice a max_pages=10\n", Code::kInvalidArgument, "line 1: unknown option 'max_pages=10'"},
+      {"alice a max_sessions=0\n", Code::kInvalidArgument, "unknown option 'max_sessions=0'"},
+      {"alice a max_sessions=x\n", Code::kInvalidArgument, "unknown option 'max_sessions=x'"},
       {"alice a role=admin\n", Code::kInvalidArgument, "unknown option 'role=admin'"},
       {"alice a\nalice b\n", Code::kInvalidArgument, "line 2: tenant 'alice' is listed twice"},
       {"alice a\nbob a\n", Code::kInvalidArgument, "line 2: tenant 'bob' has the token of an earlier line"},
