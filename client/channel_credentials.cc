@@ -49,9 +49,14 @@ absl::StatusOr<std::string> Token(const ClientOptions& o) {
 
 absl::Status CheckCombination(const std::string& address, const ClientOptions& o) {
   if (absl::StartsWith(address, "unix:")) {
+    if (o.tls_ca_file.empty() && o.tls_cert_file.empty() && o.tls_key_file.empty() &&
+        o.tls_target_name.empty() && !(!o.auth_token.empty() && !o.auth_token_file.empty())) {
+      return absl::OkStatus();  // a tenant's token (the daemon's --tenants_file) only
+    }
     return absl::InvalidArgumentError(absl::StrCat(
-        "Connect: tls_* and auth_token options apply to HOST:PORT addresses; ", address,
-        " is guarded by file permissions (the daemon's --socket_mode and --socket_group)"));
+        "Connect: tls_* options apply to HOST:PORT addresses; ", address,
+        " is guarded by file permissions (the daemon's --socket_mode and --socket_group) and "
+        "takes only a tenant's auth_token or auth_token_file (not both)"));
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
@@ -85,6 +90,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> NewChannelCredentials(
     const std::string& address, const ClientOptions& options, grpc::ChannelArguments* args) {
   if (!HasTcpSecurity(options)) return grpc::InsecureChannelCredentials();
   if (absl::Status s = CheckCombination(address, options); !s.ok()) return s;
+  if (absl::StartsWith(address, "unix:")) {
+    // gRPC sends call credentials only over a channel it deems private: a Unix socket's
+    // local credentials are (the daemon's side needs nothing of them).
+    absl::StatusOr<std::string> token = Token(options);
+    if (!token.ok()) return token.status();
+    return grpc::CompositeChannelCredentials(grpc::experimental::LocalCredentials(UDS),
+                                             grpc::AccessTokenCredentials(*token));
+  }
   grpc::SslCredentialsOptions ssl;
   absl::StatusOr<std::string> ca = ReadOptionFile("tls_ca_file", options.tls_ca_file);
   if (!ca.ok()) return ca.status();

@@ -1,7 +1,9 @@
 // The gRPC channel credentials a remote client connects with, from ClientOptions' TLS and
 // token fields (kvarena/client.h): insecure unless tls_ca_file is set; then TLS verified
 // against that CA bundle, with a client certificate for mutual TLS, and with a bearer
-// token on every call (grpc::AccessTokenCredentials: `authorization: Bearer <token>`).
+// token on every call (grpc::AccessTokenCredentials: `authorization: Bearer <token>`). A
+// unix: address takes a token only (a tenant's, for a daemon with --tenants_file), over
+// gRPC's local credentials.
 //
 // Thread-compatible: called once per Connect.
 #ifndef KVARENA_CLIENT_CHANNEL_CREDENTIALS_H_

@@ -443,10 +443,12 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
                                                          const std::string& resume_token,
                                                          const SessionPeer& peer) {
   Impl& im = *impl_;
-  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now());
+  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now(), peer.owner);
   SessionTable::NewSession s;
   s.client_name = client_name.substr(0, kMaxClientNameBytes);
   s.peer = peer.key;
+  s.owner = peer.owner;
+  s.owner_max_sessions = peer.owner_max_sessions;
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
   // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
   if (peer.can_map) {
@@ -460,6 +462,14 @@ absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name)
   absl::StatusOr<SessionAttachment> a = AttachSession(client_name, "");
   if (!a.ok()) return a.status();
   return std::move(a->session_id);
+}
+
+bool KvStore::SessionOwnedBy(const std::string& session_id, const std::string& owner) const {
+  return impl_->sessions.OwnedBy(session_id, owner);
+}
+
+bool KvStore::SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const {
+  return impl_->sessions.OwnsCache(session_id, cache_id);
 }
 
 void KvStore::DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch) {

@@ -123,6 +123,11 @@ struct SessionPeer {
   // Who the peer is, for max_sessions_per_peer ("uid 1000", "tcp 10.0.0.7"); "" when
   // unknown: such sessions count against max_sessions only.
   std::string key;
+  // Who may resume and use the session: the daemon's tenant ("" without tenants). A
+  // resume token of another owner's session resumes nothing (NOT_FOUND).
+  std::string owner;
+  // Sessions the owner may hold at once (RESOURCE_EXHAUSTED beyond); 0: no bound.
+  int64_t owner_max_sessions = 0;
 };
 
 // A tensor's bytes inside a session's scratch region, resolved to a pointer. Holding it
@@ -236,6 +241,10 @@ class KvStore {
   // Returns the number of caches released.
   int Reap();
   bool HasSession(const std::string& session_id) const;
+  // Whether session_id is held and was opened by owner (SessionPeer::owner).
+  bool SessionOwnedBy(const std::string& session_id, const std::string& owner) const;
+  // Whether session_id is held and owns cache_id.
+  bool SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const;
 
   // Zero-copy data plane. The regions a session may map (pools grow new entries as new
   // geometries appear); FAILED_PRECONDITION for no or an unknown session.

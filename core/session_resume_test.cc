@@ -21,6 +21,13 @@ class ResumeTest : public StoreTest {
     EXPECT_TRUE(store_->Append(a->session_id, "a", 0, 0, k_.Arg(), k_.Arg()).ok());
     return *a;
   }
+  // A Unix peer of tenant `owner`, which may hold at most max_sessions (0: any number).
+  static SessionPeer Owner(const std::string& owner, int64_t max_sessions = 0) {
+    SessionPeer p;
+    p.owner = owner;
+    p.owner_max_sessions = max_sessions;
+    return p;
+  }
   OwnedTensor k_;
 };
 
@@ -132,6 +139,26 @@ TEST_F(ResumeTest, EachResumeRotatesTheToken) {
   clock_.Advance(absl::Seconds(5));
   EXPECT_EQ(store_->Reap(), 1);
   EXPECT_THAT(store_->AttachSession("w", again->resume_token), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(ResumeTest, OnlyItsOwnerResumesOrCountsASession) {
+  const SessionAttachment a = *store_->AttachSession("w", "", Owner("alice", 1));
+  EXPECT_TRUE(store_->SessionOwnedBy(a.session_id, "alice"));
+  EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, "bob"));
+  EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, ""));
+  // Another owner's resume: as if no session held the token; the session is untouched.
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token, Owner("bob")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no session holds this resume_token")));
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token),
+              StatusIs(absl::StatusCode::kNotFound));
+  absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", a.resume_token, Owner("alice"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->epoch, 2u);
+  // alice's bound counts alice's sessions only.
+  EXPECT_THAT(store_->AttachSession("w", "", Owner("alice", 1)),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("'alice' holds 1 sessions")));
+  EXPECT_TRUE(store_->AttachSession("w", "", Owner("bob", 1)).ok());
+  EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
 }
 
 }  // namespace

@@ -33,6 +33,15 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
         "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
         "max_sessions=", max_sessions_));
   }
+  if (session.owner_max_sessions > 0) {
+    int64_t owned = 0;
+    for (const auto& [id, s] : sessions_) owned += s.info.owner == session.owner ? 1 : 0;
+    if (owned >= session.owner_max_sessions) {
+      return RefusedError(Refusal::kMaxSessions, absl::StrCat(
+          "attach: '", session.owner, "' holds ", owned, " sessions (attached or in their grace "
+          "period); its max_sessions=", session.owner_max_sessions));
+    }
+  }
   if (!session.peer.empty()) {
     if (auto it = per_peer_.find(session.peer); it != per_peer_.end() && it->second >= max_per_peer_) {
       return RefusedError(Refusal::kMaxSessionsPerPeer, absl::StrCat(
@@ -50,13 +59,13 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
 }
 
 absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume_token,
-                                                       absl::Time now) {
+                                                       absl::Time now, const std::string& owner) {
   std::string next_token = RandomHex128();  // drawn before the lock: getrandom may block
   absl::MutexLock lock(&mu_);
   auto t = by_token_.find(resume_token);
   Session* s = nullptr;
   if (t != by_token_.end()) s = &sessions_.at(t->second);
-  if (s == nullptr || (s->detached && s->release_at <= now)) {
+  if (s == nullptr || s->info.owner != owner || (s->detached && s->release_at <= now)) {
     return absl::NotFoundError(
         "attach: no session holds this resume_token (its grace period ended, kvarenad "
         "restarted, or it was never issued); its caches are gone");
@@ -73,6 +82,12 @@ absl::StatusOr<SessionAttachment> SessionTable::Resume(const std::string& resume
   by_token_[next_token] = id;
   s->resume_token = next_token;
   return SessionAttachment{id, std::move(next_token), s->epoch, /*resumed=*/true};
+}
+
+bool SessionTable::OwnedBy(const std::string& id, const std::string& owner) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.info.owner == owner;
 }
 
 absl::StatusOr<SessionTable::ScratchView> SessionTable::Scratch(const std::string& id) const {
@@ -162,6 +177,12 @@ void SessionTable::RemoveCache(const std::string& id, const std::string& cache_i
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it != sessions_.end()) it->second.caches.erase(cache_id);
+}
+
+bool SessionTable::OwnsCache(const std::string& id, const std::string& cache_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second.caches.contains(cache_id);
 }
 
 std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {

@@ -46,20 +46,27 @@ class SessionTable {
   struct NewSession {
     std::string client_name;
     std::string peer;  // who opened it (SessionPeer::key); "": counted against no peer
+    std::string owner;  // who may resume or use it (the daemon's tenant; "" without tenants)
+    int64_t owner_max_sessions = 0;  // sessions of this owner held at once; 0: no bound
     uint64_t scratch_id = 0;
     size_t scratch_size = 0;  // the scratch region's bytes once mapped; 0: it gets none
     std::shared_ptr<Quota> quota;
   };
   // Opens a session with a fresh id and resume token (each 128 bits from the system's
   // CSPRNG, as 32 hex digits), at epoch 1. RESOURCE_EXHAUSTED when max_sessions are held,
-  // or max_per_peer opened by session.peer.
+  // max_per_peer opened by session.peer, or owner_max_sessions of its owner.
   absl::StatusOr<SessionAttachment> Open(NewSession session);
   // Attaches the session resume_token names again, at the next epoch, whether it is in
   // its grace period or still attached (a stream the client gave up on the daemon may not
   // have noticed ending yet). The token rotates: the attachment carries a fresh one, and
   // resume_token resumes nothing from then on. NOT_FOUND when no session holds the token,
-  // or its grace ended by `now` (reaped or about to be: it is gone either way).
-  absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now);
+  // its grace ended by `now` (reaped or about to be: it is gone either way), or it belongs
+  // to another owner (the same message: another owner's session does not exist for this
+  // caller).
+  absl::StatusOr<SessionAttachment> Resume(const std::string& resume_token, absl::Time now,
+                                           const std::string& owner = "");
+  // Whether id is a session held (attached or in its grace) that owner opened.
+  bool OwnedBy(const std::string& id, const std::string& owner) const;
   // A live session's scratch region: its id and size (0 when it gets none), and the region
   // itself once created (SetScratch), else null.
   struct ScratchView {
@@ -101,6 +108,8 @@ class SessionTable {
   // unknown or detached (its caches are on their way out).
   absl::Status AddCache(const std::string& id, const std::string& cache_id);
   void RemoveCache(const std::string& id, const std::string& cache_id);
+  // Whether session id is held and owns cache_id.
+  bool OwnsCache(const std::string& id, const std::string& cache_id) const;
 
   // Removes every session whose grace ended by `now` and returns them.
   struct Expired {

@@ -34,10 +34,20 @@ absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const Session
 
 // Who opens a session: a TCP peer by its address (it cannot reach the fd socket, so its
 // session gets no scratch region), a Unix-socket peer by its uid when `uids` knows it.
-SessionPeer SessionPeerOf(const std::string& peer, const std::string& host, const PeerUids* uids) {
-  if (!host.empty()) return SessionPeer{.can_map = false, .key = "peer " + host};
-  const std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt;
-  return SessionPeer{.can_map = true, .key = uid.has_value() ? absl::StrCat("uid ", *uid) : ""};
+// Who opens a session: a TCP peer (it cannot map) by address, a Unix peer by uid, and the
+// tenant it authenticated as (its owner, with the tenant's session bound).
+SessionPeer SessionPeerOf(const std::string& peer, const std::string& host, const PeerUids* uids,
+                          const TenantScope& scope, const Tenant* tenant) {
+  SessionPeer p;
+  if (!host.empty()) {
+    p.can_map = false;
+    p.key = "peer " + host;
+  } else if (std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt; uid.has_value()) {
+    p.key = absl::StrCat("uid ", *uid);
+  }
+  p.owner = scope.owner();
+  p.owner_max_sessions = scope.tenanted() && tenant != nullptr ? tenant->max_sessions : 0;
+  return p;
 }
 
 // Marks a call the daemon ends because it is shutting down (kAttachEndMetadataKey).
@@ -160,11 +170,17 @@ AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)
 AttachHub::~AttachHub() = default;
 
 grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServerContext* ctx,
-                                                            const v1::AttachRequest& request) {
+                                                            const v1::AttachRequest& request,
+                                                            const absl::StatusOr<Caller>& caller) {
   const std::string host = PeerHost(ctx->peer());
+  const TenantScope scope(caller.ok() ? caller->tenant : nullptr);
   absl::Status refused;
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) {
+  if (!caller.ok()) {
+    refused = caller.status();
+  } else if (absl::Status write = scope.CheckWrite("attach"); !write.ok()) {
+    refused = write;
+  } else if (shutting_down_) {
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
@@ -174,7 +190,8 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
                                         options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
                  store_->AttachSession(request.client_name(), request.resume_token(),
-                                       SessionPeerOf(ctx->peer(), host, options_.peer_uids));
+                                       SessionPeerOf(ctx->peer(), host, options_.peer_uids, scope,
+                                                     caller.ok() ? caller->tenant : nullptr));
              !a.ok()) {
     refused = a.status();
   } else {

@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "core/kv_store.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/tenant_scope.h"
 #include "daemon/unix_listener.h"
 #include "kvarena/v1/kvarena.pb.h"
 
@@ -69,9 +70,12 @@ class AttachHub {
   AttachHub& operator=(const AttachHub&) = delete;
 
   // Serves one Attach call: a reactor that streams the session's events, or one that
-  // refuses at once (UNAVAILABLE while shutting down, RESOURCE_EXHAUSTED beyond a bound).
+  // refuses at once (UNAVAILABLE while shutting down, RESOURCE_EXHAUSTED beyond a bound,
+  // caller's error when it did not authenticate, PERMISSION_DENIED for the operator
+  // role). The session belongs to the caller's tenant: only it may resume or use it.
   grpc::ServerWriteReactor<v1::AttachEvent>* Start(grpc::CallbackServerContext* ctx,
-                                                   const v1::AttachRequest& request);
+                                                   const v1::AttachRequest& request,
+                                                   const absl::StatusOr<Caller>& caller);
 
   // The set of pools changed: every live stream sends the updated region list (once more
   // after a write in flight). Called by the store with no store lock held.

@@ -1,6 +1,9 @@
 #include "daemon/bearer_token.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/small_file.h"
 
 namespace kvarena {
 
@@ -28,6 +31,30 @@ grpc::Status BearerTokenProcessor::Process(const InputMetadata& auth_metadata,
                         "kvarenad: the bearer token does not match --auth_token_file");
   }
   return grpc::Status::OK;
+}
+
+absl::StatusOr<std::string> ReadBearerTokenFile(absl::string_view what, const std::string& path) {
+  constexpr size_t kMaxTokenFileBytes = 4096;
+  absl::StatusOr<std::string> file = ReadSmallFile(path, kMaxTokenFileBytes);
+  if (!file.ok()) {
+    return absl::Status(file.status().code(), absl::StrCat(what, "=", file.status().message()));
+  }
+  const absl::string_view token = absl::StripAsciiWhitespace(*file);
+  if (token.size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, "=", path, ": the token has ", token.size(), " bytes; use at least ",
+        kMinTokenBytes, " (e.g. the output of `openssl rand -hex 32`)"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s=%s: byte %d of the token is 0x%02x; a token is visible ASCII (0x21..0x7e), as a "
+          "header value carries it",
+          what, path, i, c));
+    }
+  }
+  return std::string(token);
 }
 
 bool ConstantTimeEquals(absl::string_view presented, absl::string_view secret) {

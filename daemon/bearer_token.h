@@ -13,6 +13,7 @@
 
 #include <grpcpp/security/auth_metadata_processor.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace kvarena {
@@ -33,6 +34,14 @@ class BearerTokenProcessor final : public grpc::AuthMetadataProcessor {
  private:
   const std::string expected_;  // "Bearer <token>"
 };
+
+// Bearer tokens are visible ASCII (0x21..0x7e), at least this long.
+inline constexpr size_t kMinTokenBytes = 16;
+
+// The token a file holds (surrounding whitespace dropped). INVALID_ARGUMENT, or the read's
+// code, with a message that starts "<what>=<path>": unreadable, shorter than
+// kMinTokenBytes, or a byte outside visible ASCII.
+absl::StatusOr<std::string> ReadBearerTokenFile(absl::string_view what, const std::string& path);
 
 // Whether presented == secret, in time that depends on secret's length only.
 bool ConstantTimeEquals(absl::string_view presented, absl::string_view secret);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include <grpcpp/server_context.h>
+#include "absl/container/flat_hash_set.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
@@ -30,8 +31,10 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq, std::string peer_host)
-      : hub_(hub), ctx_(ctx), peer_host_(std::move(peer_host)), next_(from_seq) {}
+  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq, std::string peer_host,
+               const Caller& caller)
+      : hub_(hub), ctx_(ctx), peer_host_(std::move(peer_host)), scope_(caller.tenant),
+        all_names_(SeesAllNames(caller)), next_(from_seq) {}
 
   const std::string& peer_host() const { return peer_host_; }
 
@@ -93,7 +96,12 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     std::vector<PrefixEvent> events = hub_->store_->PrefixEvents(next_, kMaxEventsPerMessage, &lost);
     if (events.empty() && !lost && !first) return;
     response_.Clear();
-    for (const PrefixEvent& e : events) {
+    for (PrefixEvent& e : events) {
+      if (!VisibleLocked(&e)) continue;
+      if (!all_names_) {
+        e.token_ids.clear();
+        e.prefix_namespace.clear();
+      }
       v1::KvEvent* p = response_.add_events();
       ToProto(e, p);
       if (p->has_stored()) p->mutable_stored()->set_medium(hub_->medium_);
@@ -112,6 +120,26 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     StartWrite(&response_);
   }
 
+  // Whether the caller may see e; a tenant's stored event gets its namespace stripped.
+  // A removed event carries no namespace: a tenant sees it for a page this stream saw
+  // stored in one of its namespaces (what it holds is bounded by the pages alive).
+  bool VisibleLocked(PrefixEvent* e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!scope_.tenanted()) return true;
+    switch (e->kind) {
+      case PrefixEvent::Kind::kStored:
+        if (!scope_.Sees(e->prefix_namespace)) return false;
+        e->prefix_namespace = scope_.Out(e->prefix_namespace);
+        if (!scope_.sees_all()) seen_.insert({e->pool_id, e->hash});
+        return true;
+      case PrefixEvent::Kind::kRemoved:
+        return scope_.sees_all() || seen_.erase({e->pool_id, e->hash}) > 0;
+      case PrefixEvent::Kind::kAllCleared:
+        if (!scope_.sees_all()) seen_.clear();
+        return true;
+    }
+    return false;
+  }
+
   void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     finished_ = true;
     hub_->rpcs_->RecordStreamEnd(Rpc::kWatchEvents, status);
@@ -124,7 +152,11 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   EventsHub* const hub_;
   grpc::CallbackServerContext* const ctx_;  // gRPC's, valid until OnDone
   const std::string peer_host_;
+  const TenantScope scope_;
+  const bool all_names_;  // else events go without namespaces and token ids
   absl::Mutex mu_;
+  // A tenant's stream: the pages (pool, hash) it sent stored events for, not yet removed.
+  absl::flat_hash_set<std::pair<uint64_t, Hash128>> seen_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_);  // the seq to send next (0: the oldest kept)
   uint64_t newest_at_write_ ABSL_GUARDED_BY(mu_) = 0;  // NextPrefixEventSeq() as the write began
   v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);  // gRPC reads it while writing_
@@ -147,13 +179,16 @@ EventsHub::~EventsHub() {
 }
 
 grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::CallbackServerContext* ctx,
-                                                                    const v1::WatchEventsRequest& request) {
+                                                                    const v1::WatchEventsRequest& request,
+                                                                    const absl::StatusOr<Caller>& caller) {
   const std::string host = PeerHost(ctx->peer());
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
     auto peer = per_peer_.find(host);
-    if (shutting_down_) {
+    if (!caller.ok()) {
+      refused = caller.status();
+    } else if (shutting_down_) {
       refused = absl::UnavailableError("watch_events: kvarenad is shutting down");
     } else if (int(streams_.size()) >= options_.max_watchers) {
       refused = RefusedError(Refusal::kMaxWatchers, absl::StrCat(
@@ -163,7 +198,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
           "watch_events: peer ", host, " holds ", peer->second,
           " WatchEvents streams; max_watchers_per_peer=", options_.max_watchers_per_peer));
     } else {
-      auto* stream = new EventsStream(this, ctx, request.from_seq(), host);
+      auto* stream = new EventsStream(this, ctx, request.from_seq(), host, *caller);
       streams_.insert(stream);
       live_.fetch_add(1);  // before the replay: an event recorded after it wakes the stream
       if (!host.empty()) ++per_peer_[host];

@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/kv_store.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/tenant_scope.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace grpc {
@@ -67,8 +68,13 @@ class EventsHub {
   EventsHub(const EventsHub&) = delete;
   EventsHub& operator=(const EventsHub&) = delete;
 
+  // With tenants, the stream carries only the caller's namespaces' events, the
+  // namespaces stripped (the operator: all); without, events carry namespaces and token
+  // ids only for SeesAllNames callers. Refused at once with the caller's error when it
+  // did not authenticate.
   grpc::ServerWriteReactor<v1::WatchEventsResponse>* Start(grpc::CallbackServerContext* ctx,
-                                                           const v1::WatchEventsRequest& request)
+                                                           const v1::WatchEventsRequest& request,
+                                                           const absl::StatusOr<Caller>& caller)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The store recorded events: wakes the dispatcher, which has every idle stream send
   // what it has not sent yet. O(1).

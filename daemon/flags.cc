@@ -56,6 +56,13 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "listener must carry 'authorization: Bearer <token>', else UNAUTHENTICATED. Needs "
           "--tls_cert. Unix sockets are guarded by file mode and group instead.");
 
+ABSL_FLAG(std::string, tenants_file, "",
+          "File of tenants, one a line: 'NAME TOKEN_FILE [max_sessions=N]', or 'NAME "
+          "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService call on every listener must then carry "
+          "'authorization: Bearer <token>' of a tenant (UNAUTHENTICATED otherwise), and sees "
+          "only that tenant's caches, sessions, namespaces and events. Health and reflection "
+          "stay open. Excludes --auth_token_file.");
+
 ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
           "refused (RESOURCE_EXHAUSTED): page it with from_pos / max_tokens.");
@@ -141,6 +148,7 @@ DaemonOptions OptionsFromFlags() {
   o.tcp.tls_key = absl::GetFlag(FLAGS_tls_key);
   o.tcp.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.tcp.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  o.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
   o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
   o.metadata_bytes = absl::GetFlag(FLAGS_metadata_bytes).bytes;

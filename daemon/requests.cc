@@ -1,9 +1,12 @@
 #include "daemon/requests.h"
 
+#include <cstdint>
+#include <random>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "daemon/call_tensors.h"
 #include "daemon/decode.h"
@@ -12,9 +15,10 @@
 namespace kvarena {
 namespace {
 
-absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, CallTensors* tensors) {
+absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, const TenantScope& scope,
+                                        CallTensors* tensors) {
   AttendArgs args;
-  args.cache_id = req.cache_id();
+  args.cache_id = scope.CacheIn(req.cache_id());
   absl::StatusOr<int> layer = DecodeLayer("attend", req.layer());
   if (!layer.ok()) return layer.status();
   args.layer = *layer;
@@ -33,6 +37,12 @@ absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, CallTensor
   return args;
 }
 
+// Each item's cache id for core.
+std::vector<CacheTokens> ScopeItems(const TenantScope& scope, std::vector<CacheTokens> items) {
+  for (CacheTokens& item : items) item.cache_id = scope.CacheIn(item.cache_id);
+  return items;
+}
+
 void ToProto(const std::vector<LayerPages>& layers,
              google::protobuf::RepeatedPtrField<v1::LayerPages>* out) {
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -42,103 +52,164 @@ void ToProto(const std::vector<LayerPages>& layers,
 
 }  // namespace
 
-absl::Status Requests::Allocate(S session, const v1::AllocateRequest& req,
+std::string Requests::SessionOf(const Caller& caller, const TenantScope& scope) const {
+  if (!scope.tenanted() || caller.session.empty() ||
+      store_->SessionOwnedBy(caller.session, scope.owner())) {
+    return caller.session;
+  }
+  return std::string(1, kTenantSeparator);  // no session has it: core's "unknown session"
+}
+
+std::string Requests::NewCacheId(const TenantScope& scope, const std::string& requested) const {
+  if (!scope.tenanted() || !requested.empty()) return scope.CacheIn(requested);
+  // 64 random bits: a clash with one of the tenant's ids is ALREADY_EXISTS, as for any id.
+  thread_local std::mt19937_64 bits{std::random_device{}()};
+  return scope.CacheIn(absl::StrCat("cache-", absl::Hex(bits(), absl::kZeroPad16)));
+}
+
+absl::Status Requests::Allocate(S caller, const v1::AllocateRequest& req,
                                 v1::AllocateResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("allocate"));
   absl::StatusOr<CacheSpec> spec = DecodeSpec(req.spec());
   if (!spec.ok()) return spec.status();
+  spec->prefix_namespace = scope.NamespaceIn(spec->prefix_namespace);
   AllocateOptions options;
   options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
-  absl::StatusOr<CacheInfo> info = store_->Allocate(session, *spec, req.cache_id(), options);
-  if (info.ok()) ToProto(*info, resp->mutable_cache());
-  return info.status();
+  absl::StatusOr<CacheInfo> info = store_->Allocate(SessionOf(caller, scope), *spec,
+                                                    NewCacheId(scope, req.cache_id()), options);
+  if (!info.ok()) return scope.Out(info.status());
+  scope.Out(&*info);
+  ToProto(*info, resp->mutable_cache());
+  return absl::OkStatus();
 }
 
-absl::Status Requests::SetTokens(S session, const v1::SetTokensRequest& req,
+absl::Status Requests::SetTokens(S caller, const v1::SetTokensRequest& req,
                                  v1::SetTokensResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("set_tokens"));
   absl::StatusOr<int64_t> first_pos = DecodeInt64("set_tokens", "first_pos", req.first_pos());
   if (!first_pos.ok()) return first_pos.status();
-  SetTokensArgs args{req.cache_id(), *first_pos,
+  SetTokensArgs args{scope.CacheIn(req.cache_id()), *first_pos,
                      std::vector<int32_t>(req.token_ids().begin(), req.token_ids().end())};
-  absl::StatusOr<CacheInfo> info = store_->SetTokens(session, args);
-  if (info.ok()) ToProto(*info, resp->mutable_cache());
-  return info.status();
+  absl::StatusOr<CacheInfo> info = store_->SetTokens(SessionOf(caller, scope), args);
+  if (!info.ok()) return scope.Out(info.status());
+  scope.Out(&*info);
+  ToProto(*info, resp->mutable_cache());
+  return absl::OkStatus();
 }
 
-absl::Status Requests::Fork(S session, const v1::ForkRequest& req, v1::ForkResponse* resp) {
-  absl::StatusOr<CacheInfo> info = store_->Fork(session, req.cache_id(), req.new_cache_id());
-  if (info.ok()) ToProto(*info, resp->mutable_cache());
-  return info.status();
+absl::Status Requests::Fork(S caller, const v1::ForkRequest& req, v1::ForkResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("fork"));
+  absl::StatusOr<CacheInfo> info = store_->Fork(SessionOf(caller, scope), scope.CacheIn(req.cache_id()),
+                                                NewCacheId(scope, req.new_cache_id()));
+  if (!info.ok()) return scope.Out(info.status());
+  scope.Out(&*info);
+  ToProto(*info, resp->mutable_cache());
+  return absl::OkStatus();
 }
 
-absl::Status Requests::Append(S session, const v1::AppendRequest& req, v1::AppendResponse* resp) {
+absl::Status Requests::Append(S caller, const v1::AppendRequest& req, v1::AppendResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("append"));
   absl::StatusOr<int> layer = DecodeLayer("append", req.layer());
   if (!layer.ok()) return layer.status();
   absl::StatusOr<int64_t> pos = DecodeInt64("append", "pos", req.pos());
   if (!pos.ok()) return pos.status();
+  const std::string session = SessionOf(caller, scope);
   CallTensors tensors(store_, session);
   absl::StatusOr<TensorArg> k = tensors.In("append: k", req.k());
   if (!k.ok()) return k.status();
   absl::StatusOr<TensorArg> v = tensors.In("append: v", req.v());
   if (!v.ok()) return v.status();
-  absl::StatusOr<AppendResult> r = store_->Append(session, req.cache_id(), *layer, *pos, *k, *v);
-  if (!r.ok()) return r.status();
+  absl::StatusOr<AppendResult> r =
+      store_->Append(session, scope.CacheIn(req.cache_id()), *layer, *pos, *k, *v);
+  if (!r.ok()) return scope.Out(r.status());
   resp->set_layer_len(static_cast<uint64_t>(r->layer_len));
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   return absl::OkStatus();
 }
 
-absl::Status Requests::Attend(S session, const v1::AttendRequest& req, v1::AttendResponse* resp,
+absl::Status Requests::Attend(S caller, const v1::AttendRequest& req, v1::AttendResponse* resp,
                               const StopToken* stop) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("attend"));
+  const std::string session = SessionOf(caller, scope);
   CallTensors tensors(store_, session);
-  absl::StatusOr<AttendArgs> args = DecodeAttend(req, &tensors);
+  absl::StatusOr<AttendArgs> args = DecodeAttend(req, scope, &tensors);
   if (!args.ok()) return args.status();
   size_t out_bytes = 0;
   absl::StatusOr<void*> out = tensors.Out(req, args->q, resp->mutable_out(), &out_bytes);
   if (!out.ok()) return out.status();
   absl::StatusOr<AttendResult> r = store_->Attend(session, *args, *out, out_bytes, stop);
-  if (!r.ok()) return r.status();
+  if (!r.ok()) return scope.Out(r.status());
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   return absl::OkStatus();
 }
 
-absl::Status Requests::Popn(S session, const v1::PopnRequest& req, v1::PopnResponse* resp) {
-  absl::StatusOr<PopnResult> r = store_->Popn(session, req.cache_id(), req.n());
-  if (!r.ok()) return r.status();
+absl::Status Requests::Popn(S caller, const v1::PopnRequest& req, v1::PopnResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("popn"));
+  absl::StatusOr<PopnResult> r =
+      store_->Popn(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), req.n());
+  if (!r.ok()) return scope.Out(r.status());
   resp->set_popped(static_cast<uint64_t>(r->popped));
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   resp->set_refusal(r->refusal);
   return absl::OkStatus();
 }
 
-absl::Status Requests::Reset(S session, const v1::ResetRequest& req, v1::ResetResponse* resp) {
-  absl::StatusOr<CacheInfo> info = store_->Reset(session, req.cache_id(), req.keep_pages());
-  if (info.ok()) ToProto(*info, resp->mutable_cache());
-  return info.status();
+absl::Status Requests::Reset(S caller, const v1::ResetRequest& req, v1::ResetResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("reset"));
+  absl::StatusOr<CacheInfo> info =
+      store_->Reset(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), req.keep_pages());
+  if (!info.ok()) return scope.Out(info.status());
+  scope.Out(&*info);
+  ToProto(*info, resp->mutable_cache());
+  return absl::OkStatus();
 }
 
-absl::Status Requests::Release(S session, const v1::ReleaseRequest& req, v1::ReleaseResponse*) {
-  return store_->Release(session, req.cache_id());
+absl::Status Requests::Release(S caller, const v1::ReleaseRequest& req, v1::ReleaseResponse*) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("release"));
+  return scope.Out(store_->Release(SessionOf(caller, scope), scope.CacheIn(req.cache_id())));
 }
 
-absl::Status Requests::Reserve(S session, const v1::ReserveRequest& req, v1::ReserveResponse* resp) {
+absl::Status Requests::Reserve(S caller, const v1::ReserveRequest& req, v1::ReserveResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("reserve"));
   absl::StatusOr<std::vector<CacheTokens>> items = DecodeItems("reserve", req.items());
   if (!items.ok()) return items.status();
-  absl::StatusOr<std::vector<ReserveResult>> r = store_->Reserve(session, *items);
-  if (!r.ok()) return r.status();
-  for (const ReserveResult& res : *r) ToProto(res, resp->add_caches());
+  absl::StatusOr<std::vector<ReserveResult>> r =
+      store_->Reserve(SessionOf(caller, scope), ScopeItems(scope, *std::move(items)));
+  if (!r.ok()) return scope.Out(r.status());
+  for (ReserveResult& res : *r) {
+    res.cache_id = scope.Out(res.cache_id);
+    ToProto(res, resp->add_caches());
+  }
   return absl::OkStatus();
 }
 
-absl::Status Requests::Commit(S session, const v1::CommitRequest& req, v1::CommitResponse* resp) {
+absl::Status Requests::Commit(S caller, const v1::CommitRequest& req, v1::CommitResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("commit"));
   absl::StatusOr<std::vector<CacheTokens>> items = DecodeItems("commit", req.items());
   if (!items.ok()) return items.status();
-  absl::StatusOr<std::vector<CacheInfo>> r = store_->Commit(session, *items);
-  if (!r.ok()) return r.status();
-  for (const CacheInfo& info : *r) ToProto(info, resp->add_caches());
+  absl::StatusOr<std::vector<CacheInfo>> r =
+      store_->Commit(SessionOf(caller, scope), ScopeItems(scope, *std::move(items)));
+  if (!r.ok()) return scope.Out(r.status());
+  for (CacheInfo& info : *r) {
+    scope.Out(&info);
+    ToProto(info, resp->add_caches());
+  }
   return absl::OkStatus();
 }
 
-absl::Status Requests::GetKv(S session, const v1::GetKvRequest& req, v1::GetKvResponse* resp) {
+absl::Status Requests::GetKv(S caller, const v1::GetKvRequest& req, v1::GetKvResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  KVARENA_RETURN_IF_ERROR(scope.CheckWrite("get_kv"));  // the operator sees no tenant's K/V
   absl::StatusOr<int> layer = DecodeLayer("get_kv", req.layer());
   if (!layer.ok()) return layer.status();
   GetKvRange range;
@@ -147,8 +218,9 @@ absl::Status Requests::GetKv(S session, const v1::GetKvRequest& req, v1::GetKvRe
   range.from_pos = *v;
   if (v = DecodeInt64("get_kv", "max_tokens", req.max_tokens()); !v.ok()) return v.status();
   range.max_tokens = *v;
-  absl::StatusOr<GetKvResult> r = store_->GetKv(session, req.cache_id(), *layer, range);
-  if (!r.ok()) return r.status();
+  absl::StatusOr<GetKvResult> r =
+      store_->GetKv(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), *layer, range);
+  if (!r.ok()) return scope.Out(r.status());
   ToProto(std::move(r->k), resp->mutable_k());
   ToProto(std::move(r->v), resp->mutable_v());
   resp->set_first_pos(static_cast<uint64_t>(r->first_pos));
@@ -156,31 +228,56 @@ absl::Status Requests::GetKv(S session, const v1::GetKvRequest& req, v1::GetKvRe
   return absl::OkStatus();
 }
 
-absl::Status Requests::Describe(S session, const v1::DescribeRequest& req,
+absl::Status Requests::Describe(S caller, const v1::DescribeRequest& req,
                                 v1::DescribeResponse* resp) {
-  absl::StatusOr<CacheDescription> d = store_->Describe(session, req.cache_id());
-  if (!d.ok()) return d.status();
+  const TenantScope scope(caller.tenant);
+  // The operator describes as a sessionless caller: any cache no session owns.
+  absl::StatusOr<CacheDescription> d =
+      store_->Describe(SessionOf(caller, scope), scope.CacheIn(req.cache_id()));
+  if (!d.ok()) return scope.Out(d.status());
+  scope.Out(&d->info);
   ToProto(d->info, resp->mutable_cache());
   ToProto(d->layers, resp->mutable_layers());
   return absl::OkStatus();
 }
 
-absl::Status Requests::Stats(const v1::StatsRequest& req, v1::StatsResponse* resp) {
+absl::Status Requests::Stats(S caller, const v1::StatsRequest& req, v1::StatsResponse* resp) {
+  const TenantScope scope(caller.tenant);
   if (req.cache_id().empty()) {
     ToProto(store_->Stats(), resp);
     return absl::OkStatus();
   }
-  absl::StatusOr<PageStats> s = store_->CacheStats(req.cache_id());
-  if (s.ok()) ToProto(*s, resp->mutable_pages());
-  return s.status();
+  absl::StatusOr<PageStats> s = store_->CacheStats(scope.CacheIn(req.cache_id()));
+  if (!s.ok()) return scope.Out(s.status());
+  ToProto(*s, resp->mutable_pages());
+  return absl::OkStatus();
 }
 
-absl::Status Requests::ListCaches(const v1::ListCachesRequest& req, v1::ListCachesResponse* resp) {
+absl::Status Requests::ListCaches(S caller, const v1::ListCachesRequest& req,
+                                  v1::ListCachesResponse* resp) {
+  const TenantScope scope(caller.tenant);
+  const bool all_names = SeesAllNames(caller);
   absl::StatusOr<std::string> after = DecodePageToken(req.page_token());
   if (!after.ok()) return after.status();
-  const KvStore::CachePage page = store_->ListCaches(*after, DecodePageSize(req.page_size()));
-  for (const CacheInfo& info : page.caches) ToProto(info, resp->add_caches());
-  if (page.more) resp->set_next_page_token(EncodePageToken(page.last_id));
+  // Pages go in core's id order, and the token names a core id. A tenant's ids are
+  // contiguous there (they share its prefix): its pages start at the prefix and end with
+  // the first id that is not its own.
+  std::string cursor = *after;
+  if (!scope.sees_all()) cursor = std::max(cursor, scope.CacheIn(""));
+  const KvStore::CachePage page = store_->ListCaches(cursor, DecodePageSize(req.page_size()));
+  bool more = page.more;
+  for (CacheInfo info : page.caches) {
+    if (!scope.Sees(info.cache_id)) {
+      more = false;
+      break;
+    }
+    if (!all_names && !store_->SessionOwnsCache(caller.session, info.cache_id)) {
+      info.spec.prefix_namespace.clear();  // another's salt: it would let the caller adopt
+    }
+    scope.Out(&info);
+    ToProto(info, resp->add_caches());
+  }
+  if (more) resp->set_next_page_token(EncodePageToken(page.last_id));
   return absl::OkStatus();
 }
 

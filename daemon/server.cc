@@ -123,6 +123,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       TcpServerCredentials(options.tcp, has_tcp);
   if (!tcp_credentials.ok()) return tcp_credentials.status();
   if (has_tcp) d->tcp_security_ = absl::StrCat(" tcp=", TcpSecurityName(options.tcp));
+  if (!options.tenants_file.empty()) {
+    // One token check per call: the tenants' tokens replace the shared one, and cross the
+    // network only under TLS.
+    if (!options.tcp.auth_token_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tenants_file and --auth_token_file exclude each other: with tenants every call "
+          "on every listener carries a tenant's token; drop --auth_token_file");
+    }
+    if (has_tcp && options.tcp.tls_cert.empty()) {
+      return absl::InvalidArgumentError(
+          "--tenants_file with a HOST:PORT listener needs --tls_cert and --tls_key: tenants' "
+          "bearer tokens must not cross the network in plaintext");
+    }
+    absl::StatusOr<Tenants> tenants = Tenants::Load(options.tenants_file);
+    if (!tenants.ok()) return tenants.status();
+    d->tenants_ = std::make_unique<Tenants>(*std::move(tenants));
+    absl::StrAppend(&d->tcp_security_, " tenants=", d->tenants_->all().size());
+  }
 
   absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
   if (!backend.ok()) return backend.status();
@@ -167,7 +185,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   events_options.max_watchers_per_peer = options.max_watchers_per_peer;
   d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
-                                                     d->events_.get());
+                                                     d->events_.get(), d->tenants_.get());
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_address, options.metrics_port,

@@ -55,6 +55,9 @@ struct DaemonOptions {
   std::string socket_group;
   std::vector<uid_t> allowed_uids;  // fd socket: CheckFdPeer; empty: own uid or root
   TcpSecurityOptions tcp;           // TLS, mutual TLS, bearer token: TCP listeners only
+  // Tenants (daemon/tenants.h): every KvCacheService call on every listener names one by
+  // its bearer token; "" = none. Excludes tcp.auth_token_file.
+  std::string tenants_file;
 
   // Bounds: each refused request gets a specific code and a message naming the flag.
   uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies
@@ -103,7 +106,8 @@ class Daemon {
 
   const DaemonOptions options_;
   std::vector<ListenAddress> addresses_;
-  std::string tcp_security_;  // " tcp=tls+token" for the start line; "" without TCP listeners
+  // " tcp=tls+token tenants=N" for the start line; "" without TCP listeners or tenants
+  std::string tcp_security_;
   // Counted into by the service, the AttachHub and the fd socket, read by metrics_: they
   // outlive all four.
   RpcMetrics rpcs_;
@@ -116,6 +120,7 @@ class Daemon {
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;
   PeerUids peer_uids_;  // filled by unix_listeners_, read by attach_
+  std::unique_ptr<Tenants> tenants_;  // null without --tenants_file
   std::unique_ptr<KvCacheServiceImpl> service_;
   std::unique_ptr<MetricsServer> metrics_;
   std::unique_ptr<grpc::Server> server_;

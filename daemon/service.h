@@ -1,5 +1,6 @@
 // KvCacheServiceImpl: the kvarena.v1.KvCacheService handlers. Each unary one passes the
-// caller's session (metadata `kvarena-session`, "" when absent) and the request to
+// caller (its session: metadata `kvarena-session`, "" when absent; with --tenants_file
+// the tenant its `authorization: Bearer` token names, else UNAUTHENTICATED) and the request to
 // Requests (daemon/requests.h: decode -> KvStore -> encode) inside Serve, which times
 // and counts the call (RpcMetrics) and maps the status (ToGrpcStatus): every unary call
 // is dispatched through that one place. No rules and no locks live here: the store owns
@@ -14,6 +15,7 @@
 #include "daemon/attach.h"
 #include "daemon/events.h"
 #include "daemon/requests.h"
+#include "daemon/tenants.h"
 #include "daemon/rpc_metrics.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
@@ -24,9 +26,11 @@ class KvCacheServiceImpl final
     : public v1::KvCacheService::WithCallbackMethod_Attach<
           v1::KvCacheService::WithCallbackMethod_WatchEvents<v1::KvCacheService::Service>> {
  public:
-  // store, rpcs, attach and events must outlive the service.
-  KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach, EventsHub* events)
-      : requests_(store), rpcs_(rpcs), attach_(attach), events_(events) {}
+  // store, rpcs, attach, events and tenants (null: no --tenants_file) must outlive the
+  // service.
+  KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach, EventsHub* events,
+                     const Tenants* tenants = nullptr)
+      : requests_(store), rpcs_(rpcs), attach_(attach), events_(events), tenants_(tenants) {}
 
   using Ctx = grpc::ServerContext;
   grpc::Status Allocate(Ctx*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
@@ -50,15 +54,19 @@ class KvCacheServiceImpl final
                                                                  const v1::WatchEventsRequest*) override;
 
  private:
-  // Runs body (a Requests call), records its status and how long it took, and maps the
-  // status.
+  // The call's session and, with tenants, the tenant its bearer token names
+  // (UNAUTHENTICATED without one).
+  absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx) const;
+  // Authenticates the caller, runs body (a Requests call) for it, records its status and
+  // how long it took, and maps the status.
   template <typename Body>
-  grpc::Status Serve(Rpc rpc, Body body);
+  grpc::Status Serve(Rpc rpc, const grpc::ServerContextBase* ctx, Body body);
 
   Requests requests_;
   RpcMetrics* const rpcs_;
   AttachHub* const attach_;
   EventsHub* const events_;
+  const Tenants* const tenants_;
 };
 
 }  // namespace kvarena

@@ -38,27 +38,6 @@ absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& p
   return pem;
 }
 
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  absl::StatusOr<std::string> file = ReadFlagFile("auth_token_file", path);
-  if (!file.ok()) return file.status();
-  const absl::string_view token = absl::StripAsciiWhitespace(*file);
-  if (token.size() < kMinTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--auth_token_file=", path, ": the token has ", token.size(), " bytes; use at least ",
-        kMinTokenBytes, " (e.g. the output of `openssl rand -hex 32`)"));
-  }
-  for (size_t i = 0; i < token.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "--auth_token_file=%s: byte %d of the token is 0x%02x; a token is visible ASCII "
-          "(0x21..0x7e), as a header value carries it",
-          path, i, c));
-    }
-  }
-  return std::string(token);
-}
-
 absl::Status CheckCombination(const TcpSecurityOptions& o, bool has_tcp) {
   if (!o.tls_key.empty() && o.tls_cert.empty()) {
     return absl::InvalidArgumentError("--tls_key needs --tls_cert (the certificate it belongs to)");
@@ -111,7 +90,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpServerCredentials(
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
   if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadToken(options.auth_token_file);
+    absl::StatusOr<std::string> token =
+        ReadBearerTokenFile("--auth_token_file", options.auth_token_file);
     if (!token.ok()) return token.status();
     creds->SetAuthMetadataProcessor(std::make_shared<BearerTokenProcessor>(*token));
   }

@@ -26,9 +26,6 @@ struct TcpSecurityOptions {
   std::string auth_token_file;  // a file holding the bearer token (surrounding whitespace dropped)
 };
 
-// The fewest bytes a bearer token may have.
-inline constexpr size_t kMinTokenBytes = 16;
-
 // Checks the combination, reads the files and builds the credentials. INVALID_ARGUMENT
 // naming the flag for: a key without a certificate or the reverse; --tls_client_ca or
 // --auth_token_file without TLS; any of them while no listener is TCP (!has_tcp); a file

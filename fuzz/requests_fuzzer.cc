@@ -11,7 +11,9 @@
 //                                                 op >= 240: (op - 240) % 3 + 15, prefix
 //                                                 reuse: Allocate with a namespace and
 //                                                 prompt_tokens, SetTokens, Fork;
-//                                                 session % (sessions + 2))
+//                                                 session % (sessions + 2); the
+//                                                 caller's tenant (session >> 6) % 4:
+//                                                 none, alpha, beta, the operator)
 //   tokens  := n:u8 int... (n % 24 token ids, small ones mostly, so prompts share prefixes)
 //   int     := s:u8 [...]   s < 32: s % (small + 1); s < 48: an edge value (next u8);
 //                           else the next sizeof(T) bytes, little-endian
@@ -106,6 +108,11 @@ class Harness {
     if (!store.ok()) Fail(std::string(store.status().message()));
     store_ = *std::move(store);
     requests_ = std::make_unique<Requests>(store_.get());
+    // Two tenants and the operator, as --tenants_file would list them; callers without a
+    // tenant share the store too, which the daemon never mixes but the store allows.
+    tenants_[0] = Tenant{"alpha", "alpha-token-0123456789"};
+    tenants_[1] = Tenant{"beta", "beta-token-0123456789"};
+    tenants_[2] = Tenant{"ops", "ops-token-0123456789", /*operator_role=*/true};
   }
 
   void Run(Program& in) {
@@ -114,10 +121,14 @@ class Harness {
   }
 
  private:
-  std::string Session(Program& in) {
-    const size_t i = in.Byte() % (sessions_.size() + 2);
-    if (i < sessions_.size()) return sessions_[i];
-    return i == sessions_.size() ? "" : "not-a-session";
+  Caller CallerOf(Program& in) {
+    const uint8_t b = in.Byte();
+    Caller caller;
+    caller.tenant = (b >> 6) % 4 == 0 ? nullptr : &tenants_[(b >> 6) % 4 - 1];
+    const size_t i = b % (sessions_.size() + 2);
+    if (i < sessions_.size()) caller.session = sessions_[i];
+    else caller.session = i == sessions_.size() ? "" : "not-a-session";
+    return caller;
   }
   std::string CacheId(Program& in) {
     static const char* kIds[] = {"a", "b", "c", "d", "", "cache-1", "cache-2"};
@@ -189,13 +200,14 @@ class Harness {
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Requests> requests_;
   std::vector<std::string> sessions_;
+  Tenant tenants_[3];
   const bool trace_ = std::getenv("KVARENA_FUZZ_TRACE") != nullptr;
 };
 
 void Harness::Step(Program& in) {
   const uint8_t code = in.Byte();
   const int op = code < 240 ? code % 15 : 15 + (code - 240) % 3;
-  const std::string session = Session(in);
+  const Caller session = CallerOf(in);
   const std::string before = store_->TEST_DebugState();
   absl::Status status;
   const char* name = "";
@@ -319,18 +331,22 @@ void Harness::Step(Program& in) {
       v1::StatsRequest req;
       if (in.Bool()) req.set_cache_id(CacheId(in));
       v1::StatsResponse resp;
-      status = requests_->Stats(req, &resp);
+      status = requests_->Stats(session, req, &resp);
       break;
     }
     case 11: {
       name = "OpenSession";  // a new session changes the stats: only the invariants apply
-      absl::StatusOr<std::string> s = store_->OpenSession(in.Bytes(in.Byte() % 8));
-      if (s.ok()) sessions_.push_back(*s);
+      SessionPeer peer;
+      peer.owner = TenantScope(session.tenant).owner();
+      absl::StatusOr<SessionAttachment> s = store_->AttachSession(in.Bytes(in.Byte() % 8), "", peer);
+      if (s.ok()) sessions_.push_back(s->session_id);
       return Check(name, absl::OkStatus(), before);
     }
     case 12: {
       name = "DetachSession";
-      if (!session.empty()) store_->DetachSession(session, absl::Seconds(in.Byte() % 10));
+      if (!session.session.empty()) {
+        store_->DetachSession(session.session, absl::Seconds(in.Byte() % 10));
+      }
       return Check(name, absl::OkStatus(), before);
     }
     case 13: {
@@ -342,7 +358,7 @@ void Harness::Step(Program& in) {
     case 14: {
       name = "ListCaches";
       v1::ListCachesResponse resp;
-      status = requests_->ListCaches(v1::ListCachesRequest(), &resp);
+      status = requests_->ListCaches(session, v1::ListCachesRequest(), &resp);
       break;
     }
     case 15: {

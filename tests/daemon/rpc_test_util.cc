@@ -160,6 +160,15 @@ std::vector<float> ReferenceAttention(const std::vector<float>& q, int q_heads, 
   return out;
 }
 
+v1::WatchEventsResponse FirstEventsBatch(v1::KvCacheService::Stub* stub, grpc::ClientContext* ctx) {
+  auto watch = stub->WatchEvents(ctx, v1::WatchEventsRequest());
+  v1::WatchEventsResponse batch;
+  EXPECT_TRUE(watch->Read(&batch));
+  ctx->TryCancel();
+  watch->Finish();
+  return batch;
+}
+
 void KvarenadTest::StartDaemon(std::vector<std::string> flags) {
   stub_.reset();
   daemon_ = std::make_unique<DaemonProcess>(std::move(flags));

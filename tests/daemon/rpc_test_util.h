@@ -59,6 +59,10 @@ std::vector<float> ReferenceAttention(const std::vector<float>& q, int q_heads, 
                                       int kv_heads, int tokens, int head_dim, int64_t pos,
                                       double scale);
 
+// The first batch a WatchEvents stream from seq 0 sends on ctx (what the log replays);
+// the stream is cancelled after it.
+v1::WatchEventsResponse FirstEventsBatch(v1::KvCacheService::Stub* stub, grpc::ClientContext* ctx);
+
 class KvarenadTest : public ::testing::Test {
  protected:
   void SetUp() override { StartDaemon({"--arena_bytes=64Mi"}); }

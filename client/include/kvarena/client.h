@@ -82,7 +82,9 @@ struct ClientOptions {
   int page_size = 16;
 
   // HOST:PORT only (Connect refuses them for unix: and inproc:, which file permissions
-  // guard): the daemon's --tls_cert / --tls_client_ca / --auth_token_file counterparts.
+  // guard; a unix: address takes auth_token or auth_token_file alone, a tenant's token for
+  // a daemon with --tenants_file): the daemon's --tls_cert / --tls_client_ca /
+  // --auth_token_file / --tenants_file counterparts.
   // TLS is on when tls_ca_file is set: the daemon's certificate must chain to this PEM CA
   // bundle and carry the address's host (or tls_target_name) in its names.
   std::string tls_ca_file;
@@ -92,7 +94,8 @@ struct ClientOptions {
   // The name the daemon's certificate must carry instead of the address's host (tests;
   // an address by IP whose certificate names only a DNS name).
   std::string tls_target_name;
-  // A bearer token sent as `authorization: Bearer <token>` on every call; needs TLS. At
+  // A bearer token sent as `authorization: Bearer <token>` on every call; needs TLS over
+  // TCP. At
   // most one of auth_token and auth_token_file (read at Connect, surrounding whitespace
   // dropped).
   std::string auth_token;
