@@ -1,5 +1,7 @@
-// The state behind KvStore, shared by its implementation files (kv_store.cc: caches,
-// sessions, stats; kv_store_local.cc: the local path; kv_store_regions.cc: sharing).
+// The state behind KvStore, shared by its implementation files (kv_store.cc: caches and
+// pools; kv_store_sessions.cc; kv_store_views.cc: stats, the cache list;
+// kv_store_local.cc: the local path; kv_store_prefix.cc: SetTokens, Fork, trimming;
+// kv_store_regions.cc: sharing; kv_store_audit.cc: the TEST_ audit).
 // Internal to core/.
 //
 // Thread-safety: as KvStore; `mu` guards the maps, each cache and pool locks itself.

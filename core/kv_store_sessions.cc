@@ -1,0 +1,93 @@
+// KvStore's sessions: attach, resume, detach, ownership and the reaper (kv_store.h).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/kv_store.h"
+#include "core/kv_store_impl.h"
+
+namespace kvarena {
+namespace {
+constexpr size_t kMaxClientNameBytes = 128;
+}  // namespace
+
+absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& client_name,
+                                                         const std::string& resume_token,
+                                                         const SessionPeer& peer) {
+  Impl& im = *impl_;
+  if (!resume_token.empty()) return im.sessions.Resume(resume_token, im.clock->Now(), peer.owner);
+  SessionTable::NewSession s;
+  s.client_name = client_name.substr(0, kMaxClientNameBytes);
+  s.peer = peer.key;
+  s.owner = peer.owner;
+  s.owner_max_sessions = peer.owner_max_sessions;
+  s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
+  // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
+  if (peer.can_map) {
+    s.scratch_size = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+  }
+  s.quota = im.NewQuota();
+  return im.sessions.Open(std::move(s));
+}
+
+absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
+  absl::StatusOr<SessionAttachment> a = AttachSession(client_name, "");
+  if (!a.ok()) return a.status();
+  return std::move(a->session_id);
+}
+
+bool KvStore::SessionOwnedBy(const std::string& session_id, const std::string& owner) const {
+  return impl_->sessions.OwnedBy(session_id, owner);
+}
+
+bool KvStore::SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const {
+  return impl_->sessions.OwnsCache(session_id, cache_id);
+}
+
+void KvStore::DetachSession(const std::string& session_id, absl::Duration grace, uint64_t epoch) {
+  impl_->sessions.Detach(session_id, impl_->clock->Now() + grace, epoch);
+}
+
+bool KvStore::HasSession(const std::string& session_id) const {
+  return impl_->sessions.Contains(session_id);
+}
+
+int KvStore::Reap() {
+  Impl& im = *impl_;
+  const absl::Time now = im.clock->Now();
+  std::vector<std::shared_ptr<KvCache>> gone;
+  const std::vector<SessionTable::Expired> expired = im.sessions.TakeExpired(now);
+  for (const SessionTable::Expired& e : expired) {
+    im.budget.Refund(e.scratch_charge);
+    absl::MutexLock lock(&im.mu);
+    for (const std::string& id : e.cache_ids) {
+      auto it = im.caches.find(id);
+      // Only what the session still owns: the id may name another session's cache since.
+      if (it == im.caches.end() || it->second->owner() != e.session_id) continue;
+      gone.push_back(it->second);
+      --im.caches_per_pool[it->second->pool()->id()];
+      im.caches.erase(it);
+    }
+  }
+  const size_t by_grace = gone.size();
+  if (im.options.idle_ttl > absl::ZeroDuration()) {
+    absl::MutexLock lock(&im.mu);
+    for (auto it = im.caches.begin(); it != im.caches.end();) {
+      const KvCache& c = *it->second;
+      if (c.owner().empty() && c.last_used() + im.options.idle_ttl <= now) {
+        gone.push_back(it->second);
+        --im.caches_per_pool[c.pool()->id()];
+        im.caches.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& cache : gone) im.Remove(cache);
+  // Counted after the pages went back: whoever sees a count move sees the arena it left.
+  im.counters.sessions_reaped += expired.size();
+  im.counters.caches_reaped_grace += by_grace;
+  im.counters.caches_reaped_idle += gone.size() - by_grace;
+  return int(gone.size());
+}
+
+}  // namespace kvarena

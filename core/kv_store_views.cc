@@ -1,0 +1,112 @@
+// KvStore's read-only views: arena and cache stats, and the cache list (kv_store.h).
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/kv_store.h"
+#include "core/kv_store_impl.h"
+
+namespace kvarena {
+
+absl::StatusOr<PageStats> KvStore::CacheStats(const std::string& cache_id) const {
+  auto cache = impl_->Find("", cache_id, /*check_owner=*/false);
+  if (!cache.ok()) return cache.status();
+  return (*cache)->Stats();
+}
+
+ArenaStats KvStore::Stats() const {
+  ArenaStats s;
+  s.backend = impl_->backend->name();
+  s.arena_bytes = impl_->budget.limit();
+  s.bytes_committed = impl_->budget.used();
+  const SessionTable::Counts sessions = impl_->sessions.counts();
+  s.num_sessions = sessions.held;
+  s.sessions_in_grace = sessions.in_grace;
+  s.sessions_opened = sessions.opened;
+  s.sessions_detached = sessions.detached;
+  s.sessions_resumed = sessions.resumed;
+  s.scratch_bytes = impl_->sessions.scratch_bytes();
+  s.scratch_regions = impl_->sessions.scratch_regions();
+  s.metadata_bytes = impl_->metadata.limit();
+  s.metadata_bytes_used = impl_->metadata.used();
+  s.event_log_bytes = impl_->events.bytes();
+  std::vector<std::shared_ptr<PagePool>> pools;
+  {
+    absl::ReaderMutexLock lock(&impl_->mu);
+    s.num_caches = int64_t(impl_->caches.size());
+    for (const auto& [id, p] : impl_->pools_by_id) {
+      s.pools.push_back(p->Stats());
+      auto it = impl_->caches_per_pool.find(id);
+      s.pools.back().num_caches = it == impl_->caches_per_pool.end() ? 0 : it->second;
+    }
+  }
+  PageStats& t = s.pages;
+  for (const PoolStats& p : s.pools) {
+    t.pages_used += p.pages_used;
+    t.pages_free += p.pages_free;
+    t.bytes_used += uint64_t(p.pages_used) * p.page_bytes;
+    t.page_size = (&p == &s.pools.front() || t.page_size == p.layout.page_size) ? p.layout.page_size : 0;
+  }
+  t.num_pages = t.pages_used + t.pages_free;
+  s.bytes_used = t.bytes_used;
+  const StoreCounters& c = impl_->counters;
+  t.seq_len = c.seq_len_sum.load();
+  t.layers_materialized = c.layers_materialized.load();
+  t.layers_total = c.layers_total.load();
+  t.layers_sliding = c.layers_sliding.load();
+  t.pages_evicted = c.pages_evicted.load();
+  t.refusals = c.refusals.load();
+  s.sessions_reaped = c.sessions_reaped.load();
+  s.caches_reaped_grace = c.caches_reaped_grace.load();
+  s.caches_reaped_idle = c.caches_reaped_idle.load();
+  for (const PoolStats& p : s.pools) {
+    t.pages_cached += p.pages_cached;
+    t.pages_shared += p.pages_shared;
+  }
+  t.pages_evicted_lru = impl_->pool_counters.pages_reclaimed.load();
+  t.prefix_lookups = c.prefix_lookups.load();
+  t.prefix_requested_tokens = c.prefix_requested_tokens.load();
+  t.prefix_hit_tokens = c.prefix_hit_tokens.load();
+  t.forks = c.forks.load();
+  t.cow_copies = c.cow_copies.load();
+  return s;
+}
+
+std::vector<CacheInfo> KvStore::ListCaches() const {
+  return ListCaches("", std::numeric_limits<size_t>::max()).caches;
+}
+
+KvStore::CachePage KvStore::ListCaches(const std::string& after, size_t max_caches) const {
+  max_caches = std::max<size_t>(max_caches, 1);
+  // The max_caches + 1 smallest ids after `after`, kept as a max-heap while the map is
+  // walked once: the one beyond max_caches only says whether more remain.
+  using Entry = std::pair<std::string, std::shared_ptr<KvCache>>;
+  auto by_id = [](const Entry& a, const Entry& b) { return a.first < b.first; };
+  std::vector<Entry> page;
+  {
+    absl::ReaderMutexLock lock(&impl_->mu);
+    for (const auto& [id, c] : impl_->caches) {
+      if (id <= after) continue;
+      if (page.size() > max_caches) {
+        if (id >= page.front().first) continue;
+        std::pop_heap(page.begin(), page.end(), by_id);
+        page.back() = Entry(id, c);
+      } else {
+        page.emplace_back(id, c);
+      }
+      std::push_heap(page.begin(), page.end(), by_id);
+    }
+  }
+  std::sort_heap(page.begin(), page.end(), by_id);
+  CachePage out;
+  out.more = page.size() > max_caches;
+  if (out.more) page.pop_back();
+  if (!page.empty()) out.last_id = page.back().first;
+  for (const Entry& e : page) {
+    if (absl::StatusOr<CacheInfo> info = e.second->Info(); info.ok()) out.caches.push_back(*std::move(info));
+  }
+  return out;
+}
+
+}  // namespace kvarena
