@@ -15,6 +15,14 @@
 namespace kvarena {
 namespace {
 
+// A call's CacheInfo as the caller names it, into its reply; or its refusal, so named.
+absl::Status ReplyCache(const TenantScope& scope, absl::StatusOr<CacheInfo> info, v1::CacheInfo* out) {
+  if (!info.ok()) return scope.Out(info.status());
+  scope.Out(&*info);
+  ToProto(*info, out);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, const TenantScope& scope,
                                         CallTensors* tensors) {
   AttendArgs args;
@@ -78,10 +86,7 @@ absl::Status Requests::Allocate(S caller, const v1::AllocateRequest& req,
   options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
   absl::StatusOr<CacheInfo> info = store_->Allocate(SessionOf(caller, scope), *spec,
                                                     NewCacheId(scope, req.cache_id()), options);
-  if (!info.ok()) return scope.Out(info.status());
-  scope.Out(&*info);
-  ToProto(*info, resp->mutable_cache());
-  return absl::OkStatus();
+  return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
 absl::Status Requests::SetTokens(S caller, const v1::SetTokensRequest& req,
@@ -93,10 +98,7 @@ absl::Status Requests::SetTokens(S caller, const v1::SetTokensRequest& req,
   SetTokensArgs args{scope.CacheIn(req.cache_id()), *first_pos,
                      std::vector<int32_t>(req.token_ids().begin(), req.token_ids().end())};
   absl::StatusOr<CacheInfo> info = store_->SetTokens(SessionOf(caller, scope), args);
-  if (!info.ok()) return scope.Out(info.status());
-  scope.Out(&*info);
-  ToProto(*info, resp->mutable_cache());
-  return absl::OkStatus();
+  return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
 absl::Status Requests::Fork(S caller, const v1::ForkRequest& req, v1::ForkResponse* resp) {
@@ -104,10 +106,7 @@ absl::Status Requests::Fork(S caller, const v1::ForkRequest& req, v1::ForkRespon
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("fork"));
   absl::StatusOr<CacheInfo> info = store_->Fork(SessionOf(caller, scope), scope.CacheIn(req.cache_id()),
                                                 NewCacheId(scope, req.new_cache_id()));
-  if (!info.ok()) return scope.Out(info.status());
-  scope.Out(&*info);
-  ToProto(*info, resp->mutable_cache());
-  return absl::OkStatus();
+  return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
 absl::Status Requests::Append(S caller, const v1::AppendRequest& req, v1::AppendResponse* resp) {
@@ -165,10 +164,7 @@ absl::Status Requests::Reset(S caller, const v1::ResetRequest& req, v1::ResetRes
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("reset"));
   absl::StatusOr<CacheInfo> info =
       store_->Reset(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), req.keep_pages());
-  if (!info.ok()) return scope.Out(info.status());
-  scope.Out(&*info);
-  ToProto(*info, resp->mutable_cache());
-  return absl::OkStatus();
+  return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
 absl::Status Requests::Release(S caller, const v1::ReleaseRequest& req, v1::ReleaseResponse*) {
