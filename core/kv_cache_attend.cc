@@ -1,10 +1,10 @@
-// KvCache operations that read the pages: Attend (with its optional append), GetKv and
-// Describe; and the local path's Reserve / Commit steps.
+// KvCache's reads of K/V: Attend (with its optional append: append, then attend the new
+// queries over past + new) and GetKv (kv_cache.h).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/checked.h"
 #include "core/kv_cache.h"
 #include "core/refusal.h"
@@ -13,7 +13,6 @@
 #include "kernels/stop_token.h"
 
 namespace kvarena {
-
 absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, size_t out_bytes,
                                              const StopToken* stop) {
   absl::MutexLock lock(&mu_);
@@ -131,102 +130,6 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
     }
   }
   return r;
-}
-
-absl::StatusOr<CacheDescription> KvCache::Describe() {
-  absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
-  CacheDescription d;
-  d.info = InfoLocked();
-  d.layers.reserve(layers_.size());
-  for (const LayerTable& t : layers_) {
-    d.layers.push_back(LayerPages{t.first_pos(spec_.page_size), t.len(),
-                                  std::vector<int32_t>(t.blocks(), t.blocks() + t.num_blocks())});
-  }
-  return d;
-}
-
-absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
-  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
-  if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("reserve: cache ", Quoted(id_), " tokens=", tokens,
-                                                   " must be in [0, ", limits().max_request_tokens, "]"));
-  }
-  const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
-                                      tokens, limits()));
-  if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return RefusedError(Refusal::kMaxTokens,
-                        absl::StrCat("reserve: cache ", Quoted(id_), " would hold ", seq + tokens,
-                                     " tokens but max_tokens=", spec_.max_tokens));
-  }
-  int64_t pages = 0;
-  for (const LayerTable& t : layers_) {
-    const std::optional<int64_t> sum = CheckedAdd(pages, t.BlocksMissing(seq + tokens, spec_.page_size));
-    if (!sum) return absl::InvalidArgumentError("reserve: the page count overflows");
-    pages = *sum;
-  }
-  return pages;
-}
-
-ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32_t>& ids,
-                                         size_t* next) {
-  const int64_t seq = SeqLenLocked();
-  const int64_t old_mat = MaterializedLocked();
-  const int64_t end = seq + tokens;
-  ReserveResult r;
-  r.cache_id = id_;
-  r.first_pos = seq;
-  for (LayerTable& t : layers_) {
-    const int64_t missing = t.BlocksMissing(end, spec_.page_size);
-    t.AddBlocks(ids.data() + *next, missing);
-    *next += size_t(missing);
-    pages_held_ += missing;
-    const int64_t from = t.len() / spec_.page_size * spec_.page_size;
-    r.layers.push_back(LayerPages{from, t.len(), t.BlocksCovering(from, end, spec_.page_size)});
-  }
-  PublishLocked(seq, old_mat);
-  return r;
-}
-
-absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
-  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
-  if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("commit: cache ", Quoted(id_), " tokens=", tokens,
-                                                   " must be in [0, ", limits().max_request_tokens, "]"));
-  }
-  const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
-                                      tokens, limits()));
-  if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return RefusedError(Refusal::kMaxTokens,
-                        absl::StrCat("commit: cache ", Quoted(id_), " would hold ", seq + tokens,
-                                     " tokens but max_tokens=", spec_.max_tokens));
-  }
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const LayerTable& t = layers_[i];
-    if (t.len() != seq) {
-      return absl::FailedPreconditionError(absl::StrCat("commit: cache ", Quoted(id_), " layer ", i,
-                                                        " holds ", t.len(), " tokens but seq_len=", seq,
-                                                        "; the local path keeps layers in step"));
-    }
-    if (t.BlocksMissing(seq + tokens, spec_.page_size) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "commit: cache ", Quoted(id_), " layer ", i, " has no pages reserved for positions up to ",
-          seq + tokens, "; call Reserve first"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-CacheInfo KvCache::CommitLocked(int64_t tokens) {
-  const int64_t seq = SeqLenLocked();
-  const int64_t old_mat = MaterializedLocked();
-  for (LayerTable& t : layers_) t.set_len(seq + tokens);
-  RegisterLocked(-1);
-  for (int i = 0; i < spec_.num_layers; ++i) EvictLocked(i, seq);
-  PublishLocked(seq, old_mat);
-  return InfoLocked();
 }
 
 }  // namespace kvarena
