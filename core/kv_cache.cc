@@ -337,44 +337,6 @@ absl::StatusOr<CacheInfo> KvCache::Info() {
   return InfoLocked();
 }
 
-std::vector<int32_t> KvCache::HeldPages() {
-  absl::MutexLock lock(&mu_);
-  std::vector<int32_t> ids;
-  for (const LayerTable& t : layers_) ids.insert(ids.end(), t.blocks(), t.blocks() + t.num_blocks());
-  return ids;
-}
-
-std::string KvCache::DebugState() {
-  absl::MutexLock lock(&mu_);
-  std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
-                                 " cached=", cached_tokens_, " tokens=", tokens_.size(), " chain=",
-                                 chain_.nodes.size(), chain_.blocked ? "!" : "");
-  {
-    uint64_t h = 1469598103934665603u;  // FNV-1a over the declared token ids
-    for (int32_t t : tokens_) h = (h ^ uint32_t(t)) * 1099511628211u;
-    absl::StrAppend(&out, " tok#", h);
-  }
-  std::vector<char> k, v;
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const LayerTable& t = layers_[size_t(l)];
-    const int64_t first = t.first_pos(spec_.page_size);
-    absl::StrAppend(&out, " [", first, ",", t.len(), ") pages");
-    for (int64_t b = 0; b < t.num_blocks(); ++b) absl::StrAppend(&out, " ", t.blocks()[b]);
-    const int64_t n = t.len() - first;
-    if (n <= 0) continue;
-    const size_t bytes = size_t(*TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim));
-    k.resize(bytes);
-    v.resize(bytes);
-    if (!kernels().GatherKv(ViewLocked(l), first, n, k.data(), v.data()).ok()) continue;
-    uint64_t h = 1469598103934665603u;  // FNV-1a over K then V
-    for (const std::vector<char>* p : {&k, &v}) {
-      for (char c : *p) h = (h ^ uint8_t(c)) * 1099511628211u;
-    }
-    absl::StrAppend(&out, " kv#", h);
-  }
-  return out;
-}
-
 absl::StatusOr<PageStats> KvCache::Stats() {
   const PoolStats pool = ctx_.pool->Stats();
   absl::MutexLock lock(&mu_);

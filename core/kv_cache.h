@@ -139,6 +139,8 @@ class KvCache {
   // every layer shared, each partial last page copied, the lengths, windows' evictions
   // and declared tokens the same. RESOURCE_EXHAUSTED (quota, arena) changes nothing.
   absl::Status ForkFrom(KvCache& src);
+
+  // The audit (kv_cache_audit.cc).
   // Adds this cache's holds on index nodes to *holds, checks that the pages it may write
   // (each layer's partial last block and reserved blocks) are Writable and that its
   // metadata charge is what it declares, and returns that charge in *metadata.

@@ -283,35 +283,4 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   return absl::OkStatus();
 }
 
-absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, size_t* metadata) {
-  absl::MutexLock lock(&mu_);
-  *metadata = metadata_.budget() == nullptr ? 0 : metadata_.bytes();
-  if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
-                                            " metadata bytes but declares ", tokens_.size(), " tokens: ",
-                                            fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
-  }
-  if (chain_.root != PrefixIndex::kNoNode) ++(*holds)[chain_.root];
-  for (uint64_t node : chain_.nodes) ++(*holds)[node];
-  const size_t page = size_t(spec_.page_size);
-  if (hashes_.size() != tokens_.size() / page || keys_.size() != hashes_.size()) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", tokens_.size(), " tokens but hashes ",
-                                            hashes_.size(), " pages"));
-  }
-  if (chain_.nodes.size() > keys_.size() || (sharing() && !chain_.blocked && chain_.nodes.size() != keys_.size())) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", chain_.nodes.size(), " of ",
-                                            keys_.size(), " known pages"));
-  }
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const LayerTable& t = layers_[size_t(l)];
-    for (int64_t b = std::max(t.first_block(), t.len() / int64_t(page)); b < t.first_block() + t.num_blocks(); ++b) {
-      if (!ctx_.pool->Writable(t.block(b))) {
-        return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " layer ", l, " may write block ", b,
-                                                " (page ", t.block(b), ") but it is shared or registered"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace kvarena

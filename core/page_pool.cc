@@ -375,19 +375,4 @@ PoolStats PagePool::Stats() const {
   return s;
 }
 
-bool PagePool::TEST_IsAllocated(int32_t id) const {
-  absl::MutexLock lock(&mu_);
-  if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size()) return false;
-  const Chunk& chunk = chunks_[size_t(id / pages_per_chunk_)];
-  if (!chunk.committed) return false;
-  return chunk.refs[size_t(id % pages_per_chunk_)] > 0;
-}
-
-int32_t PagePool::TEST_Refs(int32_t id) const {
-  return TEST_IsAllocated(id) ? [&] {
-    absl::MutexLock lock(&mu_);
-    return RefsLocked(id);
-  }() : 0;
-}
-
 }  // namespace kvarena

@@ -180,6 +180,7 @@ class PagePool {
   PoolStats Stats() const;
   int64_t pages_used() const;  // referenced by caches (cached pages not included)
 
+  // The audit (page_pool_audit.cc).
   // What the pool holds of the metadata budget: its index's nodes and its committed
   // chunks' page bookkeeping (0 without a budget).
   size_t TEST_MetadataBytes() const;
