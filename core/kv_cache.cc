@@ -28,7 +28,7 @@ std::string RootKey(const CacheSpec& s) {
 size_t KvCache::FixedMetadataBytes(const CacheSpec& spec, const std::string& id) {
   // The cache's map entries (the store's and its session's) at a hash map's lowest load.
   constexpr size_t kMapEntries = 2 * 3 * 64;
-  const size_t per_layer = sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, reg_next_, window
+  const size_t per_layer = sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, prefix_.reg_next, window
   return sizeof(KvCache) + kMapEntries + 3 * id.size() + 2 * spec.prefix_namespace.size() + 64 +
          size_t(spec.num_layers) * per_layer;
 }
@@ -38,9 +38,8 @@ KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext
     : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
       fixed_metadata_(metadata.bytes()),
       last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)), metadata_(std::move(metadata)),
-      root_key_(RootKey(spec_)),
-      root_hash_(sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{}),
-      reg_next_(size_t(spec_.num_layers), 0) {
+      prefix_(RootKey(spec_), sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{},
+              spec_.num_layers) {
   ctx_.counters->layers_total += spec_.num_layers;
   ctx_.counters->layers_sliding += SlidingLayers(spec_);
 }
@@ -258,7 +257,7 @@ absl::StatusOr<PopnResult> KvCache::Popn(uint64_t n) {
   }
   ReturnPagesLocked(freed);
   ForgetTokensLocked(end);
-  cached_tokens_ = std::min(cached_tokens_, end);
+  prefix_.cached_tokens = std::min(prefix_.cached_tokens, end);
   PublishLocked(seq, old_mat);
   r.popped = int64_t(n);
   r.seq_len = SeqLenLocked();
@@ -292,7 +291,7 @@ absl::StatusOr<CacheInfo> KvCache::Reset(bool keep_pages) {
   }
   ReturnPagesLocked(freed);
   ForgetTokensLocked(0);
-  cached_tokens_ = 0;
+  prefix_.cached_tokens = 0;
   PublishLocked(old_seq, old_mat);
   return InfoLocked();
 }
@@ -326,8 +325,8 @@ CacheInfo KvCache::InfoLocked() const {
   }
   info.pool_id = ctx_.pool->id();
   info.page_bytes = ctx_.pool->page_bytes();
-  info.cached_tokens = cached_tokens_;
-  info.tokens_known = int64_t(tokens_.size());
+  info.cached_tokens = prefix_.cached_tokens;
+  info.tokens_known = int64_t(prefix_.tokens.size());
   return info;
 }
 
@@ -353,10 +352,10 @@ absl::StatusOr<PageStats> KvCache::Stats() {
   st.bytes_used = uint64_t(pages_held_) * ctx_.pool->page_bytes();
   st.pages_evicted = pages_evicted_;
   st.refusals = refusals_.load(std::memory_order_relaxed);
-  st.prefix_lookups = prefix_requested_ > 0 ? 1 : 0;
-  st.prefix_requested_tokens = prefix_requested_;
-  st.prefix_hit_tokens = prefix_hit_;
-  st.cow_copies = cow_copies_;
+  st.prefix_lookups = prefix_.requested > 0 ? 1 : 0;
+  st.prefix_requested_tokens = prefix_.requested;
+  st.prefix_hit_tokens = prefix_.hit;
+  st.cow_copies = prefix_.cow_copies;
   return st;
 }
 

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -80,6 +81,26 @@ struct CacheContext {
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
   int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
   ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
+};
+
+// A cache's prefix-reuse state (kv_cache_prefix.cc): the token ids it declared, their
+// chained page hashes, its holds on the pool's index, and what it reused. One member of
+// KvCache, guarded by the cache's lock.
+struct CachePrefix {
+  CachePrefix(std::string key, const Hash128& hash, int num_layers)
+      : root_key(std::move(key)), root_hash(hash), reg_next(size_t(num_layers), 0) {}
+
+  const std::string root_key;  // namespace and geometry, exactly ("" without a namespace)
+  const Hash128 root_hash;
+  std::vector<int32_t> tokens;   // declared ids of positions [0, size)
+  std::vector<Hash128> hashes;   // chained hash of each full block of them
+  std::vector<Hash128> keys;     // the same, as the index keys them
+  PrefixChain chain;             // index nodes of those blocks (sharing only)
+  std::vector<int64_t> reg_next;  // per layer: blocks below were registered or skipped
+  int64_t cached_tokens = 0;
+  uint64_t cow_copies = 0;
+  uint64_t requested = 0;  // this cache's lookup, at start
+  uint64_t hit = 0;
 };
 
 class KvCache {
@@ -248,18 +269,7 @@ class KvCache {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   BudgetCharge metadata_ ABSL_GUARDED_BY(mu_);  // fixed_metadata_ + DeclaredBytes(tokens)
 
-  // Prefix reuse.
-  const std::string root_key_;  // namespace and geometry, exactly ("" without a namespace)
-  const Hash128 root_hash_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);   // declared ids of positions [0, size)
-  std::vector<Hash128> hashes_ ABSL_GUARDED_BY(mu_);   // chained hash of each full block of them
-  std::vector<Hash128> keys_ ABSL_GUARDED_BY(mu_);     // the same, as the index keys them
-  PrefixChain chain_ ABSL_GUARDED_BY(mu_);             // index nodes of those blocks (sharing only)
-  std::vector<int64_t> reg_next_ ABSL_GUARDED_BY(mu_);  // per layer: blocks below were registered or skipped
-  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t cow_copies_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t prefix_requested_ ABSL_GUARDED_BY(mu_) = 0;  // this cache's lookup, at start
-  uint64_t prefix_hit_ ABSL_GUARDED_BY(mu_) = 0;
+  CachePrefix prefix_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvarena

@@ -15,21 +15,22 @@ namespace kvarena {
 absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, size_t* metadata) {
   absl::MutexLock lock(&mu_);
   *metadata = metadata_.budget() == nullptr ? 0 : metadata_.bytes();
-  if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))) {
+  if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))) {
     return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
-                                            " metadata bytes but declares ", tokens_.size(), " tokens: ",
-                                            fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
+                                            " metadata bytes but declares ", prefix_.tokens.size(), " tokens: ",
+                                            fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
   }
-  if (chain_.root != PrefixIndex::kNoNode) ++(*holds)[chain_.root];
-  for (uint64_t node : chain_.nodes) ++(*holds)[node];
+  if (prefix_.chain.root != PrefixIndex::kNoNode) ++(*holds)[prefix_.chain.root];
+  for (uint64_t node : prefix_.chain.nodes) ++(*holds)[node];
   const size_t page = size_t(spec_.page_size);
-  if (hashes_.size() != tokens_.size() / page || keys_.size() != hashes_.size()) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", tokens_.size(), " tokens but hashes ",
-                                            hashes_.size(), " pages"));
+  const CachePrefix& p = prefix_;
+  if (p.hashes.size() != p.tokens.size() / page || p.keys.size() != p.hashes.size()) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", p.tokens.size(), " tokens but hashes ",
+                                            p.hashes.size(), " pages"));
   }
-  if (chain_.nodes.size() > keys_.size() || (sharing() && !chain_.blocked && chain_.nodes.size() != keys_.size())) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", chain_.nodes.size(), " of ",
-                                            keys_.size(), " known pages"));
+  if (p.chain.nodes.size() > p.keys.size() || (sharing() && !p.chain.blocked && p.chain.nodes.size() != p.keys.size())) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", p.chain.nodes.size(), " of ",
+                                            p.keys.size(), " known pages"));
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     const LayerTable& t = layers_[size_t(l)];
@@ -53,11 +54,11 @@ std::vector<int32_t> KvCache::HeldPages() {
 std::string KvCache::DebugState() {
   absl::MutexLock lock(&mu_);
   std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
-                                 " cached=", cached_tokens_, " tokens=", tokens_.size(), " chain=",
-                                 chain_.nodes.size(), chain_.blocked ? "!" : "");
+                                 " cached=", prefix_.cached_tokens, " tokens=", prefix_.tokens.size(), " chain=",
+                                 prefix_.chain.nodes.size(), prefix_.chain.blocked ? "!" : "");
   {
     uint64_t h = 1469598103934665603u;  // FNV-1a over the declared token ids
-    for (int32_t t : tokens_) h = (h ^ uint32_t(t)) * 1099511628211u;
+    for (int32_t t : prefix_.tokens) h = (h ^ uint32_t(t)) * 1099511628211u;
     absl::StrAppend(&out, " tok#", h);
   }
   std::vector<char> k, v;
