@@ -45,7 +45,7 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
         return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " counts ", have,
                                                 " references but caches hold it ", expect, " times"));
       }
-      const bool cached = index_.IsParked(id);
+      const bool cached = cache_->Lookup(id);
       if (chunk.taken[size_t(i)] != (have > 0 || cached)) {
         return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is ",
                                                 chunk.taken[size_t(i)] ? "taken" : "free", " with ", have,
@@ -72,9 +72,9 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
       return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is held by a cache but not committed"));
     }
   }
-  if (taken != pages_used_ || shared != pages_shared_ || parked != index_.parked()) {
+  if (taken != pages_used_ || shared != pages_shared_ || parked != cache_->size()) {
     return absl::InternalError(absl::StrCat("pool ", id_, " counts ", pages_used_, " taken, ", pages_shared_,
-                                            " shared, ", index_.parked(), " cached pages but holds ", taken, ", ",
+                                            " shared, ", cache_->size(), " cached pages but holds ", taken, ", ",
                                             shared, ", ", parked));
   }
   return index_.TEST_Audit(holds);
