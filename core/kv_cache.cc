@@ -28,16 +28,22 @@ std::string RootKey(const CacheSpec& s) {
 size_t KvCache::FixedMetadataBytes(const CacheSpec& spec, const std::string& id) {
   // The cache's map entries (the store's and its session's) at a hash map's lowest load.
   constexpr size_t kMapEntries = 2 * 3 * 64;
-  const size_t per_layer = sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, prefix_.reg_next, window
+  const size_t per_layer =
+      sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, prefix_.reg_next, window
   return sizeof(KvCache) + kMapEntries + 3 * id.size() + 2 * spec.prefix_namespace.size() + 64 +
          size_t(spec.num_layers) * per_layer;
 }
 
-KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now,
-                 BudgetCharge metadata)
-    : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
+KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx,
+                 absl::Time now, BudgetCharge metadata)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      owner_(std::move(owner)),
+      ctx_(std::move(ctx)),
       fixed_metadata_(metadata.bytes()),
-      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)), metadata_(std::move(metadata)),
+      last_used_(absl::ToUnixNanos(now)),
+      layers_(size_t(spec_.num_layers)),
+      metadata_(std::move(metadata)),
       prefix_(RootKey(spec_), sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{},
               spec_.num_layers) {
   ctx_.counters->layers_total += spec_.num_layers;

@@ -92,10 +92,10 @@ struct CachePrefix {
 
   const std::string root_key;  // namespace and geometry, exactly ("" without a namespace)
   const Hash128 root_hash;
-  std::vector<int32_t> tokens;   // declared ids of positions [0, size)
-  std::vector<Hash128> hashes;   // chained hash of each full block of them
-  std::vector<Hash128> keys;     // the same, as the index keys them
-  PrefixChain chain;             // index nodes of those blocks (sharing only)
+  std::vector<int32_t> tokens;    // declared ids of positions [0, size)
+  std::vector<Hash128> hashes;    // chained hash of each full block of them
+  std::vector<Hash128> keys;      // the same, as the index keys them
+  PrefixChain chain;              // index nodes of those blocks (sharing only)
   std::vector<int64_t> reg_next;  // per layer: blocks below were registered or skipped
   int64_t cached_tokens = 0;
   uint64_t cow_copies = 0;

@@ -45,8 +45,8 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
     if (need < t.first_pos(spec_.page_size)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "attend: query at pos=", args.pos, " needs keys from position ", need, " but layer ",
-          layer, " evicted everything below ", t.first_pos(spec_.page_size),
-          " (window ", spec_.layer_windows[size_t(layer)], ")"));
+          layer, " evicted everything below ", t.first_pos(spec_.page_size), " (window ",
+          spec_.layer_windows[size_t(layer)], ")"));
     }
   }
   // The last query sees keys up to pos + n (no overflow: checked above, or pos is the
@@ -101,19 +101,21 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   const int64_t first = std::min(std::max(range.from_pos, t.first_pos(spec_.page_size)), t.len());
   int64_t n = t.len() - first;
   if (range.max_tokens > 0) n = std::min(n, range.max_tokens);
-  const std::optional<uint64_t> bytes = TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
+  const std::optional<uint64_t> bytes =
+      TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
   // The K+V bytes a reply may carry: what is left of max_reply_bytes after its envelope.
   const uint64_t kv_budget = ctx_.max_reply_bytes > kGetKvReplyEnvelopeBytes
                                  ? ctx_.max_reply_bytes - kGetKvReplyEnvelopeBytes
                                  : 0;
   if (!bytes || *bytes > kv_budget / 2) {
     const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
-    return RefusedError(Refusal::kMaxMessageBytes, absl::StrCat(
-        "get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
-        uint64_t(n) * per_token, " bytes of K and V, above the ", kv_budget, " a reply of ",
-        ctx_.max_reply_bytes, " bytes may carry besides its ", kGetKvReplyEnvelopeBytes,
-        "-byte envelope; ask for at most ", kv_budget / per_token,
-        " tokens at a time (from_pos, max_tokens)"));
+    return RefusedError(
+        Refusal::kMaxMessageBytes,
+        absl::StrCat("get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
+                     uint64_t(n) * per_token, " bytes of K and V, above the ", kv_budget,
+                     " a reply of ", ctx_.max_reply_bytes, " bytes may carry besides its ",
+                     kGetKvReplyEnvelopeBytes, "-byte envelope; ask for at most ",
+                     kv_budget / per_token, " tokens at a time (from_pos, max_tokens)"));
   }
   GetKvResult r;
   r.first_pos = first;
@@ -124,7 +126,8 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
     o->data.resize(size_t(*bytes));
   }
   if (n > 0) {
-    if (absl::Status s = kernels().GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
+    if (absl::Status s =
+            kernels().GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
         !s.ok()) {
       return absl::InternalError(absl::StrCat("get_kv: layer ", layer, ": ", s.message()));
     }

@@ -16,28 +16,32 @@ absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, 
   absl::MutexLock lock(&mu_);
   *metadata = metadata_.budget() == nullptr ? 0 : metadata_.bytes();
   if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
-                                            " metadata bytes but declares ", prefix_.tokens.size(), " tokens: ",
-                                            fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
+    return absl::InternalError(
+        absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
+                     " metadata bytes but declares ", prefix_.tokens.size(),
+                     " tokens: ", fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
   }
   if (prefix_.chain.root != PrefixIndex::kNoNode) ++(*holds)[prefix_.chain.root];
   for (uint64_t node : prefix_.chain.nodes) ++(*holds)[node];
   const size_t page = size_t(spec_.page_size);
   const CachePrefix& p = prefix_;
   if (p.hashes.size() != p.tokens.size() / page || p.keys.size() != p.hashes.size()) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", p.tokens.size(), " tokens but hashes ",
-                                            p.hashes.size(), " pages"));
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", p.tokens.size(),
+                                            " tokens but hashes ", p.hashes.size(), " pages"));
   }
-  if (p.chain.nodes.size() > p.keys.size() || (sharing() && !p.chain.blocked && p.chain.nodes.size() != p.keys.size())) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", p.chain.nodes.size(), " of ",
-                                            p.keys.size(), " known pages"));
+  if (p.chain.nodes.size() > p.keys.size() ||
+      (sharing() && !p.chain.blocked && p.chain.nodes.size() != p.keys.size())) {
+    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", p.chain.nodes.size(),
+                                            " of ", p.keys.size(), " known pages"));
   }
   for (int l = 0; l < spec_.num_layers; ++l) {
     const LayerTable& t = layers_[size_t(l)];
-    for (int64_t b = std::max(t.first_block(), t.len() / int64_t(page)); b < t.first_block() + t.num_blocks(); ++b) {
+    for (int64_t b = std::max(t.first_block(), t.len() / int64_t(page));
+         b < t.first_block() + t.num_blocks(); ++b) {
       if (!ctx_.pool->Writable(t.block(b))) {
-        return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " layer ", l, " may write block ", b,
-                                                " (page ", t.block(b), ") but it is shared or registered"));
+        return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " layer ", l,
+                                                " may write block ", b, " (page ", t.block(b),
+                                                ") but it is shared or registered"));
       }
     }
   }
@@ -47,15 +51,17 @@ absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, 
 std::vector<int32_t> KvCache::HeldPages() {
   absl::MutexLock lock(&mu_);
   std::vector<int32_t> ids;
-  for (const LayerTable& t : layers_) ids.insert(ids.end(), t.blocks(), t.blocks() + t.num_blocks());
+  for (const LayerTable& t : layers_)
+    ids.insert(ids.end(), t.blocks(), t.blocks() + t.num_blocks());
   return ids;
 }
 
 std::string KvCache::DebugState() {
   absl::MutexLock lock(&mu_);
-  std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
-                                 " cached=", prefix_.cached_tokens, " tokens=", prefix_.tokens.size(), " chain=",
-                                 prefix_.chain.nodes.size(), prefix_.chain.blocked ? "!" : "");
+  std::string out =
+      absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
+                   " cached=", prefix_.cached_tokens, " tokens=", prefix_.tokens.size(),
+                   " chain=", prefix_.chain.nodes.size(), prefix_.chain.blocked ? "!" : "");
   {
     uint64_t h = 1469598103934665603u;  // FNV-1a over the declared token ids
     for (int32_t t : prefix_.tokens) h = (h ^ uint32_t(t)) * 1099511628211u;

@@ -28,12 +28,13 @@ absl::StatusOr<CacheDescription> KvCache::Describe() {
 absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("reserve: cache ", Quoted(id_), " tokens=", tokens,
-                                                   " must be in [0, ", limits().max_request_tokens, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("reserve: cache ", Quoted(id_),
+                                                   " tokens=", tokens, " must be in [0, ",
+                                                   limits().max_request_tokens, "]"));
   }
   const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
-                                      tokens, limits()));
+  KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"),
+                                      seq, tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
     return RefusedError(Refusal::kMaxTokens,
                         absl::StrCat("reserve: cache ", Quoted(id_), " would hold ", seq + tokens,
@@ -41,7 +42,8 @@ absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
   }
   int64_t pages = 0;
   for (const LayerTable& t : layers_) {
-    const std::optional<int64_t> sum = CheckedAdd(pages, t.BlocksMissing(seq + tokens, spec_.page_size));
+    const std::optional<int64_t> sum =
+        CheckedAdd(pages, t.BlocksMissing(seq + tokens, spec_.page_size));
     if (!sum) return absl::InvalidArgumentError("reserve: the page count overflows");
     pages = *sum;
   }
@@ -71,12 +73,13 @@ ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32
 absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("commit: cache ", Quoted(id_), " tokens=", tokens,
-                                                   " must be in [0, ", limits().max_request_tokens, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("commit: cache ", Quoted(id_),
+                                                   " tokens=", tokens, " must be in [0, ",
+                                                   limits().max_request_tokens, "]"));
   }
   const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"), seq,
-                                      tokens, limits()));
+  KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"),
+                                      seq, tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
     return RefusedError(Refusal::kMaxTokens,
                         absl::StrCat("commit: cache ", Quoted(id_), " would hold ", seq + tokens,
@@ -85,14 +88,14 @@ absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];
     if (t.len() != seq) {
-      return absl::FailedPreconditionError(absl::StrCat("commit: cache ", Quoted(id_), " layer ", i,
-                                                        " holds ", t.len(), " tokens but seq_len=", seq,
-                                                        "; the local path keeps layers in step"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("commit: cache ", Quoted(id_), " layer ", i, " holds ", t.len(),
+                       " tokens but seq_len=", seq, "; the local path keeps layers in step"));
     }
     if (t.BlocksMissing(seq + tokens, spec_.page_size) > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "commit: cache ", Quoted(id_), " layer ", i, " has no pages reserved for positions up to ",
-          seq + tokens, "; call Reserve first"));
+          "commit: cache ", Quoted(id_), " layer ", i,
+          " has no pages reserved for positions up to ", seq + tokens, "; call Reserve first"));
     }
   }
   return absl::OkStatus();

@@ -58,15 +58,18 @@ void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
   prefix_.hashes.reserve(prefix_.tokens.size() / size_t(page));
   prefix_.keys.reserve(prefix_.tokens.size() / size_t(page));
   // Covered by ChargeDeclaredLocked when growing; a shrink gives bytes back.
-  (void)metadata_.Resize(std::min(metadata_.bytes(), fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
+  (void)metadata_.Resize(
+      std::min(metadata_.bytes(), fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
   for (size_t b = kept; (b + 1) * size_t(page) <= prefix_.tokens.size(); ++b) {
     const Hash128 parent = b == 0 ? prefix_.root_hash : prefix_.hashes[b - 1];
-    prefix_.hashes.push_back(PrefixPageHash(parent, prefix_.tokens.data() + b * size_t(page), int(page)));
+    prefix_.hashes.push_back(
+        PrefixPageHash(parent, prefix_.tokens.data() + b * size_t(page), int(page)));
     prefix_.keys.push_back(KeepHashBits(prefix_.hashes.back(), ctx_.prefix_hash_bits));
   }
   if (!sharing()) return;
   for (int64_t& next : prefix_.reg_next) next = std::min<int64_t>(next, int64_t(kept));
-  if (kept < prefix_.chain.nodes.size() || (prefix_.chain.blocked && kept == prefix_.chain.nodes.size())) {
+  if (kept < prefix_.chain.nodes.size() ||
+      (prefix_.chain.blocked && kept == prefix_.chain.nodes.size())) {
     ctx_.pool->TruncateChain(&prefix_.chain, kept);
   }
   if (prefix_.keys.size() > prefix_.chain.nodes.size() && !prefix_.chain.blocked) {
@@ -84,7 +87,8 @@ void KvCache::RegisterLocked(int layer) {
   std::vector<PageToRegister> pages;
   auto collect = [&](int l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const LayerTable& t = layers_[size_t(l)];
-    const int64_t full = std::min<int64_t>(t.len() / spec_.page_size, int64_t(prefix_.chain.nodes.size()));
+    const int64_t full =
+        std::min<int64_t>(t.len() / spec_.page_size, int64_t(prefix_.chain.nodes.size()));
     int64_t& next = prefix_.reg_next[size_t(l)];
     for (int64_t b = std::max(next, t.first_block()); b < full; ++b) {
       pages.push_back(PageToRegister{prefix_.chain.nodes[size_t(b)], l, t.block(b)});
@@ -146,10 +150,10 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   const int64_t seq = SeqLenLocked();
   for (int64_t p = first_pos; p < std::min({first_pos + n, known, seq}); ++p) {
     if (ids[size_t(p - first_pos)] != prefix_.tokens[size_t(p)]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "set_tokens: token_ids[", p - first_pos, "]=", ids[size_t(p - first_pos)], " but position ", p,
-          " holds token ", prefix_.tokens[size_t(p)], "; the ids of written positions (below seq_len=", seq,
-          ") cannot change"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("set_tokens: token_ids[", p - first_pos, "]=", ids[size_t(p - first_pos)],
+                       " but position ", p, " holds token ", prefix_.tokens[size_t(p)],
+                       "; the ids of written positions (below seq_len=", seq, ") cannot change"));
     }
   }
   // Declared ids of written positions stay; those of unwritten ones past the call go.
@@ -160,9 +164,11 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   next.assign(prefix_.tokens.begin(), prefix_.tokens.begin() + first_pos);
   next.insert(next.end(), ids.begin(), ids.end());
   const std::vector<int32_t>& declared = prefix_.tokens;
-  if (int64_t(next.size()) < keep) next.insert(next.end(), declared.begin() + int64_t(next.size()), declared.begin() + keep);
+  if (int64_t(next.size()) < keep)
+    next.insert(next.end(), declared.begin() + int64_t(next.size()), declared.begin() + keep);
   int64_t changed = first_pos;
-  while (changed < std::min<int64_t>(known, int64_t(next.size())) && next[size_t(changed)] == declared[size_t(changed)]) {
+  while (changed < std::min<int64_t>(known, int64_t(next.size())) &&
+         next[size_t(changed)] == declared[size_t(changed)]) {
     ++changed;
   }
   DeclareLocked(std::move(next), changed);
@@ -239,7 +245,9 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   // The fork's tables name every page it shares: a slot each, besides its copy of the ids.
   const size_t table_bytes = size_t(total) * sizeof(int32_t);
   fixed_metadata_ += table_bytes;
-  if (absl::Status s = ChargeDeclaredLocked("fork", int64_t(src.prefix_.tokens.size()), /*new_nodes=*/false); !s.ok()) {
+  if (absl::Status s =
+          ChargeDeclaredLocked("fork", int64_t(src.prefix_.tokens.size()), /*new_nodes=*/false);
+      !s.ok()) {
     fixed_metadata_ -= table_bytes;
     return s;
   }

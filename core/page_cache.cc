@@ -38,7 +38,9 @@ class LruPageCache : public PageCache {
 
   int64_t size() const override { return int64_t(lru_.size()); }
 
-  std::vector<int32_t> EvictionOrder() const override { return std::vector<int32_t>(lru_.rbegin(), lru_.rend()); }
+  std::vector<int32_t> EvictionOrder() const override {
+    return std::vector<int32_t>(lru_.rbegin(), lru_.rend());
+  }
 
  private:
   const EvictCallback on_evict_;

@@ -262,7 +262,8 @@ class PagePool {
   int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;  // taken: referenced or cached
   int64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;  // with two or more references
   PrefixIndex index_ ABSL_GUARDED_BY(mu_);
-  const std::unique_ptr<PageCache> cache_ ABSL_PT_GUARDED_BY(mu_);  // registered pages no cache references
+  const std::unique_ptr<PageCache> cache_
+      ABSL_PT_GUARDED_BY(mu_);  // registered pages no cache references
   int64_t chunks_committed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t empty_committed_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -43,19 +43,22 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
       const int32_t have = chunk.refs[size_t(i)];
       if (have != expect) {
         return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " counts ", have,
-                                                " references but caches hold it ", expect, " times"));
+                                                " references but caches hold it ", expect,
+                                                " times"));
       }
       const bool cached = cache_->Lookup(id);
       if (chunk.taken[size_t(i)] != (have > 0 || cached)) {
         return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is ",
-                                                chunk.taken[size_t(i)] ? "taken" : "free", " with ", have,
-                                                " references", cached ? ", cached" : ""));
+                                                chunk.taken[size_t(i)] ? "taken" : "free", " with ",
+                                                have, " references", cached ? ", cached" : ""));
       }
       if (have == 0 && index_.IsRegistered(id) != cached) {
-        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is registered but unreferenced and not cached"));
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_,
+                                                " is registered but unreferenced and not cached"));
       }
       if (have > 0 && cached) {
-        return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is referenced and cached"));
+        return absl::InternalError(
+            absl::StrCat("page ", id, " of pool ", id_, " is referenced and cached"));
       }
       taken += chunk.taken[size_t(i)];
       chunk_cached += cached;
@@ -63,19 +66,22 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
       parked += cached;
     }
     if (chunk_cached != chunk.cached) {
-      return absl::InternalError(absl::StrCat("chunk ", c, " of pool ", id_, " counts ", chunk.cached,
-                                              " cached pages but holds ", chunk_cached));
+      return absl::InternalError(absl::StrCat("chunk ", c, " of pool ", id_, " counts ",
+                                              chunk.cached, " cached pages but holds ",
+                                              chunk_cached));
     }
   }
   for (const auto& [id, n] : refs) {
-    if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size() || !chunks_[size_t(id / pages_per_chunk_)].committed) {
-      return absl::InternalError(absl::StrCat("page ", id, " of pool ", id_, " is held by a cache but not committed"));
+    if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size() ||
+        !chunks_[size_t(id / pages_per_chunk_)].committed) {
+      return absl::InternalError(
+          absl::StrCat("page ", id, " of pool ", id_, " is held by a cache but not committed"));
     }
   }
   if (taken != pages_used_ || shared != pages_shared_ || parked != cache_->size()) {
-    return absl::InternalError(absl::StrCat("pool ", id_, " counts ", pages_used_, " taken, ", pages_shared_,
-                                            " shared, ", cache_->size(), " cached pages but holds ", taken, ", ",
-                                            shared, ", ", parked));
+    return absl::InternalError(absl::StrCat(
+        "pool ", id_, " counts ", pages_used_, " taken, ", pages_shared_, " shared, ",
+        cache_->size(), " cached pages but holds ", taken, ", ", shared, ", ", parked));
   }
   return index_.TEST_Audit(holds);
 }
