@@ -192,6 +192,10 @@ class KvCache {
  private:
   int64_t SeqLenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MaterializedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks that op (reserve, commit) may grow every layer by tokens: live, tokens within
+  // the request limits, the length within max_tokens.
+  absl::Status CheckGrowLocked(absl::string_view op, int64_t tokens) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What an append took: blocks added to the layer, chunks the pool committed for them.
   struct Taken {

@@ -25,21 +25,27 @@ absl::StatusOr<CacheDescription> KvCache::Describe() {
   return d;
 }
 
-absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
+absl::Status KvCache::CheckGrowLocked(absl::string_view op, int64_t tokens) const {
   KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("reserve: cache ", Quoted(id_),
-                                                   " tokens=", tokens, " must be in [0, ",
-                                                   limits().max_request_tokens, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(op, ": cache ", Quoted(id_), " tokens=", tokens,
+                                                   " must be in [0, ", limits().max_request_tokens,
+                                                   "]"));
   }
   const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("reserve", absl::StrCat("cache ", Quoted(id_), " seq_len"),
-                                      seq, tokens, limits()));
+  KVARENA_RETURN_IF_ERROR(
+      CheckGrowth(op, absl::StrCat("cache ", Quoted(id_), " seq_len"), seq, tokens, limits()));
   if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
     return RefusedError(Refusal::kMaxTokens,
-                        absl::StrCat("reserve: cache ", Quoted(id_), " would hold ", seq + tokens,
+                        absl::StrCat(op, ": cache ", Quoted(id_), " would hold ", seq + tokens,
                                      " tokens but max_tokens=", spec_.max_tokens));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KvCache::PagesToReserveLocked(int64_t tokens) const {
+  KVARENA_RETURN_IF_ERROR(CheckGrowLocked("reserve", tokens));
+  const int64_t seq = SeqLenLocked();
   int64_t pages = 0;
   for (const LayerTable& t : layers_) {
     const std::optional<int64_t> sum =
@@ -71,20 +77,8 @@ ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32
 }
 
 absl::Status KvCache::CheckCommitLocked(int64_t tokens) const {
-  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
-  if (tokens < 0 || tokens > limits().max_request_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("commit: cache ", Quoted(id_),
-                                                   " tokens=", tokens, " must be in [0, ",
-                                                   limits().max_request_tokens, "]"));
-  }
+  KVARENA_RETURN_IF_ERROR(CheckGrowLocked("commit", tokens));
   const int64_t seq = SeqLenLocked();
-  KVARENA_RETURN_IF_ERROR(CheckGrowth("commit", absl::StrCat("cache ", Quoted(id_), " seq_len"),
-                                      seq, tokens, limits()));
-  if (spec_.max_tokens > 0 && tokens > spec_.max_tokens - seq) {
-    return RefusedError(Refusal::kMaxTokens,
-                        absl::StrCat("commit: cache ", Quoted(id_), " would hold ", seq + tokens,
-                                     " tokens but max_tokens=", spec_.max_tokens));
-  }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LayerTable& t = layers_[i];
     if (t.len() != seq) {

@@ -62,6 +62,20 @@ class PrefixTest : public StoreTest {
     return info;
   }
 
+  // Allocates *first with prompt and computes it, then *second with the same prompt, which
+  // adopts first's full pages (all but the last position's page-aligned prefix).
+  void ComputeThenAdopt(const std::vector<int32_t>& prompt, std::string* first,
+                        std::string* second) {
+    auto a = AllocPrompt(PrefixSpec("m"), prompt);
+    ASSERT_TRUE(a.ok()) << a.status();
+    *first = a->cache_id;
+    ASSERT_NO_FATAL_FAILURE(Compute(*first, prompt, 0));
+    auto b = AllocPrompt(PrefixSpec("m"), prompt);
+    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(b->cached_tokens, (int64_t(prompt.size()) - 1) / kPage * kPage);
+    *second = b->cache_id;
+  }
+
   // Appends the model's K/V of positions [from, tokens.size()) to every layer.
   void Compute(const std::string& id, const std::vector<int32_t>& tokens, int64_t from) {
     for (int l = 0; l < kLayers; ++l) {

@@ -9,23 +9,21 @@ namespace {
 
 TEST_F(PrefixTest, PopnIntoASharedPageCopiesWhatItKeeps) {
   const std::vector<int32_t> prompt = Tokens(10);
-  auto a = AllocPrompt(PrefixSpec("m"), prompt);
-  Compute(a->cache_id, prompt, 0);
-  auto b = AllocPrompt(PrefixSpec("m"), prompt);
-  ASSERT_EQ(b->cached_tokens, 8);
-  const std::string a_before = Kv(a->cache_id, 0) + Kv(a->cache_id, 1);
-  auto r = store_->Popn("", b->cache_id, 2);  // cuts into the second shared page
+  std::string a, b;
+  ASSERT_NO_FATAL_FAILURE(ComputeThenAdopt(prompt, &a, &b));
+  const std::string a_before = Kv(a, 0) + Kv(a, 1);
+  auto r = store_->Popn("", b, 2);  // cuts into the second shared page
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->popped, 2);
   EXPECT_EQ(store_->Stats().pages.cow_copies, uint64_t(kLayers));
-  EXPECT_EQ(store_->Describe("", b->cache_id)->info.cached_tokens, 6);
+  EXPECT_EQ(store_->Describe("", b)->info.cached_tokens, 6);
   ExpectInvariants();
   // b rewrites positions 6.. with other tokens; a keeps its own.
   std::vector<int32_t> other(prompt.begin(), prompt.begin() + 6);
   other.insert(other.end(), {55, 56, 57});
-  Compute(b->cache_id, other, 6);
-  EXPECT_EQ(Kv(a->cache_id, 0) + Kv(a->cache_id, 1), a_before);
-  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), Expected(other, l, 0, 9));
+  Compute(b, other, 6);
+  EXPECT_EQ(Kv(a, 0) + Kv(a, 1), a_before);
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b, l), Expected(other, l, 0, 9));
   EXPECT_EQ(store_->Stats().pages.pages_shared, kLayers);  // the first page still is
   ExpectInvariants();
 }
@@ -95,12 +93,10 @@ TEST_F(PrefixTest, ForkRefusalsChangeNothing) {
 
 TEST_F(PrefixTest, ReserveHandsOutOnlyPrivatePages) {
   const std::vector<int32_t> prompt = Tokens(9);
-  auto a = AllocPrompt(PrefixSpec("m"), prompt);
-  Compute(a->cache_id, prompt, 0);
-  auto b = AllocPrompt(PrefixSpec("m"), prompt);
-  ASSERT_EQ(b->cached_tokens, 8);
-  auto shared = store_->Describe("", b->cache_id);
-  auto r = store_->Reserve("", {CacheTokens{b->cache_id, 5}});
+  std::string a, b;
+  ASSERT_NO_FATAL_FAILURE(ComputeThenAdopt(prompt, &a, &b));
+  auto shared = store_->Describe("", b);
+  auto r = store_->Reserve("", {CacheTokens{b, 5}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)[0].first_pos, 8);
   for (int l = 0; l < kLayers; ++l) {
@@ -110,7 +106,7 @@ TEST_F(PrefixTest, ReserveHandsOutOnlyPrivatePages) {
       }
     }
   }
-  ASSERT_TRUE(store_->Commit("", {CacheTokens{b->cache_id, 5}}).ok());
+  ASSERT_TRUE(store_->Commit("", {CacheTokens{b, 5}}).ok());
   ExpectInvariants();  // audits that every page b may write is private
 }
 
