@@ -25,6 +25,7 @@
 
 #include <dlpack/dlpack.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "kvarena/paged_kv.h"
 #include "kvarena/types.h"

@@ -6,6 +6,7 @@ package on PYTHONPATH), started as tests/daemon/daemon_process.h starts it:
 ready once Health answers SERVING and its log has the "kvarenad: serving " line.
 """
 
+import gc
 import os
 import pathlib
 import random
@@ -40,7 +41,7 @@ class Daemon:
         self.address = "unix:" + self.socket
         self.log_path = os.path.join(self.dir, "kvarenad.log")
         argv = [kvarenad_path(), f"--listen={self.address}", "--backend=host",
-                "--arena_bytes=256Mi", "--num_threads=2", *flags]
+                "--arena_bytes=1Gi", "--num_threads=2", *flags]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + start_timeout
@@ -86,7 +87,10 @@ def address(request, daemon):
 
 @pytest.fixture
 def client(daemon):
-    return kvarena.connect(daemon.address, client_name="pytest")
+    c = kvarena.connect(daemon.address, client_name="pytest")
+    yield c
+    del c
+    gc.collect()  # close the session (and its scratch region) before the next test
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import gc
 import torch
 
 import kvarena
+from conftest import wait_for
 
 
 def write_token_through_view(cache, pool, layer, k, v):
@@ -48,19 +49,28 @@ def test_value_written_through_view_is_what_get_kv_returns(address, seed):
 
 def test_view_outlives_client(daemon, seed):
     g = torch.Generator().manual_seed(seed)
+    observer = kvarena.connect(daemon.address, attach=False)
     client = kvarena.connect(daemon.address)
     cache = client.allocate(1, 1, 4, "float32", page_size=4)
     q, k, v = (torch.randn(1, 1, 3, 4, generator=g) for _ in range(3))
     cache.attention(0, q, k, v)
     pool = torch.from_dlpack(cache.pool_view())
     pages = cache.block_table(0)
+    cache_id = cache.cache_id
     before = pool[pages[0], 0, :3].clone()
     assert torch.equal(before[:, 0], k[0, 0])
     del cache, client
     gc.collect()
-    # The session is gone once the daemon reaps it; the mapping is still this process's.
+    # The view holds a handle, and so the connection, its session and the cache: the
+    # bytes are still there, in this process's mapping.
     assert torch.equal(pool[pages[0], 0, :3], before)
+    assert any(c["cache_id"] == cache_id for c in observer.list_caches())
     pool[pages[0], 0, 0] += 0  # and still writable without a fault
+    del pool
+    gc.collect()
+    # The last view gone, the connection closes and the session's cache is released.
+    wait_for(lambda: not any(c["cache_id"] == cache_id for c in observer.list_caches()),
+             what="the cache to be released once the last view is gone")
 
 
 def test_served_output_is_a_fresh_tensor_each_call(client, seed):
