@@ -1,13 +1,16 @@
 """Two Python threads decoding different caches at once; the batched local path
 (decode_batch) and the page-table arrays against the served path."""
 
+import signal
 import threading
+import time
 
 import pytest
 import torch
 
 import kvarena
 import llama_decode
+from conftest import Daemon
 from test_model import reference_attention, small_config
 
 
@@ -120,3 +123,32 @@ def test_reference_is_sane():
     q = torch.randn(1, 2, 1, 4)
     kv = torch.randn(1, 1, 1, 4)
     assert torch.allclose(reference_attention(q, kv, kv).float(), kv.expand(1, 2, 1, 4))
+
+
+def test_blocking_call_releases_the_gil():
+    """A thread blocked in an RPC (the daemon stopped) lets the others run Python."""
+    d = Daemon()
+    try:
+        client = kvarena.connect(d.address, attach=False, call_timeout=10)
+        d.proc.send_signal(signal.SIGSTOP)
+        entering, result = threading.Event(), []
+
+        def blocked():
+            entering.set()
+            try:
+                client.stats()
+            except kvarena.Error as e:
+                result.append(e)
+
+        t = threading.Thread(target=blocked)
+        t.start()
+        entering.wait()
+        # Had the call kept the GIL, this thread could only wake once stats() returned.
+        time.sleep(0.2)
+        still_blocked = t.is_alive()
+        d.proc.send_signal(signal.SIGCONT)
+        t.join()
+        assert still_blocked
+        assert not result  # it completed once the daemon ran again
+    finally:
+        d.stop()
