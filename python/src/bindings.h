@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <pybind11/pybind11.h>
@@ -43,6 +44,17 @@ void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batc
 // Token ids from a sequence of ints or a tensor / array (its tolist()); InvalidArgument
 // for one outside int32.
 std::vector<int32_t> ParseTokenIds(pybind11::handle ids);
+
+// q (None: absent), k and v parsed and checked against a cache's geometry: k/v as CheckKv,
+// q as CheckQ with k's tokens; batch is 1 for one cache.
+struct CacheTensors {
+  InTensor q, k, v;
+};
+CacheTensors ParseForCache(const Geometry& g, int64_t batch, pybind11::handle q,
+                           pybind11::handle k, pybind11::handle v);
+
+// attention's scale= / window= arguments (None: the cache's defaults).
+AttentionOptions MakeAttentionOptions(std::optional<double> scale, std::optional<uint32_t> window);
 
 // A Cache object remembers the Client it came from (its `_client` attribute: pool_view
 // reads the pool's size from the Client's stats). WithClient wraps a handle a call on

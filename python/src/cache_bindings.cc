@@ -35,14 +35,6 @@ void CheckRank4(const InTensor& t, const char* name, const Geometry& g, int64_t 
   }
 }
 
-// Cache.attention's scale / window arguments.
-AttentionOptions Options(std::optional<double> scale, std::optional<uint32_t> window) {
-  AttentionOptions o;
-  if (scale) o.scale = *scale;
-  if (window) o.window = *window;
-  return o;
-}
-
 }  // namespace
 
 void CheckKv(const InTensor& t, const char* name, const Geometry& g, int64_t batch) {
@@ -64,6 +56,23 @@ void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batc
   if (t.arg.shape[2] != tokens) {
     ThrowInvalid(absl::StrCat(name, ": ", t.arg.shape[2], " tokens but k and v have ", tokens));
   }
+}
+
+CacheTensors ParseForCache(const Geometry& g, int64_t batch, py::handle q, py::handle k,
+                           py::handle v) {
+  CacheTensors t{q.is_none() ? InTensor{} : ParseTensor(q, "q"), ParseTensor(k, "k"),
+                 ParseTensor(v, "v")};
+  CheckKv(t.k, "k", g, batch);
+  CheckKv(t.v, "v", g, batch);
+  if (!q.is_none()) CheckQ(t.q, "q", g, batch, t.k.arg.shape[2]);
+  return t;
+}
+
+AttentionOptions MakeAttentionOptions(std::optional<double> scale, std::optional<uint32_t> window) {
+  AttentionOptions o;
+  if (scale) o.scale = *scale;
+  if (window) o.window = *window;
+  return o;
 }
 
 py::object WithClient(std::shared_ptr<GenericKvCacheHandle> cache, py::handle client) {
@@ -101,11 +110,8 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       }, py::arg("layer"))
       .def("stats", [](const H& h) { return ToDict(Blocking([&] { return h.stats(); })); })
       .def("append", [](H& h, int layer, py::handle k, py::handle v) {
-        const Geometry g = Geometry::Of(h);
-        InTensor kt = ParseTensor(k, "k"), vt = ParseTensor(v, "v");
-        CheckKv(kt, "k", g, 1);
-        CheckKv(vt, "v", g, 1);
-        AppendResult r = Blocking([&] { return h.append(layer, kt.arg, vt.arg); });
+        CacheTensors t = ParseForCache(Geometry::Of(h), 1, py::none(), k, v);
+        AppendResult r = Blocking([&] { return h.append(layer, t.k.arg, t.v.arg); });
         py::dict d;
         d["layer_len"] = r.layer_len;
         d["seq_len"] = r.seq_len;
@@ -113,14 +119,9 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       }, py::arg("layer"), py::arg("k"), py::arg("v"))
       .def("attention", [](H& h, int layer, py::handle q, py::handle k, py::handle v,
                            std::optional<double> scale, std::optional<uint32_t> window) {
-        const Geometry g = Geometry::Of(h);
-        InTensor qt = ParseTensor(q, "q"), kt = ParseTensor(k, "k"), vt = ParseTensor(v, "v");
-        CheckKv(kt, "k", g, 1);
-        CheckKv(vt, "v", g, 1);
-        CheckQ(qt, "q", g, 1, kt.arg.shape[2]);
-        TensorOut out = Blocking([&] {
-          return h.attention_opts(layer, qt.arg, kt.arg, vt.arg, Options(scale, window));
-        });
+        CacheTensors t = ParseForCache(Geometry::Of(h), 1, q, k, v);
+        const AttentionOptions o = MakeAttentionOptions(scale, window);
+        TensorOut out = Blocking([&] { return h.attention_opts(layer, t.q.arg, t.k.arg, t.v.arg, o); });
         return Like(q, FromTensorOut(std::move(out)));
       }, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
          py::arg("scale") = py::none(), py::arg("window") = py::none())

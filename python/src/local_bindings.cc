@@ -24,13 +24,6 @@ namespace {
 
 using H = GenericKvCacheHandle;
 
-AttentionOptions Options(std::optional<double> scale, std::optional<uint32_t> window) {
-  AttentionOptions o;
-  if (scale) o.scale = *scale;
-  if (window) o.window = *window;
-  return o;
-}
-
 // The pool's page count: its row in the arena's stats (one RPC).
 int64_t PoolPages(const std::shared_ptr<Client>& client, uint64_t pool_id) {
   ArenaStats stats = ValueOrThrow(client->Stats());
@@ -48,21 +41,14 @@ struct PyDecodeBatch {
   Geometry geometry;
 };
 
-// k, v and q of one step of a batch, checked against its geometry.
-struct StepTensors {
-  InTensor q, k, v;
-};
-StepTensors ParseStep(const PyDecodeBatch& b, py::handle q, py::handle k, py::handle v) {
-  StepTensors s{q.is_none() ? InTensor{} : ParseTensor(q, "q"), ParseTensor(k, "k"),
-                ParseTensor(v, "v")};
-  const int64_t n = b.batch->batch_size(), t = b.batch->tokens_per_step();
-  CheckKv(s.k, "k", b.geometry, n);
-  CheckKv(s.v, "v", b.geometry, n);
+// k, v and q of one step of a batch, checked against its geometry and tokens_per_step.
+CacheTensors ParseStep(const PyDecodeBatch& b, py::handle q, py::handle k, py::handle v) {
+  CacheTensors s = ParseForCache(b.geometry, b.batch->batch_size(), q, k, v);
+  const int64_t t = b.batch->tokens_per_step();
   if (s.k.arg.shape[2] != t || s.v.arg.shape[2] != t) {
     ThrowInvalid(absl::StrCat("k/v: ", s.k.arg.shape[2], "/", s.v.arg.shape[2],
                               " tokens but the batch appends tokens_per_step=", t));
   }
-  if (!q.is_none()) CheckQ(s.q, "q", b.geometry, n, t);
   return s;
 }
 
@@ -89,7 +75,7 @@ void BindDecodeBatch(py::module_& m) {
       })
       .def("run", [](PyDecodeBatch& b, int layer, py::handle q, py::handle k, py::handle v,
                      py::object out, std::optional<double> scale, std::optional<uint32_t> window) {
-        StepTensors s = ParseStep(b, q, k, v);
+        CacheTensors s = ParseStep(b, q, k, v);
         std::optional<Tensor> fresh;
         InTensor out_in;
         TensorBuffer buf;
@@ -104,13 +90,13 @@ void BindDecodeBatch(py::module_& m) {
         }
         Blocking([&] {
           std::lock_guard<std::mutex> l(b.mu);
-          return b.batch->Run(layer, s.q.arg, s.k.arg, s.v.arg, buf, Options(scale, window));
+          return b.batch->Run(layer, s.q.arg, s.k.arg, s.v.arg, buf, MakeAttentionOptions(scale, window));
         });
         return fresh ? Like(q, std::move(*fresh)) : out;
       }, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out") = py::none(),
          py::arg("scale") = py::none(), py::arg("window") = py::none())
       .def("append", [](PyDecodeBatch& b, int layer, py::handle k, py::handle v) {
-        StepTensors s = ParseStep(b, py::none(), k, v);
+        CacheTensors s = ParseStep(b, py::none(), k, v);
         Blocking([&] {
           std::lock_guard<std::mutex> l(b.mu);
           return b.batch->Append(layer, s.k.arg, s.v.arg);
@@ -156,22 +142,14 @@ void BindLocalPath(py::module_& m, ClientClass& client, CacheClass& cache) {
       .def_property("reserve_ahead", &H::reserve_ahead, &H::set_reserve_ahead)
       .def_property_readonly("reserved_until", &H::reserved_until)
       .def("append_local", [](H& h, int layer, py::handle k, py::handle v) {
-        const Geometry g = Geometry::Of(h);
-        InTensor kt = ParseTensor(k, "k"), vt = ParseTensor(v, "v");
-        CheckKv(kt, "k", g, 1);
-        CheckKv(vt, "v", g, 1);
-        Blocking([&] { return h.append_local(layer, kt.arg, vt.arg); });
+        CacheTensors t = ParseForCache(Geometry::Of(h), 1, py::none(), k, v);
+        Blocking([&] { return h.append_local(layer, t.k.arg, t.v.arg); });
       }, py::arg("layer"), py::arg("k"), py::arg("v"))
       .def("attention_local", [](H& h, int layer, py::handle q, py::handle k, py::handle v,
                                  std::optional<double> scale, std::optional<uint32_t> window) {
-        const Geometry g = Geometry::Of(h);
-        InTensor qt = ParseTensor(q, "q"), kt = ParseTensor(k, "k"), vt = ParseTensor(v, "v");
-        CheckKv(kt, "k", g, 1);
-        CheckKv(vt, "v", g, 1);
-        CheckQ(qt, "q", g, 1, kt.arg.shape[2]);
-        TensorOut out = Blocking([&] {
-          return h.attention_local(layer, qt.arg, kt.arg, vt.arg, Options(scale, window));
-        });
+        CacheTensors t = ParseForCache(Geometry::Of(h), 1, q, k, v);
+        const AttentionOptions o = MakeAttentionOptions(scale, window);
+        TensorOut out = Blocking([&] { return h.attention_local(layer, t.q.arg, t.k.arg, t.v.arg, o); });
         return Like(q, FromTensorOut(std::move(out)));
       }, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
          py::arg("scale") = py::none(), py::arg("window") = py::none())
