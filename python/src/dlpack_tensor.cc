@@ -72,11 +72,15 @@ InTensor Check(InTensor in, const char* name, DType dtype, const std::string& dt
   return in;
 }
 
+InTensor FromBuffer(py::handle obj, const char* name);
+
 InTensor FromDLPack(py::handle obj, const char* name) {
   py::object cap;
   try {
     cap = obj.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
+    // numpy refuses to export a read-only array through DLPack; its buffer still reads.
+    if (PyObject_CheckBuffer(obj.ptr())) return FromBuffer(obj, name);
     ThrowInvalid(absl::StrCat(name, ": __dlpack__ failed: ", e.what()));
   }
   if (!PyCapsule_IsValid(cap.ptr(), kCapsuleName)) {

@@ -83,7 +83,9 @@ def test_numpy_in_numpy_out(client, seed):
     q = rng.standard_normal((1, 4, 3, 16), dtype=np.float32)
     k = rng.standard_normal((1, 2, 3, 16), dtype=np.float32)
     v = rng.standard_normal((1, 2, 3, 16), dtype=np.float32)
-    out = cache.attention(0, q, k, v)
+    v_readonly = v.copy()
+    v_readonly.setflags(write=False)  # numpy exports no read-only array by DLPack: its buffer
+    out = cache.attention(0, q, k, v_readonly)
     assert isinstance(out, np.ndarray) and out.shape == q.shape
     ref = reference_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v))
     assert np.abs(out - ref.numpy()).max() < 1e-4
