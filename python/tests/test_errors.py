@@ -1,5 +1,6 @@
 """Every kvarena.Error subclass from a real case, with nothing changed by the call."""
 
+import ctypes
 import os
 import signal
 
@@ -160,3 +161,49 @@ def test_every_code_has_its_class(name):
     with pytest.raises(kvarena.Error) as e:
         _kvarena._raise_status(int(code), "m")
     assert e.value.code == code and type(e.value).code == code
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class FakeCudaTensor:
+    """A DLPack producer claiming a float32 [1, 2, 1, 8] tensor on cuda:0 (no GPU needed:
+    the binding must refuse it from the capsule's device before reading any byte)."""
+
+    def __init__(self):
+        self.shape = (ctypes.c_int64 * 4)(1, 2, 1, 8)
+        self.managed = _DLManagedTensor()
+        t = self.managed.dl_tensor
+        t.data, t.device, t.ndim = 0x1000, _DLDevice(2, 0), 4  # kDLCUDA
+        t.code, t.bits, t.lanes = 2, 32, 1  # kDLFloat
+        t.shape = self.shape
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p,
+                                                       ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+def test_a_device_tensor_is_refused_before_sending(cache):
+    fake = FakeCudaTensor()
+    good = torch.ones(1, 2, 1, 8)
+    with pytest.raises(kvarena.InvalidArgument, match="cuda:0"):
+        cache.append(0, fake, good)
+    unchanged(cache, 3)
