@@ -7,7 +7,8 @@
 # instructions a second (timers, the reaper), noise below 0.1% of a call.
 #
 # Usage: bench/rpc_callgrind.sh [N] [METHODS...]   (default 2000; ping health popn stats)
-#   BUILD_DIR (default build); ROUNDS (default 5) measurements of each method. KEEP=DIR
+#   BUILD_DIR (default build); KVARENAD (default $BUILD_DIR/daemon/kvarenad: another
+#   build's, to compare); ROUNDS (default 5) measurements of each method. KEEP=DIR
 #   keeps the callgrind files there (for callgrind_annotate); FLAGS adds kvarenad flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ mkdir -p "$dir"
 sock="$dir/kvarena.sock"
 # shellcheck disable=SC2086
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out.%p" \
-  "$B/daemon/kvarenad" --listen="unix:$sock" --fd_socket=none --num_threads=1 \
+  "${KVARENAD:-$B/daemon/kvarenad}" --listen="unix:$sock" --fd_socket=none --num_threads=1 \
   --arena_bytes=256Mi ${FLAGS:-} >"$dir/kvarenad.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true' EXIT
