@@ -30,6 +30,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "bench/child_daemon.h"
+#include "bench/half_tensor.h"
 #include "core/kv_store.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -41,28 +42,6 @@ constexpr int kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kContext = 4096;
 // Caches of this many distinct specs (head_dim 8, 16, ...) besides the bench's own, so
 // Stats reports a dozen pools.
 constexpr int kExtraPools = 11;
-
-// float -> IEEE half by truncation; bench data lies in [-1, 1], tiny values flush to zero.
-uint16_t ToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = (u >> 16) & 0x8000;
-  const int exp = int((u >> 23) & 0xff) - 127 + 15;
-  if (exp <= 0) return sign;
-  return sign | uint16_t(exp << 10) | uint16_t((u >> 13) & 0x3ff);
-}
-
-// [1, heads, tokens, head_dim] float16 values in [-1, 1].
-v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<uint16_t> v(size_t(heads) * tokens * kHeadDim);
-  for (uint16_t& x : v) x = ToHalf(dist(*rng));
-  v1::Tensor t;
-  for (int64_t d : {1, heads, tokens, kHeadDim}) t.add_shape(d);
-  t.set_dtype(v1::FLOAT16);
-  t.set_data(v.data(), v.size() * 2);
-  return t;
-}
 
 TensorArg Arg(const v1::Tensor& t) {
   return {DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(), t.data().size()};
@@ -207,8 +186,8 @@ int Run(const std::string& kvarenad, bool quick) {
     prefill.set_cache_id("context");
     for (int pos = 0; pos < kContext; pos += 512) {
       prefill.set_pos(pos);
-      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, &rng);
-      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, &rng);
+      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
+      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
       v1::AppendResponse r;
       if (!call(&v1::KvCacheService::Stub::Append, prefill, &r) ||
           !store->Append("", "context", 0, pos, Arg(prefill.k()), Arg(prefill.v())).ok()) {
@@ -232,8 +211,8 @@ int Run(const std::string& kvarenad, bool quick) {
 
     v1::AppendRequest append;
     append.set_cache_id("append");
-    *append.mutable_k() = HalfTensor(kKvHeads, 1, &rng);
-    *append.mutable_v() = HalfTensor(kKvHeads, 1, &rng);
+    *append.mutable_k() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
+    *append.mutable_v() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
     v1::AppendResponse appended;
     uint64_t rpc_pos = 0;
     int64_t local_pos = 0;
@@ -275,7 +254,7 @@ int Run(const std::string& kvarenad, bool quick) {
     v1::AttendRequest attend;
     attend.set_cache_id("context");
     attend.set_pos(kContext - 1);
-    *attend.mutable_q() = HalfTensor(kQHeads, 1, &rng);
+    *attend.mutable_q() = HalfTensor(kQHeads, 1, kHeadDim, &rng);
     v1::AttendResponse attended;
     AttendArgs args;
     args.cache_id = "context";

@@ -17,6 +17,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "bench/half_tensor.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 
@@ -24,19 +25,6 @@ namespace kvarena {
 namespace {
 
 constexpr int kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kContext = 4096, kPools = 12;
-
-// [1, heads, tokens, 128] float16 values in [-1, 1) (exponent and mantissa bits of small
-// random halves: no infinities or NaNs).
-v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
-  std::uniform_int_distribution<int> bits(0, 0x3bff);
-  std::vector<uint16_t> v(size_t(heads) * tokens * kHeadDim);
-  for (uint16_t& x : v) x = uint16_t(bits(*rng)) | (((*rng)() & 1) ? 0x8000 : 0);
-  v1::Tensor t;
-  for (int64_t d : {1, heads, tokens, kHeadDim}) t.add_shape(d);
-  t.set_dtype(v1::FLOAT16);
-  t.set_data(v.data(), v.size() * 2);
-  return t;
-}
 
 struct Driver {
   std::unique_ptr<v1::KvCacheService::Stub> kv;
@@ -72,8 +60,8 @@ struct Driver {
     prefill.set_cache_id("context");
     for (int pos = 0; pos < kContext; pos += 512) {
       prefill.set_pos(pos);
-      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, &rng);
-      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, &rng);
+      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
+      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
       v1::AppendResponse r;
       if (!Call(&v1::KvCacheService::Stub::Append, prefill, &r)) return false;
     }
@@ -101,8 +89,8 @@ struct Driver {
     if (method == "append") {
       v1::AppendRequest req;
       req.set_cache_id("append");
-      *req.mutable_k() = HalfTensor(kKvHeads, 1, &rng);
-      *req.mutable_v() = HalfTensor(kKvHeads, 1, &rng);
+      *req.mutable_k() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
+      *req.mutable_v() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
       v1::AppendResponse resp;
       for (int i = 0; i < n; ++i) {
         req.set_pos(uint64_t(i));
@@ -131,7 +119,7 @@ struct Driver {
       v1::AttendRequest req;
       req.set_cache_id("context");
       req.set_pos(kContext - 1);
-      *req.mutable_q() = HalfTensor(kQHeads, 1, &rng);
+      *req.mutable_q() = HalfTensor(kQHeads, 1, kHeadDim, &rng);
       v1::AttendResponse resp;
       for (int i = 0; i < n; ++i) {
         if (!Call(&v1::KvCacheService::Stub::Attend, req, &resp)) return false;
