@@ -59,6 +59,26 @@ bool RunsInline(const v1::AttendRequest& req) {
   return true;
 }
 
+namespace {
+
+// The caches a Reserve or Commit names.
+template <typename Request>
+absl::InlinedVector<absl::string_view, 1> ItemCaches(const Request& req) {
+  absl::InlinedVector<absl::string_view, 1> ids;
+  ids.reserve(size_t(req.items_size()));
+  for (const auto& item : req.items()) ids.push_back(item.cache_id());
+  return ids;
+}
+
+}  // namespace
+
+bool RunsInline(const v1::AllocateRequest& req) {
+  return req.prompt_tokens_size() <= kInlineTokens;
+}
+bool RunsInline(const v1::SetTokensRequest& req) { return req.token_ids_size() <= kInlineTokens; }
+bool RunsInline(const v1::ReserveRequest& req) { return req.items_size() <= kInlineItems; }
+bool RunsInline(const v1::CommitRequest& req) { return req.items_size() <= kInlineItems; }
+
 KvCacheServiceImpl::KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach,
                                        EventsHub* events, const Tenants* tenants)
     : requests_(store), rpcs_(rpcs), attach_(attach), events_(events), tenants_(tenants) {
@@ -82,16 +102,20 @@ absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBas
 }
 
 template <typename Body>
-KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool inline_, Body body) {
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool small, CacheIds caches,
+                                                     Body body) {
   const auto start = std::chrono::steady_clock::now();
   Unary* reactor = ctx->DefaultReactor();
-  if (inline_) {
+  if (small && !busy_.Busy(caches)) {
     reactor->Finish(Run(rpc, ctx, start, body));
-  } else {
-    offload_.Run([this, rpc, ctx, start, reactor, body]() mutable {
-      reactor->Finish(Run(rpc, ctx, start, body));
-    });
+    return reactor;
   }
+  busy_.Hold(caches);
+  offload_.Run([this, rpc, ctx, start, reactor, body, caches = std::move(caches)]() mutable {
+    grpc::Status status = Run(rpc, ctx, start, body);
+    busy_.Release(caches);
+    reactor->Finish(std::move(status));
+  });
   return reactor;
 }
 
@@ -116,75 +140,76 @@ grpc::Status KvCacheServiceImpl::Run(Rpc rpc, const Ctx* ctx, std::chrono::stead
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* req,
                                                         v1::AllocateResponse* resp) {
-  return Serve(Rpc::kAllocate, ctx, true,
+  return Serve(Rpc::kAllocate, ctx, RunsInline(*req), {},
                [this, req, resp](const Caller& c) { return requests_.Allocate(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
                                                       v1::AppendResponse* resp) {
-  return Serve(Rpc::kAppend, ctx, RunsInline(*req),
+  return Serve(Rpc::kAppend, ctx, RunsInline(*req), {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Append(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
                                                       v1::AttendResponse* resp) {
-  return Serve(Rpc::kAttend, ctx, RunsInline(*req), [this, ctx, req, resp](const Caller& c) {
-    const StopToken stop = StopTokenOf(ctx);
-    return requests_.Attend(c, *req, resp, &stop);
-  });
+  return Serve(Rpc::kAttend, ctx, RunsInline(*req), {req->cache_id()},
+               [this, ctx, req, resp](const Caller& c) {
+                 const StopToken stop = StopTokenOf(ctx);
+                 return requests_.Attend(c, *req, resp, &stop);
+               });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
                                                     v1::PopnResponse* resp) {
-  return Serve(Rpc::kPopn, ctx, true,
+  return Serve(Rpc::kPopn, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Popn(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reset(Ctx* ctx, const v1::ResetRequest* req,
                                                      v1::ResetResponse* resp) {
-  return Serve(Rpc::kReset, ctx, true,
+  return Serve(Rpc::kReset, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Reset(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Release(Ctx* ctx, const v1::ReleaseRequest* req,
                                                        v1::ReleaseResponse* resp) {
-  return Serve(Rpc::kRelease, ctx, true,
+  return Serve(Rpc::kRelease, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Release(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req,
                                                        v1::ReserveResponse* resp) {
-  return Serve(Rpc::kReserve, ctx, true,
+  return Serve(Rpc::kReserve, ctx, RunsInline(*req), ItemCaches(*req),
                [this, req, resp](const Caller& c) { return requests_.Reserve(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
                                                       v1::CommitResponse* resp) {
-  return Serve(Rpc::kCommit, ctx, true,
+  return Serve(Rpc::kCommit, ctx, RunsInline(*req), ItemCaches(*req),
                [this, req, resp](const Caller& c) { return requests_.Commit(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
                                                      v1::GetKvResponse* resp) {
-  return Serve(Rpc::kGetKv, ctx, false,
+  return Serve(Rpc::kGetKv, ctx, false, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.GetKv(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Describe(Ctx* ctx, const v1::DescribeRequest* req,
                                                         v1::DescribeResponse* resp) {
-  return Serve(Rpc::kDescribe, ctx, true,
+  return Serve(Rpc::kDescribe, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Describe(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Stats(Ctx* ctx, const v1::StatsRequest* req,
                                                      v1::StatsResponse* resp) {
-  return Serve(Rpc::kStats, ctx, true,
+  return Serve(Rpc::kStats, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Stats(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::ListCaches(Ctx* ctx, const v1::ListCachesRequest* req,
                                                           v1::ListCachesResponse* resp) {
-  return Serve(Rpc::kListCaches, ctx, false,
+  return Serve(Rpc::kListCaches, ctx, false, {},
                [this, req, resp](const Caller& c) { return requests_.ListCaches(c, *req, resp); });
 }
 
@@ -195,13 +220,13 @@ grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(Ctx* ctx,
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
                                                          v1::SetTokensResponse* resp) {
-  return Serve(Rpc::kSetTokens, ctx, true,
+  return Serve(Rpc::kSetTokens, ctx, RunsInline(*req), {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.SetTokens(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req,
                                                     v1::ForkResponse* resp) {
-  return Serve(Rpc::kFork, ctx, true,
+  return Serve(Rpc::kFork, ctx, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Fork(c, *req, resp); });
 }
 
@@ -211,7 +236,7 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEven
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*, v1::PingResponse*) {
-  return Serve(Rpc::kPing, ctx, true, [](const Caller&) { return absl::OkStatus(); });
+  return Serve(Rpc::kPing, ctx, true, {}, [](const Caller&) { return absl::OkStatus(); });
 }
 
 }  // namespace kvarena

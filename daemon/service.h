@@ -7,10 +7,12 @@
 // both. Every method is on gRPC's callback API, as the health service is: a short unary
 // call runs on the thread that read its request (a sync handler would be handed to
 // another thread, one wake-up more per call); one that may run long — an Append over
-// more than kInlineAppendBytes, an Attend over more than kInlineAttendWork, GetKv,
-// ListCaches — is handed to the Offload pool, so gRPC's few callback threads keep
-// reading. Attach and WatchEvents (a held stream takes no thread): the AttachHub and the
-// EventsHub serve and count them.
+// more than kInlineAppendBytes, an Attend over more than kInlineAttendWork, an Allocate or
+// SetTokens with more than kInlineTokens ids, a Reserve or Commit of more than kInlineItems
+// caches, GetKv, ListCaches — is handed to the Offload pool, so gRPC's few callback
+// threads keep reading; so is any call on a cache a pooled call holds (BusyCaches), which
+// would otherwise wait for that cache's lock on a callback thread. Attach and WatchEvents (a held
+// stream takes no thread): the AttachHub and the EventsHub serve and count them.
 //
 // Thread-safety: handlers run concurrently on gRPC's callback threads and the pool's.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -19,14 +21,17 @@
 #include <chrono>
 #include <cstdint>
 
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 #include "core/kv_store.h"
 #include "daemon/arena_messages.h"
 #include "daemon/attach.h"
+#include "daemon/busy_caches.h"
 #include "daemon/events.h"
 #include "daemon/offload.h"
 #include "daemon/requests.h"
-#include "daemon/tenants.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/tenants.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
 
@@ -37,11 +42,19 @@ inline constexpr uint64_t kInlineAppendBytes = uint64_t{256} << 10;
 // An Attend whose q elements times (pos + queries) exceed this runs on the pool: a decode
 // step over 8192 tokens at 32 q heads x 128 dims (about 1.5 ms on one core) runs inline.
 inline constexpr uint64_t kInlineAttendWork = uint64_t{1} << 25;
+// An Allocate (prompt_tokens) or SetTokens (token_ids) with more ids runs on the pool.
+inline constexpr int kInlineTokens = 16384;
+// A Reserve or Commit of more caches runs on the pool.
+inline constexpr int kInlineItems = 256;
 
 // Whether a request is small enough to run on gRPC's callback thread (any shape or
 // value the handler would refuse counts as large; the handler then refuses it).
 bool RunsInline(const v1::AppendRequest& req);
 bool RunsInline(const v1::AttendRequest& req);
+bool RunsInline(const v1::AllocateRequest& req);
+bool RunsInline(const v1::SetTokensRequest& req);
+bool RunsInline(const v1::ReserveRequest& req);
+bool RunsInline(const v1::CommitRequest& req);
 
 class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
  public:
@@ -75,10 +88,13 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   // The call's session and, with tenants, the tenant its bearer token names
   // (UNAUTHENTICATED without one).
   absl::StatusOr<Caller> CallerOf(const grpc::ServerContextBase* ctx) const;
+  // The caches a call names (views into its request, which outlives the call).
+  using CacheIds = absl::InlinedVector<absl::string_view, 1>;
   // Runs body (a Requests call, given the caller) and finishes the call with its status:
-  // on this thread when `inline_`, else on the pool. The call is timed from here.
+  // on this thread when `small` and no pooled call holds one of `caches`, else on the pool
+  // (holding `caches` meanwhile). The call is timed from here.
   template <typename Body>
-  Unary* Serve(Rpc rpc, Ctx* ctx, bool inline_, Body body);
+  Unary* Serve(Rpc rpc, Ctx* ctx, bool small, CacheIds caches, Body body);
   // Authenticates the caller, runs body for it, records its status and how long it took
   // since `start`, and maps the status.
   template <typename Body>
@@ -93,6 +109,7 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   ArenaMessages<v1::StatsRequest, v1::StatsResponse> stats_messages_;
   ArenaMessages<v1::DescribeRequest, v1::DescribeResponse> describe_messages_;
   ArenaMessages<v1::ListCachesRequest, v1::ListCachesResponse> list_messages_;
+  BusyCaches busy_;
   Offload offload_{256};  // last: its destructor waits for the calls it runs
 };
 

@@ -2,13 +2,14 @@
 // threads (daemon/service.h RunsInline). No timing: tasks meet through notifications.
 #include "daemon/offload.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "daemon/busy_caches.h"
 #include "daemon/service.h"
 
 namespace kvarena {
@@ -95,6 +96,49 @@ TEST(RunsInlineTest, AppendByPayloadBytes) {
   req.mutable_k()->mutable_shared()->set_length(kInlineAppendBytes / 2);
   req.mutable_v()->mutable_shared()->set_length(kInlineAppendBytes / 2);
   EXPECT_TRUE(RunsInline(req));
+}
+
+TEST(RunsInlineTest, IdsAndItemsByCount) {
+  v1::AllocateRequest alloc;
+  for (int i = 0; i < kInlineTokens; ++i) alloc.add_prompt_tokens(i);
+  EXPECT_TRUE(RunsInline(alloc));
+  alloc.add_prompt_tokens(0);
+  EXPECT_FALSE(RunsInline(alloc));
+  v1::SetTokensRequest set;
+  for (int i = 0; i <= kInlineTokens; ++i) set.add_token_ids(i);
+  EXPECT_FALSE(RunsInline(set));
+  v1::ReserveRequest reserve;
+  for (int i = 0; i < kInlineItems; ++i) reserve.add_items()->set_cache_id("c");
+  EXPECT_TRUE(RunsInline(reserve));
+  v1::CommitRequest commit;
+  for (int i = 0; i <= kInlineItems; ++i) commit.add_items()->set_cache_id("c");
+  EXPECT_FALSE(RunsInline(commit));
+}
+
+TEST(BusyCachesTest, ACacheIsBusyWhileAnyPooledCallHoldsIt) {
+  BusyCaches busy;
+  const std::vector<absl::string_view> a = {"a"}, ab = {"a", "b"}, b = {"b"}, c = {"c"};
+  EXPECT_FALSE(busy.Busy(a));
+  busy.Hold(ab);
+  busy.Hold(a);  // a second pooled call on "a"
+  EXPECT_TRUE(busy.Busy(a));
+  EXPECT_TRUE(busy.Busy(b));
+  EXPECT_FALSE(busy.Busy(c));
+  busy.Release(ab);
+  EXPECT_TRUE(busy.Busy(a)) << "the second call still holds it";
+  EXPECT_FALSE(busy.Busy(b));
+  busy.Release(a);
+  EXPECT_FALSE(busy.Busy(a));
+  EXPECT_EQ(busy.TEST_held(), 0);
+}
+
+TEST(BusyCachesTest, NoCacheIsNeverHeld) {
+  BusyCaches busy;
+  const std::vector<absl::string_view> none = {""};  // a whole-arena Stats names no cache
+  busy.Hold(none);
+  EXPECT_FALSE(busy.Busy(none));
+  EXPECT_EQ(busy.TEST_held(), 0);
+  busy.Release(none);
 }
 
 }  // namespace
