@@ -22,6 +22,7 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/tile_prefetcher.h"
 
 namespace kvarena::cpu_internal {
 namespace {
@@ -76,7 +77,7 @@ void ScoreTokens(const float* q, int dim, const uint8_t* const* k, size_t off, i
 // latency times the FMA ports) over all but the last few tokens.
 template <class E, int RB>
 void ScoreBlock(const float* q, int dim, const uint8_t* const* k, size_t off, int a, int b,
-                float* scores, Prefetcher& prefetch) {
+                float* scores, TilePrefetcher& prefetch) {
   constexpr int TB = 8 / RB;
   int t = a;
   for (; t + TB <= b; t += TB) {
@@ -136,7 +137,7 @@ void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* 
 }
 
 template <class E, int RB>
-void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, Prefetcher& prefetch) {
+void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePrefetcher& prefetch) {
   int first[RB], last[RB];
   int a = args.tokens, b = 0;
   for (int r = 0; r < RB; ++r) {
@@ -164,7 +165,7 @@ void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, Prefetch
 
 template <class E>
 void AttendTile(const AttendTileArgs& args) {
-  Prefetcher prefetch(args, size_t(args.head_dim) * E::kBytes);
+  TilePrefetcher prefetch(args, size_t(args.head_dim) * E::kBytes);
   const float* q = args.q;
   int r0 = 0;
   while (r0 < args.rows) {
@@ -200,7 +201,7 @@ void Avx2AttendTile(const AttendTileArgs& args) {
 
 }  // namespace kvarena::cpu_internal
 
-#else  // not built for x86-64: CpuHasAvx2FmaF16c() is false, so this is never called.
+#else  // not built for x86-64: CpuKernelsSupported() is kPortable, so never called.
 
 namespace kvarena::cpu_internal {
 void Avx2AttendTile(const AttendTileArgs&) {}
