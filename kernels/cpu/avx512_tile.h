@@ -64,15 +64,18 @@ using BF16 = Converted<LoadBF16, 2>;
 // Lane i of the result = horizontal sum of v[i].
 inline __m512 Sum16(const __m512* v) {
   __m512 s1[8], s2[4], s3[2];
+#pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {  // per 128-bit block: partials of v[2i], v[2i+1]
     s1[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
                           _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {  // per block: its partial sums of v[4i .. 4i + 3]
     const __m512d c = _mm512_castps_pd(s1[2 * i]), d = _mm512_castps_pd(s1[2 * i + 1]);
     s2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
                           _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
   }
+#pragma GCC unroll 2
   for (int i = 0; i < 2; ++i) {  // blocks 0+1 and 2+3 combined
     s3[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                           _mm512_shuffle_f32x4(s2[2 * i], s2[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
