@@ -2,9 +2,12 @@
 // bytes: a read-only AVX2 reduction pass (the ceiling for a kernel that only reads the
 // cache) and memcpy. Shape: 32 q heads, 8 kv heads, head_dim 128, page 16, f16 / bf16,
 // pages shuffled in one pool; contexts 512..32k; 1 and 2 threads (ThreadPool sizes).
+// Attention runs once per kernel family the CPU has (cpu_kernels.h: avx512_bf16, avx512,
+// avx2, portable; --kernels=avx512,avx2 picks some), side by side in one run; a prefill
+// table (64 queries at the end of a 1k context) compares the families on n > 1.
 //
 // Run with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true on a
-// shared machine: the table keeps each benchmark's best repetition.
+// shared machine: the tables give each benchmark's median repetition.
 //
 // Every iteration works on the next of many layers whose pages together span at least
 // kMinWorkingSetBytes, far beyond the last-level cache, as in a real decode step that
@@ -28,6 +31,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -42,6 +46,17 @@ constexpr size_t kMinWorkingSetBytes = size_t(256) << 20;  // 8x a 32 MiB L3
 constexpr int64_t kContexts[] = {512, 1024, 4096, 8192, 16384, 32768};
 constexpr int kThreads[] = {1, 2};
 constexpr DType kDTypes[] = {DType::kFloat16, DType::kBFloat16};
+constexpr int64_t kPrefillCtx = 1024;  // the prefill table: kPrefillN queries ending here (one of kContexts)
+constexpr int64_t kPrefillN = 64;
+
+// The kernel families attention runs with (--kernels=...; default: every one in use).
+std::vector<CpuKernels> families;
+
+// Whether `k` runs a tile of its own for dtype (avx512_bf16 differs from avx512 only on
+// bf16 caches).
+bool DistinctFor(CpuKernels k, DType dtype) {
+  return k != CpuKernels::kAvx512Bf16 || dtype == DType::kBFloat16;
+}
 
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
@@ -163,12 +178,49 @@ __attribute__((target("avx2"))) uint32_t ReadPages(const uint8_t* pool, const in
   return sum;
 }
 
-enum class Kind { kAttention, kReadPass, kMemcpy };
+enum class Kind { kAttention, kReadPass, kMemcpy, kPrefill };
 const char* KindName(Kind k) {
-  return k == Kind::kAttention ? "attention" : k == Kind::kReadPass ? "read_pass" : "memcpy";
+  return k == Kind::kAttention ? "attention"
+         : k == Kind::kReadPass ? "read_pass"
+         : k == Kind::kMemcpy   ? "memcpy"
+                                : "prefill";
 }
 
-void BM_Decode(benchmark::State& state, Kind kind, DType dtype, int64_t ctx, int threads) {
+// Forces a kernel family for one benchmark's run (its repetitions may interleave with
+// other benchmarks'), back to the default after.
+class ForceKernels {
+ public:
+  explicit ForceKernels(CpuKernels k) { TEST_ForceCpuKernels(k); }
+  ~ForceKernels() { TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16); }
+  ForceKernels(const ForceKernels&) = delete;
+  ForceKernels& operator=(const ForceKernels&) = delete;
+};
+
+// kPrefillN queries at the end of a kPrefillCtx context, every layer in turn.
+void BM_Prefill(benchmark::State& state, CpuKernels kernels, DType dtype, int threads) {
+  const ForceKernels force(kernels);
+  const Workload& w = GetWorkload(dtype, kPrefillCtx);
+  std::unique_ptr<ThreadPool> pool =
+      threads > 1 ? std::make_unique<ThreadPool>(threads - 1) : nullptr;
+  AttentionParams params;
+  params.num_q_heads = kNumQHeads;
+  params.q_pos = kPrefillCtx - kPrefillN;
+  params.n = kPrefillN;
+  params.scale = 1.0f / std::sqrt(float(kHeadDim));
+  std::mt19937 rng(7);
+  std::vector<uint16_t> q(size_t(kNumQHeads) * kPrefillN * kHeadDim), out(q.size());
+  for (uint16_t& e : q) e = RandomElem(dtype, rng);
+  int layer = 0;
+  for (auto _ : state) {
+    PagedAttention(w.View(layer), params, q.data(), out.data(), pool.get());
+    benchmark::DoNotOptimize(out.data());
+    layer = (layer + 1) % w.num_layers;
+  }
+}
+
+void BM_Decode(benchmark::State& state, Kind kind, CpuKernels kernels, DType dtype, int64_t ctx,
+               int threads) {
+  const ForceKernels force(kernels);
   const Workload& w = GetWorkload(dtype, ctx);
   std::unique_ptr<ThreadPool> pool =
       threads > 1 ? std::make_unique<ThreadPool>(threads - 1) : nullptr;
@@ -203,6 +255,8 @@ void BM_Decode(benchmark::State& state, Kind kind, DType dtype, int64_t ctx, int
           benchmark::DoNotOptimize(sum);
         });
         break;
+      case Kind::kPrefill:  // BM_Prefill
+        break;
       case Kind::kMemcpy:
         over_pages(layer, [&](const int32_t* table, int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) {
@@ -221,51 +275,125 @@ void BM_Decode(benchmark::State& state, Kind kind, DType dtype, int64_t ctx, int
   state.counters["layers"] = w.num_layers;
 }
 
-// Collects the best bytes_per_second of each benchmark over its repetitions (the least
-// disturbed run, on a shared machine) while printing as usual.
+// Collects every repetition's GB/s and ms per call of each benchmark while printing as
+// usual; the tables give the medians.
 class TableReporter : public benchmark::ConsoleReporter {
  public:
-  std::map<std::string, double> gbps;  // benchmark name -> GB/s
+  std::map<std::string, std::vector<double>> gbps;  // benchmark name -> GB/s per repetition
+  std::map<std::string, std::vector<double>> ms;    // benchmark name -> ms per call
   int repetitions = 0;
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
-      auto it = run.counters.find("bytes_per_second");
-      if (it == run.counters.end() || run.run_type != Run::RT_Iteration) continue;
-      double& best = gbps[run.benchmark_name()];
-      best = std::max(best, double(it->second) / 1e9);
+      if (run.run_type != Run::RT_Iteration) continue;
       repetitions = std::max<int>(repetitions, int(run.repetitions));
+      ms[run.benchmark_name()].push_back(run.GetAdjustedRealTime() / 1e3);  // runs are in µs
+      auto it = run.counters.find("bytes_per_second");
+      if (it != run.counters.end()) gbps[run.benchmark_name()].push_back(double(it->second) / 1e9);
     }
     ConsoleReporter::ReportRuns(runs);
   }
 };
 
-std::string Name(Kind kind, DType dtype, int64_t ctx, int threads) {
-  return std::string(KindName(kind)) + "/" + DTypeName(dtype) + "/ctx:" + std::to_string(ctx) +
-         "/threads:" + std::to_string(threads);
+// The median of a benchmark's repetitions (the mean of the middle two for an even count);
+// 0 if it did not run.
+double Median(const std::map<std::string, std::vector<double>>& m, const std::string& name) {
+  auto it = m.find(name);
+  if (it == m.end() || it->second.empty()) return 0;
+  std::vector<double> v = it->second;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Prints x with the format, or "-" in the same width when it is 0 (not run).
+void Cell(const char* format, int width, double x) {
+  if (x == 0) {
+    std::printf(" %*s", width, "-");
+  } else {
+    std::printf(format, x);
+  }
+}
+
+// kernels names the family of attention and prefill rows; the baselines have none.
+std::string Name(Kind kind, CpuKernels kernels, DType dtype, int64_t ctx, int threads) {
+  std::string name = KindName(kind);
+  if (kind == Kind::kAttention || kind == Kind::kPrefill) name += std::string(":") + CpuKernelsName(kernels);
+  name += std::string("/") + DTypeName(dtype) + "/ctx:" + std::to_string(ctx);
+  if (kind == Kind::kPrefill) name += "/n:" + std::to_string(kPrefillN);
+  return name + "/threads:" + std::to_string(threads);
 }
 
 void PrintTable(const TableReporter& r) {
+  auto get = [&](const std::map<std::string, std::vector<double>>& m, Kind k, CpuKernels f,
+                 DType dtype, int64_t ctx, int threads) {
+    // benchmark appends "/real_time" to the names of UseRealTime benchmarks.
+    return Median(m, Name(k, f, dtype, ctx, threads) + "/real_time");
+  };
   std::printf(
-      "\nDecode attention vs baselines over the same KV bytes (GB/s of KV read, best of %d)\n",
+      "\nDecode attention per kernel family vs baselines over the same KV bytes (GB/s of KV "
+      "read, median of %d; attn/read = attention / read_pass)\n",
       std::max(1, r.repetitions));
-  std::printf("%-9s %6s %3s %10s %10s %10s %11s %11s\n", "dtype", "ctx", "thr", "attention",
-              "read_pass", "memcpy", "attn/read", "attn/memcpy");
+  std::printf("%-9s %6s %3s %10s %10s", "dtype", "ctx", "thr", "read_pass", "memcpy");
+  for (CpuKernels f : families) std::printf(" %12s %9s", CpuKernelsName(f), "attn/read");
+  std::printf("\n");
   for (DType dtype : kDTypes) {
     for (int64_t ctx : kContexts) {
       for (int threads : kThreads) {
-        auto get = [&](Kind k) {
-          // benchmark appends "/real_time" to the names of UseRealTime benchmarks.
-          auto it = r.gbps.find(Name(k, dtype, ctx, threads) + "/real_time");
-          return it == r.gbps.end() ? 0.0 : it->second;
-        };
-        const double a = get(Kind::kAttention), rp = get(Kind::kReadPass), mc = get(Kind::kMemcpy);
-        if (a == 0 && rp == 0 && mc == 0) continue;
-        std::printf("%-9s %6lld %3d %10.2f %10.2f %10.2f %10.0f%% %10.0f%%\n", DTypeName(dtype),
-                    static_cast<long long>(ctx), threads, a, rp, mc, rp > 0 ? 100 * a / rp : 0.0,
-                    mc > 0 ? 100 * a / mc : 0.0);
+        const double rp = get(r.gbps, Kind::kReadPass, families[0], dtype, ctx, threads);
+        const double mc = get(r.gbps, Kind::kMemcpy, families[0], dtype, ctx, threads);
+        if (rp == 0 && mc == 0) continue;
+        std::printf("%-9s %6lld %3d", DTypeName(dtype), static_cast<long long>(ctx), threads);
+        Cell(" %10.2f", 10, rp);
+        Cell(" %10.2f", 10, mc);
+        for (CpuKernels f : families) {
+          const double a = get(r.gbps, Kind::kAttention, f, dtype, ctx, threads);
+          Cell(" %12.2f", 12, a);
+          Cell(" %8.0f%%", 9, rp > 0 ? 100 * a / rp : 0.0);
+        }
+        std::printf("\n");
       }
     }
   }
+  std::printf("\nPrefill, %lld queries at the end of a %lld context (ms per call, median of %d)\n",
+              static_cast<long long>(kPrefillN), static_cast<long long>(kPrefillCtx),
+              std::max(1, r.repetitions));
+  std::printf("%-9s %3s", "dtype", "thr");
+  for (CpuKernels f : families) std::printf(" %12s", CpuKernelsName(f));
+  std::printf("\n");
+  for (DType dtype : kDTypes) {
+    for (int threads : kThreads) {
+      std::printf("%-9s %3d", DTypeName(dtype), threads);
+      for (CpuKernels f : families) {
+        Cell(" %12.3f", 12, get(r.ms, Kind::kPrefill, f, dtype, kPrefillCtx, threads));
+      }
+      std::printf("\n");
+    }
+  }
+}
+
+
+// Parses --kernels=a,b,... (names as CpuKernelsName gives them); false on an unknown one.
+bool ParseKernels(const char* list) {
+  families.clear();
+  std::string rest = list;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string name = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    bool found = false;
+    for (int k = int(CpuKernels::kAvx512Bf16); k >= 0; --k) {
+      if (name == CpuKernelsName(CpuKernels(k))) {
+        families.push_back(CpuKernels(k));
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "--kernels: unknown family '%s' (portable, avx2, avx512, avx512_bf16)\n",
+                   name.c_str());
+      return false;
+    }
+  }
+  return !families.empty();
 }
 
 }  // namespace
@@ -273,31 +401,61 @@ void PrintTable(const TableReporter& r) {
 
 int main(int argc, char** argv) {
   using namespace kvarena;
+  for (int k = int(CpuKernelsInUse()); k >= 0; --k) families.push_back(CpuKernels(k));
+  for (int i = 1; i < argc; ++i) {  // our flags, removed before benchmark sees argv
+    bool ours = true;
+    if (std::strncmp(argv[i], "--thp=", 6) == 0) {
+      use_thp = std::strcmp(argv[i] + 6, "0") != 0;
+    } else if (std::strncmp(argv[i], "--kernels=", 10) == 0) {
+      if (!ParseKernels(argv[i] + 10)) return 1;
+    } else {
+      ours = false;
+    }
+    if (ours) {
+      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
+      --argc;
+      --i;
+    }
+  }
+  for (CpuKernels f : families) {
+    if (int(f) > int(CpuKernelsInUse())) {
+      std::fprintf(stderr, "--kernels: %s is not available here (in use: %s)\n", CpuKernelsName(f),
+                   CpuKernelsName(CpuKernelsInUse()));
+      return 1;
+    }
+  }
   // Grouped by workload so each pool is built once.
   for (DType dtype : kDTypes) {
     for (int64_t ctx : kContexts) {
       for (int threads : kThreads) {
         for (Kind kind : {Kind::kAttention, Kind::kReadPass, Kind::kMemcpy}) {
-          benchmark::RegisterBenchmark(Name(kind, dtype, ctx, threads).c_str(), BM_Decode, kind,
-                                       dtype, ctx, threads)
+          for (CpuKernels f : families) {
+            if (kind == Kind::kAttention && !DistinctFor(f, dtype)) continue;
+            benchmark::RegisterBenchmark(Name(kind, f, dtype, ctx, threads).c_str(), BM_Decode,
+                                         kind, f, dtype, ctx, threads)
+                ->UseRealTime()
+                ->Unit(benchmark::kMicrosecond);
+            if (kind != Kind::kAttention) break;  // the baselines once
+          }
+        }
+      }
+      if (ctx != kPrefillCtx) continue;
+      for (int threads : kThreads) {
+        for (CpuKernels f : families) {
+          if (!DistinctFor(f, dtype)) continue;
+          benchmark::RegisterBenchmark(Name(Kind::kPrefill, f, dtype, ctx, threads).c_str(),
+                                       BM_Prefill, f, dtype, threads)
               ->UseRealTime()
               ->Unit(benchmark::kMicrosecond);
         }
       }
     }
   }
-  for (int i = 1; i < argc; ++i) {  // our one flag, removed before benchmark sees argv
-    if (std::strncmp(argv[i], "--thp=", 6) == 0) {
-      use_thp = std::strcmp(argv[i] + 6, "0") != 0;
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      --i;
-    }
-  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  std::printf("CPU kernels vectorised (AVX2+FMA+F16C): %s; pools madvise(MADV_HUGEPAGE): %s\n",
-              CpuKernelsVectorized() ? "yes" : "no", use_thp ? "yes" : "no (--thp=1 to ask)");
+  std::printf("CPU kernels supported: %s, in use: %s; pools madvise(MADV_HUGEPAGE): %s\n",
+              CpuKernelsName(CpuKernelsSupported()), CpuKernelsName(CpuKernelsInUse()),
+              use_thp ? "yes" : "no (--thp=1 to ask)");
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   PrintTable(reporter);
