@@ -34,15 +34,21 @@
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "bench/attention_workload.h"
+#include "bench/median_reporter.h"
 
 namespace kvarena {
 namespace {
 
-constexpr int kNumQHeads = 32;
-constexpr int kNumKvHeads = 8;
-constexpr int kHeadDim = 128;
-constexpr int kPageSize = 16;
-constexpr size_t kMinWorkingSetBytes = size_t(256) << 20;  // 8x a 32 MiB L3
+using bench::Cell;
+using bench::GetWorkload;
+using bench::kHeadDim;
+using bench::kNumQHeads;
+using bench::Median;
+using bench::RandomElem;
+using bench::TableReporter;
+using bench::Workload;
+
 constexpr int64_t kContexts[] = {512, 1024, 4096, 8192, 16384, 32768};
 constexpr int kThreads[] = {1, 2};
 constexpr DType kDTypes[] = {DType::kFloat16, DType::kBFloat16};
@@ -52,109 +58,11 @@ constexpr int64_t kPrefillN = 64;
 // The kernel families attention runs with (--kernels=...; default: every one in use).
 std::vector<CpuKernels> families;
 
-// Whether `k` runs a tile of its own for dtype (avx512_bf16 differs from avx512 only on
-// bf16 caches).
+// Whether `k` gets rows of its own for dtype: avx512_bf16 differs from avx512 only on
+// bf16 caches, so on others it is left out where avx512 runs too.
 bool DistinctFor(CpuKernels k, DType dtype) {
-  return k != CpuKernels::kAvx512Bf16 || dtype == DType::kBFloat16;
-}
-
-struct FreeDeleter {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t[], FreeDeleter>;
-
-// --thp=1: ask for transparent huge pages on the pools. The daemon's pools are memfd
-// (shmem) mappings, which get huge pages only where shmem THP is enabled (the host region
-// asks with MADV_HUGEPAGE); where it is "never", as on the machines this was tuned on, they
-// are 4 KiB pages, so that is the default here. Huge pages save TLB misses (~15% here).
-bool use_thp = false;
-
-// 2 MiB-aligned, so that huge pages can back it.
-Buffer AllocBuffer(size_t bytes) {
-  constexpr size_t kHuge = size_t(2) << 20;
-  bytes = (bytes + kHuge - 1) / kHuge * kHuge;
-  Buffer b(static_cast<uint8_t*>(std::aligned_alloc(kHuge, bytes)));
-  if (use_thp) madvise(b.get(), bytes, MADV_HUGEPAGE);
-  return b;
-}
-
-// Layers of ctx tokens each, their pages shuffled across one pool.
-struct Workload {
-  DType dtype;
-  int64_t ctx;
-  PageLayout layout;
-  int64_t pages_per_layer = 0;
-  int num_layers = 0;
-  Buffer pool;                       // [num_layers * pages_per_layer][2][16][8][128]
-  std::vector<int32_t> tables;       // [num_layers][pages_per_layer]
-  std::vector<uint8_t> q;            // [32][1][128]
-  mutable std::vector<uint8_t> out;  // [32][1][128]
-  Buffer copy_dst;                   // one layer's KV bytes
-
-  size_t LayerBytes() const { return size_t(pages_per_layer) * layout.PageBytes(); }
-  PagedKvView View(int layer) const {
-    PagedKvView view;
-    view.layout = layout;
-    view.pool_base = pool.get();
-    view.block_table = tables.data() + size_t(layer) * pages_per_layer;
-    view.num_blocks = pages_per_layer;
-    view.len = ctx;
-    return view;
-  }
-};
-
-// Random values in [-1, 1] of dtype (f16 or bf16 bits).
-uint16_t RandomElem(DType dtype, std::mt19937& rng) {
-  const float f = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
-  if (dtype == DType::kFloat16) {
-    const _Float16 h = static_cast<_Float16>(f);
-    uint16_t bits;
-    std::memcpy(&bits, &h, 2);
-    return bits;
-  }
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t(u >> 16);
-}
-
-// Built on first use and kept, so that interleaved repetitions do not rebuild them
-// (12 workloads of kMinWorkingSetBytes: about 3 GiB in all).
-const Workload& GetWorkload(DType dtype, int64_t ctx) {
-  static std::map<std::pair<DType, int64_t>, std::unique_ptr<Workload>> cache;
-  std::unique_ptr<Workload>& cached = cache[{dtype, ctx}];
-  if (cached) return *cached;
-  auto w = std::make_unique<Workload>();
-  w->dtype = dtype;
-  w->ctx = ctx;
-  w->layout = PageLayout{dtype, kPageSize, kNumKvHeads, kHeadDim};
-  w->pages_per_layer = (ctx + kPageSize - 1) / kPageSize;
-  w->num_layers =
-      int(std::max<size_t>(2, (kMinWorkingSetBytes + w->LayerBytes() - 1) / w->LayerBytes()));
-  const size_t pages = size_t(w->num_layers) * w->pages_per_layer;
-  const size_t page_bytes = w->layout.PageBytes();
-  w->pool = AllocBuffer(pages * page_bytes);
-  std::mt19937 rng(42);
-  std::vector<uint16_t> page(page_bytes / 2);  // values do not change the speed: 4 random
-                                               // pages, the last one repeated
-  for (size_t p = 0; p < pages; ++p) {
-    if (p < 4) {
-      for (uint16_t& e : page) e = RandomElem(dtype, rng);
-    }
-    std::memcpy(w->pool.get() + p * page_bytes, page.data(), page_bytes);
-  }
-  w->tables.resize(pages);
-  std::iota(w->tables.begin(), w->tables.end(), 0);
-  std::shuffle(w->tables.begin(), w->tables.end(), rng);
-  w->q.resize(size_t(kNumQHeads) * kHeadDim * 2);
-  for (size_t i = 0; i < w->q.size() / 2; ++i) {
-    const uint16_t e = RandomElem(dtype, rng);
-    std::memcpy(w->q.data() + 2 * i, &e, 2);
-  }
-  w->out.resize(w->q.size());
-  w->copy_dst = AllocBuffer(w->LayerBytes());
-  std::memset(w->copy_dst.get(), 0, w->LayerBytes());
-  cached = std::move(w);
-  return *cached;
+  return k != CpuKernels::kAvx512Bf16 || dtype == DType::kBFloat16 ||
+         std::find(families.begin(), families.end(), CpuKernels::kAvx512) == families.end();
 }
 
 // Sum of pages [b, e) of a block table as 32-bit lanes: a pure streaming read.
@@ -196,17 +104,27 @@ class ForceKernels {
   ForceKernels& operator=(const ForceKernels&) = delete;
 };
 
+// A pool of `threads` with the caller's thread (ThreadPool's size); null for one.
+std::unique_ptr<ThreadPool> MakePool(int threads) {
+  return threads > 1 ? std::make_unique<ThreadPool>(threads - 1) : nullptr;
+}
+
+// The parameters of n queries ending at position ctx - 1.
+AttentionParams LastQueries(int64_t ctx, int64_t n) {
+  AttentionParams params;
+  params.num_q_heads = kNumQHeads;
+  params.q_pos = ctx - n;
+  params.n = n;
+  params.scale = 1.0f / std::sqrt(float(kHeadDim));
+  return params;
+}
+
 // kPrefillN queries at the end of a kPrefillCtx context, every layer in turn.
 void BM_Prefill(benchmark::State& state, CpuKernels kernels, DType dtype, int threads) {
   const ForceKernels force(kernels);
   const Workload& w = GetWorkload(dtype, kPrefillCtx);
-  std::unique_ptr<ThreadPool> pool =
-      threads > 1 ? std::make_unique<ThreadPool>(threads - 1) : nullptr;
-  AttentionParams params;
-  params.num_q_heads = kNumQHeads;
-  params.q_pos = kPrefillCtx - kPrefillN;
-  params.n = kPrefillN;
-  params.scale = 1.0f / std::sqrt(float(kHeadDim));
+  const std::unique_ptr<ThreadPool> pool = MakePool(threads);
+  const AttentionParams params = LastQueries(kPrefillCtx, kPrefillN);
   std::mt19937 rng(7);
   std::vector<uint16_t> q(size_t(kNumQHeads) * kPrefillN * kHeadDim), out(q.size());
   for (uint16_t& e : q) e = RandomElem(dtype, rng);
@@ -222,13 +140,8 @@ void BM_Decode(benchmark::State& state, Kind kind, CpuKernels kernels, DType dty
                int threads) {
   const ForceKernels force(kernels);
   const Workload& w = GetWorkload(dtype, ctx);
-  std::unique_ptr<ThreadPool> pool =
-      threads > 1 ? std::make_unique<ThreadPool>(threads - 1) : nullptr;
-  AttentionParams params;
-  params.num_q_heads = kNumQHeads;
-  params.q_pos = ctx - 1;
-  params.n = 1;
-  params.scale = 1.0f / std::sqrt(float(kHeadDim));
+  const std::unique_ptr<ThreadPool> pool = MakePool(threads);
+  const AttentionParams params = LastQueries(ctx, 1);
   const size_t page_bytes = w.layout.PageBytes();
   // The baselines split the layer's pages into `threads` contiguous ranges.
   auto over_pages = [&](int layer, auto&& fn) {
@@ -275,45 +188,6 @@ void BM_Decode(benchmark::State& state, Kind kind, CpuKernels kernels, DType dty
   state.counters["layers"] = w.num_layers;
 }
 
-// Collects every repetition's GB/s and ms per call of each benchmark while printing as
-// usual; the tables give the medians.
-class TableReporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, std::vector<double>> gbps;  // benchmark name -> GB/s per repetition
-  std::map<std::string, std::vector<double>> ms;    // benchmark name -> ms per call
-  int repetitions = 0;
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (run.run_type != Run::RT_Iteration) continue;
-      repetitions = std::max<int>(repetitions, int(run.repetitions));
-      ms[run.benchmark_name()].push_back(run.GetAdjustedRealTime() / 1e3);  // runs are in µs
-      auto it = run.counters.find("bytes_per_second");
-      if (it != run.counters.end()) gbps[run.benchmark_name()].push_back(double(it->second) / 1e9);
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
-// The median of a benchmark's repetitions (the mean of the middle two for an even count);
-// 0 if it did not run.
-double Median(const std::map<std::string, std::vector<double>>& m, const std::string& name) {
-  auto it = m.find(name);
-  if (it == m.end() || it->second.empty()) return 0;
-  std::vector<double> v = it->second;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-// Prints x with the format, or "-" in the same width when it is 0 (not run).
-void Cell(const char* format, int width, double x) {
-  if (x == 0) {
-    std::printf(" %*s", width, "-");
-  } else {
-    std::printf(format, x);
-  }
-}
-
 // kernels names the family of attention and prefill rows; the baselines have none.
 std::string Name(Kind kind, CpuKernels kernels, DType dtype, int64_t ctx, int threads) {
   std::string name = KindName(kind);
@@ -352,6 +226,26 @@ void PrintTable(const TableReporter& r) {
         }
         std::printf("\n");
       }
+    }
+  }
+  std::printf(
+      "\nOne thread by CPU time (GB/s over the time the thread was on a core, median of %d)\n",
+      std::max(1, r.repetitions));
+  std::printf("%-9s %6s %10s", "dtype", "ctx", "read_pass");
+  for (CpuKernels f : families) std::printf(" %12s %9s", CpuKernelsName(f), "attn/read");
+  std::printf("\n");
+  for (DType dtype : kDTypes) {
+    for (int64_t ctx : kContexts) {
+      const double rp = get(r.cpu_gbps, Kind::kReadPass, families[0], dtype, ctx, 1);
+      if (rp == 0) continue;
+      std::printf("%-9s %6lld", DTypeName(dtype), static_cast<long long>(ctx));
+      Cell(" %10.2f", 10, rp);
+      for (CpuKernels f : families) {
+        const double a = get(r.cpu_gbps, Kind::kAttention, f, dtype, ctx, 1);
+        Cell(" %12.2f", 12, a);
+        Cell(" %8.0f%%", 9, 100 * a / rp);
+      }
+      std::printf("\n");
     }
   }
   std::printf("\nPrefill, %lld queries at the end of a %lld context (ms per call, median of %d)\n",
@@ -405,7 +299,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {  // our flags, removed before benchmark sees argv
     bool ours = true;
     if (std::strncmp(argv[i], "--thp=", 6) == 0) {
-      use_thp = std::strcmp(argv[i] + 6, "0") != 0;
+      bench::use_thp = std::strcmp(argv[i] + 6, "0") != 0;
     } else if (std::strncmp(argv[i], "--kernels=", 10) == 0) {
       if (!ParseKernels(argv[i] + 10)) return 1;
     } else {
@@ -455,7 +349,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::printf("CPU kernels supported: %s, in use: %s; pools madvise(MADV_HUGEPAGE): %s\n",
               CpuKernelsName(CpuKernelsSupported()), CpuKernelsName(CpuKernelsInUse()),
-              use_thp ? "yes" : "no (--thp=1 to ask)");
+              bench::use_thp ? "yes" : "no (--thp=1 to ask)");
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   PrintTable(reporter);
