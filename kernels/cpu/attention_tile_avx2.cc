@@ -23,13 +23,13 @@
 
 #include "kernels/cpu/avx2_util.h"
 #include "kernels/cpu/tile_prefetcher.h"
+#include "kernels/cpu/tile_row_ranges.h"
 
 namespace kvarena::cpu_internal {
 namespace {
 
 using namespace avx2;  // NOLINT: this unit's vocabulary
 
-int ClampToTile(int64_t x, int tokens) { return x < 0 ? 0 : x > tokens ? tokens : int(x); }
 
 // scores[r][t + j] = q[r] . K[t + j] for r < RB, j < TB.
 // q: [RB][dim]; k: token pointers (+ off); scores: [RB][kTileTokens].
@@ -138,25 +138,16 @@ void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* 
 
 template <class E, int RB>
 void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePrefetcher& prefetch) {
-  int first[RB], last[RB];
-  int a = args.tokens, b = 0;
-  for (int r = 0; r < RB; ++r) {
-    first[r] = ClampToTile(args.row_lo[r0 + r] - args.pos0, args.tokens);
-    last[r] = ClampToTile(args.row_hi[r0 + r] + 1 - args.pos0, args.tokens);
-    if (first[r] < last[r]) {
-      a = Min(a, first[r]);
-      b = Max(b, last[r]);
-    }
-  }
-  if (a >= b) return;
+  const TileRowRanges<RB> rows(args, r0);
+  if (rows.empty()) return;
+  const int a = rows.a, b = rows.b;
   const int dim = args.head_dim;
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
   ScoreBlock<E, RB>(q + size_t(r0) * dim, dim, args.k, args.head_offset, a, b, scores, prefetch);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;
-    for (int t = a; t < Min(first[r], b); ++t) s[t] = kNegInf;
-    for (int t = Max(last[r], a); t < b; ++t) s[t] = kNegInf;
+    rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
   AccumulateBlock<E, RB>(scores, corr, dim, args.v, args.head_offset, a, b,

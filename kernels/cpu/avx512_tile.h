@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/tile_prefetcher.h"
+#include "kernels/cpu/tile_row_ranges.h"
 
 namespace kvarena::cpu_internal::avx512 {
 namespace {  // NOLINT(build/namespaces): internal linkage on purpose, see above
@@ -30,9 +31,6 @@ constexpr float kNegInf = -__builtin_inff();
 
 inline int Min(int a, int b) { return a < b ? a : b; }
 inline int Max(int a, int b) { return a > b ? a : b; }
-inline int ClampToTile(int64_t x, int tokens) {
-  return x < 0 ? 0 : x > tokens ? tokens : int(x);
-}
 
 // Loads of 16 consecutive stored elements as 16 floats.
 inline __m512 LoadF32(const uint8_t* p) { return _mm512_loadu_ps(p); }
@@ -242,25 +240,16 @@ void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* 
 
 template <class E, int RB>
 void AttendRowBlock(const AttendTileArgs& args, int r0, TilePrefetcher& prefetch) {
-  int first[RB], last[RB];
-  int a = args.tokens, b = 0;
-  for (int r = 0; r < RB; ++r) {
-    first[r] = ClampToTile(args.row_lo[r0 + r] - args.pos0, args.tokens);
-    last[r] = ClampToTile(args.row_hi[r0 + r] + 1 - args.pos0, args.tokens);
-    if (first[r] < last[r]) {
-      a = Min(a, first[r]);
-      b = Max(b, last[r]);
-    }
-  }
-  if (a >= b) return;
+  const TileRowRanges<RB> rows(args, r0);
+  if (rows.empty()) return;
+  const int a = rows.a, b = rows.b;
   const int dim = args.head_dim;
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
   ScoreBlock<E, RB>(args, E::Query(args) + size_t(r0) * dim, a, b, scores, prefetch);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;
-    for (int t = a; t < Min(first[r], b); ++t) s[t] = kNegInf;
-    for (int t = Max(last[r], a); t < b; ++t) s[t] = kNegInf;
+    rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
   AccumulateBlock<E, RB>(scores, corr, dim, args.v, args.head_offset, a, b,
