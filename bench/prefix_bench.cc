@@ -1,4 +1,4 @@
-// A shared-prefix serving workload with and without prefix reuse (README "Prefix reuse").
+// A shared-prefix serving workload with and without prefix reuse (docs/prefix-reuse.md).
 // --workers processes (4) each run --requests requests (8) one after another against one
 // kvarenad. A request is a --system-token system prompt every request shares (2048), a
 // --suffix-token suffix unique to the request (128) and --decode generated tokens (32),

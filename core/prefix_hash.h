@@ -1,4 +1,4 @@
-// Content addresses of full pages for prefix reuse (README "Prefix reuse").
+// Content addresses of full pages for prefix reuse (docs/prefix-reuse.md).
 //
 // Every full page of a cache whose token ids are known is named by a chained 128-bit
 // hash: a page's hash covers its parent's hash (the page before it, or the root for the

@@ -1,5 +1,5 @@
 // PrefixIndex: the content-addressed pages of one pool, for prefix reuse across caches
-// (README "Prefix reuse"). A tree of nodes, one per distinct (namespace, token prefix)
+// (docs/prefix-reuse.md). A tree of nodes, one per distinct (namespace, token prefix)
 // ending at a page boundary: a root per namespace and geometry, and below it one node per
 // full page of token ids, found by its chained hash (core/prefix_hash.h). A node names
 // at most one page per layer, the page that holds that layer's K/V of the node's tokens.

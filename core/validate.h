@@ -15,7 +15,7 @@
 
 namespace kvarena {
 
-// Documented bounds of a spec (README "Limits").
+// Documented bounds of a spec (DESIGN.md, "Wire contract": CacheSpec).
 inline constexpr int kMaxLayers = 1024;
 inline constexpr int kMaxKvHeads = 1024;
 inline constexpr int kMaxHeadDim = 1024;

@@ -1,7 +1,7 @@
 // The Prometheus endpoint of kvarenad (--metrics_address, --metrics_port): GET /metrics
 // reads KvStore::Stats() (counters only, O(1) in caches and pages), the RPC metrics and
-// the fd socket's at scrape time, so nothing is sampled in the background. README
-// "Metrics" lists every family. Label values come from fixed sets (method, code, reason,
+// the fd socket's at scrape time, so nothing is sampled in the background.
+// docs/metrics.md lists every family. Label values come from fixed sets (method, code, reason,
 // op, backend) or from a pool's geometry — never from a cache, session or pool id — so
 // the number of series stays bounded however many caches and sessions come and go.
 // prometheus-cpp writes the text exposition format (0.0.4).

@@ -1,4 +1,4 @@
-// The prefix-reuse families of kvarenad's /metrics (README "Prefix reuse"), kept apart
+// The prefix-reuse families of kvarenad's /metrics (docs/prefix-reuse.md), kept apart
 // from daemon/metrics.cc so that CollectMetrics adds them with one call:
 //   kvarena_pages_cached, kvarena_pages_shared (gauges);
 //   kvarena_prefix_lookups_total, kvarena_prefix_requested_tokens_total,

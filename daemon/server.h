@@ -49,7 +49,7 @@ struct DaemonOptions {
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
   std::string fd_socket;
 
-  // Access (README "Trust model"). Every Unix socket, gRPC and fd socket alike, gets this
+  // Access (docs/trust.md). Every Unix socket, gRPC and fd socket alike, gets this
   // mode (CheckSocketMode) and group (a name or gid; "": the group it was created with).
   mode_t socket_mode = 0660;
   std::string socket_group;

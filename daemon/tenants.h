@@ -13,8 +13,8 @@
 // accepted and not enforced.
 //
 // A tenant's name is 1-64 bytes of [A-Za-z0-9_.-]; a relative token path is read from
-// the tenants file's directory. role=operator is a read-only view of every tenant (README
-// "Trust model"). Every KvCacheService call must then carry `authorization: Bearer
+// the tenants file's directory. role=operator is a read-only view of every tenant
+// (docs/trust.md). Every KvCacheService call must then carry `authorization: Bearer
 // <token>` of one of them (Authenticate), on every listener, Unix and TCP.
 //
 // Thread-safety: immutable after Load/Parse.

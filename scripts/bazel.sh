@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Bazel build (README: Building with Bazel): Debian's bazel-bootstrap 4.2.3 and the
+# The Bazel build (docs/testing.md, "Bazel"): Debian's bazel-bootstrap 4.2.3 and the
 # system libraries, offline. With no arguments, what scripts/test.sh runs: builds kvarenad,
 # the kvarena CLI and the client library and runs //:representative_tests (core, daemon,
 # client and multi-process tests). Arguments replace that, e.g.

@@ -63,6 +63,14 @@ echo "== kvarena_demo"
 "$BIN/client/kvarena_demo" --address="$ADDRESS"
 
 echo
+echo "== llama_decode.py (the Python module: torch, served and local paths)"
+if [ -f "$BIN/python/kvarena/__init__.py" ]; then
+  PYTHONPATH="$BIN/python" /usr/bin/python3 python/examples/llama_decode.py --address="$ADDRESS"
+else
+  echo "run.sh: skipped: $BIN/python/kvarena was not built (needs pybind11-dev, libdlpack-dev)"
+fi
+
+echo
 echo "== kvarena stats"
 "$BIN/tools/kvarena" --address="$ADDRESS" stats
 echo

@@ -9,7 +9,7 @@
 #                                 with tests/tsan/absl_sync_annotations.cc preloaded, which
 #                                 shows TSan each absl::Mutex / CondVar / Notification, and
 #                                 scripts/tsan.supp drops what happens inside uninstrumented
-#                                 gRPC (README "Sanitizers").
+#                                 gRPC (docs/testing.md, "Sanitizers").
 # It builds the test binaries of core, arena, daemon, client, the zero-copy and the
 # multi-process tests (and the binaries they start) and runs all of their tests; with
 # SANITIZE_ALL=1 also kernels/cpu's (slow under TSan). Exits non-zero on any failure or

@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps
+# The cheap tree checks first (docs/testing.md): relative links in the docs resolve, the
+# C++ lines changed since main are formatted (.clang-format), and every BUILD.bazel lists
+# the sources CMake builds.
+scripts/check-links
+scripts/check-format
+scripts/check-build-lists
 scripts/build.sh
 if [ -f tests/node/package.json ]; then
   (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
@@ -16,7 +22,7 @@ if [ -f tests/deploy/package-lock.json ]; then
 fi
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 300 -j"$(nproc)")
 # The same tree under Bazel: the binaries and a representative set of the host tests
-# (//:representative_tests; README: Building with Bazel). KVARENA_BAZEL=0 skips it.
+# (//:representative_tests; docs/testing.md, "Bazel"). KVARENA_BAZEL=0 skips it.
 [ "${KVARENA_BAZEL:-1}" = 0 ] || scripts/bazel.sh
 # Core, arena, daemon, client, zero-copy and multi-process tests again under ASan + UBSan,
 # compiled with clang's thread-safety analysis as errors.

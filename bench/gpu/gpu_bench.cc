@@ -6,8 +6,9 @@
 // the pool; batch x context from --batch=1,16,64 --context=1024,4096,32768.
 //   attention: one decode query per sequence at its last position; bytes = the K and V
 //     it reads. copy GB/s = those bytes copied by cudaMemcpy (which reads AND writes
-//     them), per second. DESIGN.md's target: attention >= 85% of copy at batch >= 16,
-//     context >= 4k.
+//     them), per second. The copy moves each byte twice, so this ratio is not the
+//     read-only pass DESIGN.md's target names, nor a fraction of peak bandwidth
+//     (bench/RESULTS.md, "What the ratios compare").
 //   append: every sequence appends its whole context (prefill-sized writes; bytes = K+V
 //     written), beside cudaMemcpy of the same bytes: target >= 80%. The decode-sized
 //     append (one token per sequence) is listed by latency.

@@ -1,4 +1,4 @@
-// A session id is a credential (README "Trust model"): the client library's messages, the
+// A session id is a credential (docs/trust.md): the client library's messages, the
 // demo's output and kvarenad's log show at most SessionIdForLog's 8-character prefix.
 #include <signal.h>
 #include <sys/wait.h>

@@ -23,7 +23,7 @@ std::string Scrape(int port) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-// The chained page hash as README "Prefix reuse" documents it, computed here from the
+// The chained page hash as docs/prefix-reuse.md documents it, computed here from the
 // document rather than with core's code: what a router would write. 16 bytes, high half
 // first, big-endian (KvEvent's form).
 std::string LittleEndian(uint64_t v, int bytes) {
@@ -179,7 +179,7 @@ TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
     EXPECT_EQ(e.stored().prefix_namespace(), "model-x");
     EXPECT_EQ(e.stored().medium(), "cpu");
   }
-  // A router recomputes the hashes from the token ids alone (README "Prefix reuse").
+  // A router recomputes the hashes from the token ids alone (docs/prefix-reuse.md).
   const XXH128_hash_t root = DocumentedRoot("model-x", v1::FLOAT32, 4, 2, 8, 2);
   const XXH128_hash_t page0 = DocumentedPage(root, {5, 6, 7, 8});
   const XXH128_hash_t page1 = DocumentedPage(page0, {9, 10, 11, 12});

@@ -70,8 +70,8 @@ TEST_P(BackendWorkersTest, LocalPathDecodeAcrossPoolGrowthMatchesServedPath) {
 }
 
 // The batched local path (DecodeBatch) over the worker's mapping: on a CUDA pool it runs
-// the CUDA kernels sequence by sequence (README "The CUDA backend"); outputs match the
-// float64 reference either way (the worker checks).
+// the CUDA kernels sequence by sequence (DESIGN.md, "Where the code differs from the
+// brief"); outputs match the float64 reference either way (the worker checks).
 TEST_P(BackendWorkersTest, BatchWorkerDecodesThroughItsMapping) {
   auto w = StartProgram(KVARENA_BATCH_WORKER_PATH,
                         {absl::StrCat("--seed=", uint64_t{seed_}), "--batch=5", "--head_dim=64", "--steps=30"});

@@ -60,7 +60,7 @@ ABSL_FLAG(bool, hold, false, "before releasing, print \"holding\" and wait for S
 ABSL_FLAG(std::string, out, "", "write \"pos layer fnv\" per output row here");
 ABSL_FLAG(bool, check, true,
           "check outputs against the float64 reference (off: only time the prefill, for the "
-          "README's time-to-first-token figures)");
+          "time-to-first-token figures in bench/RESULTS.md)");
 
 namespace kvarena {
 namespace {

@@ -250,7 +250,7 @@ TEST_F(FdLimitsTest, AcceptBacksOffWhileTheDaemonIsOutOfFdsAndServesAfter) {
   EXPECT_TRUE(backed_off) << daemon_->Log();
   // Every queued connection is answered once fds are back. (Only that: while the daemon
   // had none, gRPC itself may have failed the Attach stream, so the session may be gone:
-  // gRPC 1.51 does not recover everything from EMFILE, see README "Open files".)
+  // gRPC 1.51 does not recover everything from EMFILE, see docs/operator.md, "Bounds".)
   for (int sock : waiting) EXPECT_TRUE(Answer(sock, s).ok());
 }
 

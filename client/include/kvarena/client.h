@@ -151,7 +151,7 @@ class Client {
   // options.prompt_tokens: the token ids of the prompt; with spec.prefix_namespace the
   // cache starts with the longest cached prefix of it already filled on every layer
   // (handle->cached_tokens(), a multiple of page_size below the prompt's length): compute
-  // positions from there on (README "Prefix reuse").
+  // positions from there on (docs/prefix-reuse.md).
   absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Allocate(
       const CacheSpec& spec, const std::string& cache_id = "", const AllocateOptions& options = {});
   // A handle to an existing cache (one this session owns, or one with no session).

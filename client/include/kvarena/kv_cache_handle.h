@@ -237,7 +237,7 @@ class GenericKvCacheHandle {
   // mapped, like the local path; sees committed tokens, as get_kv does.
   absl::StatusOr<GetKvResult> get_kv_local(int layer) const;
 
-  // --- prefix reuse (README "Prefix reuse"; needs spec.prefix_namespace to share) ---
+  // --- prefix reuse (docs/prefix-reuse.md; needs spec.prefix_namespace to share) ---
   // Leading positions filled from other caches' pages (CacheInfo.cached_tokens): the
   // prefix adopted at Allocate, every position for a fork; as this handle last saw.
   int64_t cached_tokens() const;

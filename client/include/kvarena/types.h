@@ -25,7 +25,7 @@ struct CacheSpec {
   int64_t max_tokens = 0;          // 0: no limit beyond the arena
   // What must match for K/V to be interchangeable (model, adapter, tenant salt): full
   // pages are shared only between caches of one namespace and one geometry. "" shares
-  // nothing (README "Prefix reuse").
+  // nothing (docs/prefix-reuse.md).
   std::string prefix_namespace;
 };
 

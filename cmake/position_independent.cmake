@@ -1,0 +1,23 @@
+# kvarena_position_independent(target): compiles `target` and every library of this project
+# it links (directly or not) position-independent, so that a shared library or module may
+# link them (the Python module, the installed libkvarena_client.so).
+function(kvarena_position_independent target)
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  get_target_property(_libs ${target} LINK_LIBRARIES)
+  get_target_property(_ilibs ${target} INTERFACE_LINK_LIBRARIES)
+  foreach(_lib IN LISTS _libs _ilibs)
+    if(NOT TARGET ${_lib})
+      continue()
+    endif()
+    get_target_property(_aliased ${_lib} ALIASED_TARGET)
+    if(_aliased)
+      set(_lib ${_aliased})
+    endif()
+    get_target_property(_imported ${_lib} IMPORTED)
+    get_target_property(_type ${_lib} TYPE)
+    get_target_property(_done ${_lib} POSITION_INDEPENDENT_CODE)
+    if(NOT _imported AND NOT _type STREQUAL "INTERFACE_LIBRARY" AND NOT _done)
+      kvarena_position_independent(${_lib})
+    endif()
+  endforeach()
+endfunction()

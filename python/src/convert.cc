@@ -1,0 +1,187 @@
+#include "python/src/convert.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include <pybind11/stl.h>
+
+#include "absl/time/time.h"
+#include "python/src/errors.h"
+
+namespace kvarena::python {
+
+namespace py = pybind11;
+
+namespace {
+
+DType DTypeFromName(const std::string& name) {
+  if (name == "float32" || name == "float") return DType::kFloat32;
+  if (name == "float16" || name == "half") return DType::kFloat16;
+  if (name == "bfloat16") return DType::kBFloat16;
+  return DType::kUnspecified;
+}
+
+absl::Duration Seconds(py::handle v, const std::string& field) {
+  const double s = v.cast<double>();
+  if (!std::isfinite(s) || s < 0) {
+    ThrowInvalid(absl::StrCat(field, "=", s, ": a duration in seconds, finite and >= 0"));
+  }
+  return absl::Seconds(s);
+}
+
+}  // namespace
+
+DType ParseDType(py::handle dtype) {
+  std::string name;
+  if (py::isinstance<py::str>(dtype)) {
+    name = dtype.cast<std::string>();
+  } else {
+    const std::string module = py::str(py::type::handle_of(dtype).attr("__module__"));
+    if (module == "torch") {  // torch.float16 prints as "torch.float16"
+      name = py::str(dtype);
+      if (name.rfind("torch.", 0) == 0) name.erase(0, 6);
+    } else if (py::hasattr(dtype, "__module__") || module == "numpy") {
+      try {  // np.float16, np.dtype("float16")
+        name = py::str(py::module_::import("numpy").attr("dtype")(dtype).attr("name"));
+      } catch (py::error_already_set&) {
+        name = py::str(dtype);
+      }
+    } else {
+      name = py::str(dtype);
+    }
+  }
+  const DType t = DTypeFromName(name);
+  if (t == DType::kUnspecified) {
+    ThrowInvalid(absl::StrCat("dtype=", name, ": not one of float16, bfloat16, float32"));
+  }
+  return t;
+}
+
+ClientOptions ParseClientOptions(const py::kwargs& kwargs) {
+  ClientOptions o;
+  for (auto [key, value] : kwargs) {
+    const std::string k = py::str(key);
+    if (k == "client_name") o.client_name = value.cast<std::string>();
+    else if (k == "call_timeout") o.call_timeout = Seconds(value, k);
+    else if (k == "connect_timeout") o.connect_timeout = Seconds(value, k);
+    else if (k == "attach") o.attach = value.cast<bool>();
+    else if (k == "resume") o.resume = value.cast<bool>();
+    else if (k == "inline_tensors") o.inline_tensors = value.cast<bool>();
+    else if (k == "num_threads") o.num_threads = value.cast<int>();
+    else if (k == "max_message_bytes") o.max_message_bytes = value.cast<size_t>();
+    else if (k == "arena_bytes") o.arena_bytes = value.cast<size_t>();
+    else if (k == "page_size") o.page_size = value.cast<int>();
+    else if (k == "tls_ca_file") o.tls_ca_file = value.cast<std::string>();
+    else if (k == "tls_cert_file") o.tls_cert_file = value.cast<std::string>();
+    else if (k == "tls_key_file") o.tls_key_file = value.cast<std::string>();
+    else if (k == "tls_target_name") o.tls_target_name = value.cast<std::string>();
+    else if (k == "auth_token") o.auth_token = value.cast<std::string>();
+    else if (k == "auth_token_file") o.auth_token_file = value.cast<std::string>();
+    else throw py::type_error(absl::StrCat("connect() got an unknown option '", k,
+                                           "' (ClientOptions has no such field)"));
+  }
+  return o;
+}
+
+py::dict ToDict(const PageStats& s) {
+  py::dict d;
+  d["num_pages"] = s.num_pages;
+  d["pages_used"] = s.pages_used;
+  d["pages_free"] = s.pages_free;
+  d["page_size"] = s.page_size;
+  d["seq_len"] = s.seq_len;
+  d["layers_materialized"] = s.layers_materialized;
+  d["layers_total"] = s.layers_total;
+  d["layers_sliding"] = s.layers_sliding;
+  d["bytes_used"] = s.bytes_used;
+  d["pages_evicted"] = s.pages_evicted;
+  d["refusals"] = s.refusals;
+  d["pages_cached"] = s.pages_cached;
+  d["pages_shared"] = s.pages_shared;
+  d["pages_evicted_lru"] = s.pages_evicted_lru;
+  d["prefix_lookups"] = s.prefix_lookups;
+  d["prefix_requested_tokens"] = s.prefix_requested_tokens;
+  d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+  d["forks"] = s.forks;
+  d["cow_copies"] = s.cow_copies;
+  return d;
+}
+
+py::dict ToDict(const PoolStats& s) {
+  py::dict d;
+  d["pool_id"] = s.pool_id;
+  d["dtype"] = DTypeName(s.layout.dtype);
+  d["page_size"] = s.layout.page_size;
+  d["num_kv_heads"] = s.layout.num_kv_heads;
+  d["head_dim"] = s.layout.head_dim;
+  d["page_bytes"] = s.page_bytes;
+  d["num_pages"] = s.num_pages;
+  d["pages_used"] = s.pages_used;
+  d["pages_free"] = s.pages_free;
+  d["pages_cached"] = s.pages_cached;
+  d["pages_shared"] = s.pages_shared;
+  d["chunks_committed"] = s.chunks_committed;
+  d["chunk_bytes"] = s.chunk_bytes;
+  d["bytes_committed"] = s.bytes_committed;
+  d["num_caches"] = s.num_caches;
+  return d;
+}
+
+py::dict ToDict(const ArenaStats& s) {
+  py::dict d;
+  d["pages"] = ToDict(s.pages);
+  py::list pools;
+  for (const PoolStats& p : s.pools) pools.append(ToDict(p));
+  d["pools"] = pools;
+  d["backend"] = s.backend;
+  d["arena_bytes"] = s.arena_bytes;
+  d["bytes_committed"] = s.bytes_committed;
+  d["bytes_used"] = s.bytes_used;
+  d["num_caches"] = s.num_caches;
+  d["num_sessions"] = s.num_sessions;
+  d["scratch_bytes"] = s.scratch_bytes;
+  d["scratch_regions"] = s.scratch_regions;
+  d["metadata_bytes"] = s.metadata_bytes;
+  d["metadata_bytes_used"] = s.metadata_bytes_used;
+  d["event_log_bytes"] = s.event_log_bytes;
+  d["sessions_in_grace"] = s.sessions_in_grace;
+  d["sessions_opened"] = s.sessions_opened;
+  d["sessions_detached"] = s.sessions_detached;
+  d["sessions_resumed"] = s.sessions_resumed;
+  d["sessions_reaped"] = s.sessions_reaped;
+  d["caches_reaped_grace"] = s.caches_reaped_grace;
+  d["caches_reaped_idle"] = s.caches_reaped_idle;
+  return d;
+}
+
+py::dict ToDict(const CacheInfo& info) {
+  py::dict d;
+  d["cache_id"] = info.cache_id;
+  d["num_layers"] = info.spec.num_layers;
+  d["num_kv_heads"] = info.spec.num_kv_heads;
+  d["head_dim"] = info.spec.head_dim;
+  d["dtype"] = DTypeName(info.spec.dtype);
+  d["page_size"] = info.spec.page_size;
+  d["layer_windows"] = info.spec.layer_windows;
+  d["max_tokens"] = info.spec.max_tokens;
+  d["prefix_namespace"] = info.spec.prefix_namespace;
+  d["seq_len"] = info.seq_len;
+  d["layer_lens"] = info.layer_lens;
+  d["layer_first_pos"] = info.layer_first_pos;
+  d["pool_id"] = info.pool_id;
+  d["page_bytes"] = info.page_bytes;
+  d["cached_tokens"] = info.cached_tokens;
+  d["tokens_known"] = info.tokens_known;
+  return d;
+}
+
+py::dict ToDict(const CallCounts& c) {
+  py::dict d;
+  d["reserve"] = c.reserve;
+  d["commit"] = c.commit;
+  d["describe"] = c.describe;
+  return d;
+}
+
+}  // namespace kvarena::python

@@ -1,0 +1,69 @@
+"""The rest of the served path and the Client's calls, as the C++ client answers them."""
+
+import torch
+
+import kvarena
+
+
+def test_cache_operations(address, seed):
+    g = torch.Generator().manual_seed(seed)
+    client = kvarena.connect(address)
+    assert client.health() == "SERVING"
+    cache = client.allocate(2, 2, 8, torch.float32, page_size=4, prefix_namespace="ops",
+                            prompt_tokens=[5, 6, 7, 8, 9])
+    assert (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.page_size) == (2, 2, 8, 4)
+    assert cache.dtype == "float32" and cache.is_valid and cache.num_tokens == 0
+    k, v = torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    for layer in range(2):
+        r = cache.append(layer, k, v)
+        assert r.layer_len == 5
+    assert r.seq_len == 5 and cache.num_tokens == 5
+    assert len(cache.block_table(0)) == 2
+    assert cache.stats()["seq_len"] == 5
+    assert any(c["cache_id"] == cache.cache_id and c["seq_len"] == 5 for c in client.list_caches())
+    assert client.cache_stats(cache.cache_id)["pages_used"] == cache.stats()["pages_used"]
+
+    fork = cache.fork()
+    assert fork.cache_id != cache.cache_id and fork.num_tokens == 5
+    assert torch.equal(torch.from_dlpack(fork.get_kv(1)[0]), k)
+
+    assert cache.popn(2) == 2 and cache.num_tokens == 3
+    assert torch.equal(torch.from_dlpack(cache.get_kv(0)[1]), v[:, :, :3])
+    assert cache.popn(10) == 0 and cache.num_tokens == 3  # refused: all or nothing
+    cache.set_tokens(3, [1, 2])
+    short = cache.with_sequence_length(2)
+    assert short.num_tokens == 2 and short.cache_id == cache.cache_id
+    same = client.open_cache(cache.cache_id)
+    assert same.num_tokens == 3
+    cache.reset(keep_pages=True)
+    assert cache.num_tokens == 0 and cache.stats()["pages_used"] > 0
+    cache.reset()
+    assert cache.stats()["pages_used"] == 0
+    stats = client.stats()
+    assert stats["pages"]["forks"] >= 1 and stats["backend"] == "host"
+    assert stats["pools"] and "page_bytes" in stats["pools"][0]
+    cache.release()
+    fork.release()
+    assert not cache.is_valid
+
+
+def test_local_table_and_attention_local(address, seed):
+    g = torch.Generator().manual_seed(seed)
+    client = kvarena.connect(address)
+    local = client.allocate(1, 2, 8, "float32", page_size=4)
+    served = client.allocate(1, 2, 8, "float32", page_size=4)
+    for n in (6, 1, 1):
+        q = torch.randn(1, 4, n, 8, generator=g)
+        k, v = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g)
+        local.reserve(n)
+        table = local.local_table(0)
+        assert table.reserved_until >= table.written + n
+        a = local.attention_local(0, q, k, v)
+        assert local.local_table(0).written == table.written + n
+        local.commit(n)
+        b = served.attention(0, q, k, v)
+        assert torch.allclose(a, b, atol=1e-5)
+    assert local.num_tokens == served.num_tokens == 8
+    assert client.call_counts()["commit"] >= 3
+    local.release()
+    served.release()
