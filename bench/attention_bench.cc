@@ -31,11 +31,11 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/attention_workload.h"
+#include "bench/median_reporter.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
-#include "bench/attention_workload.h"
-#include "bench/median_reporter.h"
 
 namespace kvarena {
 namespace {
@@ -52,7 +52,8 @@ using bench::Workload;
 constexpr int64_t kContexts[] = {512, 1024, 4096, 8192, 16384, 32768};
 constexpr int kThreads[] = {1, 2};
 constexpr DType kDTypes[] = {DType::kFloat16, DType::kBFloat16};
-constexpr int64_t kPrefillCtx = 1024;  // the prefill table: kPrefillN queries ending here (one of kContexts)
+constexpr int64_t kPrefillCtx =
+    1024;  // the prefill table: kPrefillN queries ending here (one of kContexts)
 constexpr int64_t kPrefillN = 64;
 
 // The kernel families attention runs with (--kernels=...; default: every one in use).
@@ -88,7 +89,7 @@ __attribute__((target("avx2"))) uint32_t ReadPages(const uint8_t* pool, const in
 
 enum class Kind { kAttention, kReadPass, kMemcpy, kPrefill };
 const char* KindName(Kind k) {
-  return k == Kind::kAttention ? "attention"
+  return k == Kind::kAttention  ? "attention"
          : k == Kind::kReadPass ? "read_pass"
          : k == Kind::kMemcpy   ? "memcpy"
                                 : "prefill";
@@ -191,7 +192,8 @@ void BM_Decode(benchmark::State& state, Kind kind, CpuKernels kernels, DType dty
 // kernels names the family of attention and prefill rows; the baselines have none.
 std::string Name(Kind kind, CpuKernels kernels, DType dtype, int64_t ctx, int threads) {
   std::string name = KindName(kind);
-  if (kind == Kind::kAttention || kind == Kind::kPrefill) name += std::string(":") + CpuKernelsName(kernels);
+  if (kind == Kind::kAttention || kind == Kind::kPrefill)
+    name += std::string(":") + CpuKernelsName(kernels);
   name += std::string("/") + DTypeName(dtype) + "/ctx:" + std::to_string(ctx);
   if (kind == Kind::kPrefill) name += "/n:" + std::to_string(kPrefillN);
   return name + "/threads:" + std::to_string(threads);
@@ -264,7 +266,6 @@ void PrintTable(const TableReporter& r) {
     }
   }
 }
-
 
 // Parses --kernels=a,b,... (names as CpuKernelsName gives them); false on an unknown one.
 bool ParseKernels(const char* list) {

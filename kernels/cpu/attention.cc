@@ -63,7 +63,7 @@ struct Call {
   AttendTileFn tile_fn = nullptr;
   const float* qs = nullptr;  // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
   const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
-  void* out = nullptr;        // [num_q_heads][n][head_dim] in the cache dtype
+  void* out = nullptr;                // [num_q_heads][n][head_dim] in the cache dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
   float* partial = nullptr;
 };
@@ -301,7 +301,8 @@ bool RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
     if (calls[c].plan.splits > 1) split.push_back(c);
   }
   if (pool != nullptr && split.size() > 1) {
-    pool->ParallelFor(int64_t(split.size()), [&](int64_t i) { MergeSplits(calls[split[size_t(i)]]); });
+    pool->ParallelFor(int64_t(split.size()),
+                      [&](int64_t i) { MergeSplits(calls[split[size_t(i)]]); });
   } else {
     for (size_t c : split) MergeSplits(calls[c]);
   }
@@ -311,7 +312,8 @@ bool RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
 }  // namespace
 
 bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
-                         const AttentionParams& params, const void* q, void* out, ThreadPool* pool) {
+                         const AttentionParams& params, const void* q, void* out,
+                         ThreadPool* pool) {
   if (params.n <= 0 || batch <= 0) return true;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   // Each sequence plans for its share of the threads: a batch at least as large as the
@@ -341,8 +343,9 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     partial_at[b + 1] = partial_at[b] + (splits > 1 ? qs_per_seq / dim * splits * (dim + 2) : 0);
   }
   auto scale = [&](int64_t b) {
-    ScaleQueries(views[b], seq_params[b], group, static_cast<const uint8_t*>(q) + size_t(b) * q_bytes,
-                 0, layout.num_kv_heads, qs.data() + size_t(b) * qs_per_seq,
+    ScaleQueries(views[b], seq_params[b], group,
+                 static_cast<const uint8_t*>(q) + size_t(b) * q_bytes, 0, layout.num_kv_heads,
+                 qs.data() + size_t(b) * qs_per_seq,
                  qs_bf16.empty() ? nullptr : qs_bf16.data() + size_t(b) * qs_per_seq);
   };
   if (pool != nullptr && qs.size() >= (size_t(1) << 16)) {

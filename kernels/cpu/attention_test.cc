@@ -244,21 +244,24 @@ TEST_F(PagedAttentionTest, UnusualHeadDimsMatchReference) {
   }
 }
 
-// Each family the CPU has (up to KVARENA_CPU_KERNELS) is chosen by default where it applies, and forcing a lower one
-// (as the sweeps do) picks that one's tile; head dims a family does not handle fall back.
+// Each family the CPU has (up to KVARENA_CPU_KERNELS) is chosen by default where it applies, and
+// forcing a lower one (as the sweeps do) picks that one's tile; head dims a family does not handle
+// fall back.
 TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
   using cpu_internal::SelectAttendTile;
   const CpuKernels has = default_kernels_;  // what the CPU has, capped by KVARENA_CPU_KERNELS
   std::printf("CPU kernels supported: %s, in use: %s\n", CpuKernelsName(CpuKernelsSupported()),
               CpuKernelsName(has));
   EXPECT_LE(int(has), int(CpuKernelsSupported()));
-  EXPECT_EQ(TileWith(CpuKernels::kPortable, 128, DType::kFloat16), &cpu_internal::PortableAttendTile);
+  EXPECT_EQ(TileWith(CpuKernels::kPortable, 128, DType::kFloat16),
+            &cpu_internal::PortableAttendTile);
   if (has >= CpuKernels::kAvx2) {
     EXPECT_EQ(TileWith(CpuKernels::kAvx2, 128, DType::kBFloat16), &cpu_internal::Avx2AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx2, 36, DType::kFloat16), &cpu_internal::PortableAttendTile);
   }
   if (has >= CpuKernels::kAvx512) {
-    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kBFloat16), &cpu_internal::Avx512AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kBFloat16),
+              &cpu_internal::Avx512AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kFloat16), &cpu_internal::Avx512AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512, 72, DType::kFloat16), &cpu_internal::Avx2AttendTile);
   }
@@ -309,8 +312,8 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
           q_pos.push_back(pos);
           const std::vector<uint8_t> qb =
               RandomStored(dtype, size_t(num_q_heads) * n * layout.head_dim, rng_);
-          const std::vector<double> w = ReferenceAttention(*layers.back(), DecodeAll(dtype, qb),
-                                                           num_q_heads, pos, n, params.scale, window);
+          const std::vector<double> w = ReferenceAttention(
+              *layers.back(), DecodeAll(dtype, qb), num_q_heads, pos, n, params.scale, window);
           q.insert(q.end(), qb.begin(), qb.end());
           want.insert(want.end(), w.begin(), w.end());
         }
@@ -325,8 +328,9 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
           PagedAttentionBatch(views.data(), q_pos.data(), batch, params, q.data(), out.data(),
                               variant.pooled ? &pool_ : nullptr);
           TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
-          EXPECT_TRUE(std::all_of(out.begin() + q.size(), out.end(), [](uint8_t b) { return b == 0xFF; }))
-              << "wrote past the output";
+          EXPECT_TRUE(std::all_of(out.begin() + q.size(), out.end(), [](uint8_t b) {
+            return b == 0xFF;
+          })) << "wrote past the output";
           out.resize(q.size());
           const std::vector<double> got = DecodeAll(dtype, out);
           const size_t per_seq = want.size() / size_t(batch);
@@ -336,7 +340,8 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
             if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
               ++bad;
               ADD_FAILURE() << "sequence " << i / per_seq << " (q_pos " << q_pos[i / per_seq]
-                            << ") element " << i % per_seq << ": got " << got[i] << " want " << want[i];
+                            << ") element " << i % per_seq << ": got " << got[i] << " want "
+                            << want[i];
             }
           }
         }

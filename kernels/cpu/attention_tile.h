@@ -27,8 +27,8 @@ inline constexpr int kTileTokens = 32;
 struct AttendTileArgs {
   DType dtype = DType::kFloat32;  // K/V storage type
   int head_dim = 0;
-  int rows = 0;                       // query rows (GQA heads x queries) of this kv head
-  const float* q = nullptr;           // [rows][head_dim], pre-scaled by scale * log2(e)
+  int rows = 0;              // query rows (GQA heads x queries) of this kv head
+  const float* q = nullptr;  // [rows][head_dim], pre-scaled by scale * log2(e)
   // bf16 caches only: q as stored, unscaled, and the factor q carries (scale * log2(e)),
   // for the tile that multiplies bf16 q by bf16 K exactly and scales the sums.
   const uint16_t* q_bf16 = nullptr;  // [rows][head_dim]

@@ -30,7 +30,6 @@ namespace {
 
 using namespace avx2;  // NOLINT: this unit's vocabulary
 
-
 // scores[r][t + j] = q[r] . K[t + j] for r < RB, j < TB.
 // q: [RB][dim]; k: token pointers (+ off); scores: [RB][kTileTokens].
 template <class E, int RB, int TB>

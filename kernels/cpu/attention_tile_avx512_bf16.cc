@@ -53,9 +53,7 @@ struct BF16Dot {
 }  // namespace
 }  // namespace avx512
 
-void Avx512Bf16AttendTile(const AttendTileArgs& args) {
-  avx512::AttendTile<avx512::BF16Dot>(args);
-}
+void Avx512Bf16AttendTile(const AttendTileArgs& args) { avx512::AttendTile<avx512::BF16Dot>(args); }
 
 }  // namespace kvarena::cpu_internal
 

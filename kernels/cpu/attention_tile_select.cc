@@ -37,7 +37,7 @@ CpuKernels DetectCpuKernels() {
   const uint64_t xcr0 = Xcr0();
   if ((xcr0 & 0x6) != 0x6) return CpuKernels::kPortable;  // SSE + AVX state
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return CpuKernels::kPortable;
-  if (!(b & (1u << 5))) return CpuKernels::kPortable;  // AVX2
+  if (!(b & (1u << 5))) return CpuKernels::kPortable;                            // AVX2
   const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
   if (!avx512 || (xcr0 & 0xe0) != 0xe0) return CpuKernels::kAvx2;  // + opmask, ZMM state
   unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
@@ -90,9 +90,7 @@ CpuKernels CpuKernelsInUse() {
   return Lower(capped, forced.load(std::memory_order_relaxed));
 }
 
-void TEST_ForceCpuKernels(CpuKernels kernels) {
-  forced.store(kernels, std::memory_order_relaxed);
-}
+void TEST_ForceCpuKernels(CpuKernels kernels) { forced.store(kernels, std::memory_order_relaxed); }
 
 bool CpuKernelsVectorized() { return CpuKernelsInUse() != CpuKernels::kPortable; }
 

@@ -137,8 +137,8 @@ inline float SoftmaxRow(float* s, int a, int b, float* m, float* l) {
 // scores[r][t + j] = q[r] . K[t + j] for r < RB, j < TB (RB * TB <= 16).
 // q: [RB][dim] in E's query format; k: token pointers (+ off); scores: [RB][kTileTokens].
 template <class E, int RB, int TB, class Q>
-void ScoreTokens(const AttendTileArgs& args, const Q* q, const uint8_t* const* k, size_t off,
-                 int t, float* scores) {
+void ScoreTokens(const AttendTileArgs& args, const Q* q, const uint8_t* const* k, size_t off, int t,
+                 float* scores) {
   constexpr int N = RB * TB;
   const int dim = args.head_dim;
   const uint8_t* kp[TB];
@@ -195,8 +195,8 @@ void ScoreBlock(const AttendTileArgs& args, const Q* q, int a, int b, float* sco
 
 // acc[r][d0, d0 + 16 * CB) = acc * corr[r] + sum over t in [a, b) of p[r][t] * V[t].
 template <class E, int RB, int CB>
-void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v,
-                    size_t off, int a, int b, int d0, float* acc) {
+void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v, size_t off,
+                    int a, int b, int d0, float* acc) {
   __m512 ac[RB][CB];
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {

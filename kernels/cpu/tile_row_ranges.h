@@ -38,7 +38,7 @@ struct TileRowRanges {
     for (int t = last[r] > a ? last[r] : a; t < b; ++t) s[t] = -__builtin_inff();
   }
 
-  int first[RB], last[RB];  // row r sees tile positions [first[r], last[r])
+  int first[RB], last[RB];     // row r sees tile positions [first[r], last[r])
   int a = kTileTokens, b = 0;  // the span [a, b) the rows see together (empty: a >= b)
 };
 
