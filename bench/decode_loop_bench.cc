@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench/child_daemon.h"
+#include "bench/half_tensor.h"
 #include "core/kv_store.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
@@ -41,16 +42,6 @@ namespace {
 constexpr int kLayers = 32, kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kBatch = 8;
 constexpr int kContext = 2048, kPageSize = 16, kTensorSets = 16;
 using Clock = std::chrono::steady_clock;
-
-// float -> IEEE half by truncation; bench data lies in [-1, 1].
-uint16_t ToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = (u >> 16) & 0x8000;
-  const int exp = int((u >> 23) & 0xff) - 127 + 15;
-  if (exp <= 0) return sign;
-  return sign | uint16_t(exp << 10) | uint16_t((u >> 13) & 0x3ff);
-}
 
 // A [1, heads, tokens, kHeadDim] float16 tensor that owns its bytes.
 struct Half {

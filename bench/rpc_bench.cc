@@ -1,8 +1,11 @@
 // RPC latency over a Unix socket: starts the real kvarenad as a child process and times,
-// from one client thread, Ping (the empty unary RPC every target is relative to), Append
-// of one decode token, Popn(1), Stats and a decode Attend over a 4096-token context. The
-// same core operations are timed in process (a KvStore here) so the table shows what the
-// RPC adds. Plain loops with std::chrono; prints one table; runs in well under 2 minutes.
+// from one client thread, grpc.health.v1.Health/Check (gRPC's own empty-ish unary call on
+// the same server), Ping (the empty unary RPC), Append of one decode token, Popn(1), Stats
+// over a dozen pools and a decode Attend over a 4096-token context; every row's p50 is
+// given against both Health/Check and Ping. The same core operations are timed in
+// process (a KvStore here) so the table shows what the RPC adds, also in empty RPCs
+// (Pings). Plain loops with std::chrono, every operation interleaved round by round;
+// prints one table; runs in well under 2 minutes.
 //
 // Usage: rpc_bench [--kvarenad=PATH] [--quick]
 //   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
@@ -27,35 +30,18 @@
 #include <grpcpp/grpcpp.h>
 
 #include "bench/child_daemon.h"
+#include "bench/half_tensor.h"
 #include "core/kv_store.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 
 namespace kvarena {
 namespace {
 
 constexpr int kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kContext = 4096;
-
-// float -> IEEE half by truncation; bench data lies in [-1, 1], tiny values flush to zero.
-uint16_t ToHalf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t sign = (u >> 16) & 0x8000;
-  const int exp = int((u >> 23) & 0xff) - 127 + 15;
-  if (exp <= 0) return sign;
-  return sign | uint16_t(exp << 10) | uint16_t((u >> 13) & 0x3ff);
-}
-
-// [1, heads, tokens, head_dim] float16 values in [-1, 1].
-v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<uint16_t> v(size_t(heads) * tokens * kHeadDim);
-  for (uint16_t& x : v) x = ToHalf(dist(*rng));
-  v1::Tensor t;
-  for (int64_t d : {1, heads, tokens, kHeadDim}) t.add_shape(d);
-  t.set_dtype(v1::FLOAT16);
-  t.set_data(v.data(), v.size() * 2);
-  return t;
-}
+// Caches of this many distinct specs (head_dim 8, 16, ...) besides the bench's own, so
+// Stats reports a dozen pools.
+constexpr int kExtraPools = 11;
 
 TensorArg Arg(const v1::Tensor& t) {
   return {DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(), t.data().size()};
@@ -108,16 +94,16 @@ void MeasureInterleaved(const std::vector<Timed*>& ops) {
 }
 
 // Waits until Ping answers; each try on a fresh channel (a failed connect backs off).
-std::unique_ptr<v1::KvCacheService::Stub> Connect(const std::string& address) {
+// Returns the channel Ping answered on; null if none did.
+std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
   for (int attempt = 0; attempt < 500; ++attempt) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);
     args.SetInt("kvarena.bench.attempt", attempt);
-    auto stub = v1::KvCacheService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
     grpc::ClientContext ctx;
     v1::PingResponse resp;
-    if (stub->Ping(&ctx, v1::PingRequest(), &resp).ok()) return stub;
+    if (v1::KvCacheService::NewStub(channel)->Ping(&ctx, v1::PingRequest(), &resp).ok()) return channel;
     usleep(20'000);
   }
   return nullptr;
@@ -129,17 +115,19 @@ struct Row {
   Latency local;  // n == 0: no in-process counterpart
 };
 
+// rows[0] is Health/Check, rows[1] Ping.
 void PrintTable(const std::vector<Row>& rows) {
-  const double ping = rows[0].rpc.p50;
-  std::printf("%-34s %7s %10s %10s %9s %13s %12s\n", "operation (UDS, 1 client)", "n",
-              "p50 us", "p99 us", "p50/Ping", "in-proc p50", "RPC adds");
+  const double health = rows[0].rpc.p50, ping = rows[1].rpc.p50;
+  std::printf("%-34s %6s %9s %9s %8s %8s %11s %9s %9s\n", "operation (UDS, 1 client)", "n",
+              "p50 us", "p99 us", "/Health", "/Ping", "in-proc p50", "RPC adds", "in Pings");
   for (const Row& r : rows) {
-    std::printf("%-34s %7d %10.1f %10.1f %9.2f", r.name, r.rpc.n, r.rpc.p50, r.rpc.p99,
-                r.rpc.p50 / ping);
+    std::printf("%-34s %6d %9.1f %9.1f %8.2f %8.2f", r.name, r.rpc.n, r.rpc.p50, r.rpc.p99,
+                r.rpc.p50 / health, r.rpc.p50 / ping);
     if (r.local.n > 0) {
-      std::printf(" %13.1f %12.1f\n", r.local.p50, r.rpc.p50 - r.local.p50);
+      const double adds = r.rpc.p50 - r.local.p50;
+      std::printf(" %11.1f %9.1f %9.2f\n", r.local.p50, adds, adds / ping);
     } else {
-      std::printf(" %13s %12s\n", "-", "-");
+      std::printf(" %11s %9s %9s\n", "-", "-", "-");
     }
   }
 }
@@ -151,12 +139,13 @@ int Run(const std::string& kvarenad, bool quick) {
   std::vector<Row> rows;
   {
     ChildDaemon daemon(kvarenad, dir);
-    std::unique_ptr<v1::KvCacheService::Stub> stub = daemon.ok() ? Connect(daemon.address()) : nullptr;
-    if (stub == nullptr) {
+    const std::shared_ptr<grpc::Channel> daemon_channel = daemon.ok() ? Connect(daemon.address()) : nullptr;
+    if (daemon_channel == nullptr) {
       std::fprintf(stderr, "rpc_bench: could not start or reach %s (log in %s)\n", kvarenad.c_str(),
                    dir.c_str());
       return 1;
     }
+    const std::unique_ptr<v1::KvCacheService::Stub> stub = v1::KvCacheService::NewStub(daemon_channel);
     std::unique_ptr<KvStore> store = *KvStore::Create(StoreOptions{}, NewHostBackend());
     std::mt19937 rng(1);
     const auto call = [&](auto method, const auto& req, auto* resp) {
@@ -181,12 +170,24 @@ int Run(const std::string& kvarenad, bool quick) {
         return 1;
       }
     }
+    for (int i = 1; i <= kExtraPools; ++i) {
+      const std::string id = "pool" + std::to_string(i);
+      CacheSpec extra = spec;
+      extra.head_dim = 8 * i;
+      alloc.set_cache_id(id);
+      alloc.mutable_spec()->set_head_dim(uint32_t(extra.head_dim));
+      if (!call(&v1::KvCacheService::Stub::Allocate, alloc, &allocated) ||
+          !store->Allocate("", extra, id).ok()) {
+        std::fprintf(stderr, "rpc_bench: allocate failed\n");
+        return 1;
+      }
+    }
     v1::AppendRequest prefill;
     prefill.set_cache_id("context");
     for (int pos = 0; pos < kContext; pos += 512) {
       prefill.set_pos(pos);
-      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, &rng);
-      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, &rng);
+      *prefill.mutable_k() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
+      *prefill.mutable_v() = HalfTensor(kKvHeads, 512, kHeadDim, &rng);
       v1::AppendResponse r;
       if (!call(&v1::KvCacheService::Stub::Append, prefill, &r) ||
           !store->Append("", "context", 0, pos, Arg(prefill.k()), Arg(prefill.v())).ok()) {
@@ -196,14 +197,22 @@ int Run(const std::string& kvarenad, bool quick) {
     }
 
     // The operations, over the daemon (rpc) and in process (local).
+    std::unique_ptr<grpc::health::v1::Health::Stub> health_stub =
+        grpc::health::v1::Health::NewStub(daemon_channel);
+    grpc::health::v1::HealthCheckResponse served;
+    Timed health{[&] {
+                   grpc::ClientContext ctx;
+                   return health_stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &served).ok();
+                 },
+                 nullptr, 20000 / scale};
     v1::PingResponse pong;
     Timed ping{[&] { return call(&v1::KvCacheService::Stub::Ping, v1::PingRequest(), &pong); },
                nullptr, 20000 / scale};
 
     v1::AppendRequest append;
     append.set_cache_id("append");
-    *append.mutable_k() = HalfTensor(kKvHeads, 1, &rng);
-    *append.mutable_v() = HalfTensor(kKvHeads, 1, &rng);
+    *append.mutable_k() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
+    *append.mutable_v() = HalfTensor(kKvHeads, 1, kHeadDim, &rng);
     v1::AppendResponse appended;
     uint64_t rpc_pos = 0;
     int64_t local_pos = 0;
@@ -239,12 +248,13 @@ int Run(const std::string& kvarenad, bool quick) {
     Timed stats_rpc{
         [&] { return call(&v1::KvCacheService::Stub::Stats, v1::StatsRequest(), &stats); },
         nullptr, 20000 / scale};
-    Timed stats_local{[&] { return store->Stats().num_caches == 2; }, nullptr, 20000 / scale};
+    Timed stats_local{[&] { return store->Stats().num_caches == 2 + kExtraPools; }, nullptr,
+                      20000 / scale};
 
     v1::AttendRequest attend;
     attend.set_cache_id("context");
     attend.set_pos(kContext - 1);
-    *attend.mutable_q() = HalfTensor(kQHeads, 1, &rng);
+    *attend.mutable_q() = HalfTensor(kQHeads, 1, kHeadDim, &rng);
     v1::AttendResponse attended;
     AttendArgs args;
     args.cache_id = "context";
@@ -256,12 +266,13 @@ int Run(const std::string& kvarenad, bool quick) {
     Timed attend_local{[&] { return store->Attend("", args, out.data(), out.size()).ok(); },
                        nullptr, 1000 / scale};
 
-    MeasureInterleaved({&ping, &append_rpc, &append_local, &popn_rpc, &popn_local, &stats_rpc,
+    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &popn_rpc, &popn_local, &stats_rpc,
                         &stats_local, &attend_rpc, &attend_local});
-    rows = {{"Ping (empty unary)", ping.Result(), {}},
+    rows = {{"Health/Check (gRPC's own)", health.Result(), {}},
+            {"Ping (empty unary)", ping.Result(), {}},
             {"Append (1 token, 8x128 f16)", append_rpc.Result(), append_local.Result()},
             {"Popn(1) (after an untimed append)", popn_rpc.Result(), popn_local.Result()},
-            {"Stats (whole arena)", stats_rpc.Result(), stats_local.Result()},
+            {"Stats (whole arena, 12 pools)", stats_rpc.Result(), stats_local.Result()},
             {"Attend decode, ctx 4096, 32q/8kv", attend_rpc.Result(), attend_local.Result()}};
   }
   std::filesystem::remove_all(dir);

@@ -35,6 +35,7 @@ ArenaStats KvStore::Stats() const {
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     s.num_caches = int64_t(impl_->caches.size());
+    s.pools.reserve(impl_->pools_by_id.size());
     for (const auto& [id, p] : impl_->pools_by_id) {
       s.pools.push_back(p->Stats());
       auto it = impl_->caches_per_pool.find(id);

@@ -7,6 +7,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/byte_size.h"
 #include "daemon/socket_access.h"
@@ -111,6 +112,10 @@ ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
 ABSL_FLAG(int, test_prefix_hash_bits, 128,
           "Tests only: keep this many bits (0-128) of each prefix page hash, so that hashes "
           "collide and the token-id check must catch them. Leave at 128.");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "abseil's lock-order (deadlock) checking on every mutex of the process, gRPC's "
+          "included: hundreds of instructions per lock where abseil is a debug build (as "
+          "Debian's is), about a third of an empty RPC. For debugging; off by default.");
 
 namespace kvarena {
 
@@ -128,6 +133,12 @@ void ConfigureFlagsUsage() {
     return std::string(at == absl::string_view::npos ? file : file.substr(at));
   };
   absl::SetFlagsUsageConfig(config);
+}
+
+void ApplyProcessFlags() {
+  absl::SetMutexDeadlockDetectionMode(absl::GetFlag(FLAGS_mutex_deadlock_detection)
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
 }
 
 DaemonOptions OptionsFromFlags() {

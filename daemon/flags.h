@@ -9,6 +9,10 @@ namespace kvarena {
 // Makes --help list the daemon's flags with their text; call before parsing.
 void ConfigureFlagsUsage();
 
+// Applies the flags that set process-wide state (abseil's mutex deadlock detection);
+// call once, after parsing and before any thread starts.
+void ApplyProcessFlags();
+
 // The parsed flags as daemon options.
 DaemonOptions OptionsFromFlags();
 

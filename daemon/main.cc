@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   kvarena::BlockTerminationSignals();  // before gRPC starts any thread
   kvarena::ConfigureFlagsUsage();
   absl::ParseCommandLine(argc, argv);
+  kvarena::ApplyProcessFlags();
   std::cerr << RaiseOpenFileLimit() << std::endl;
 
   const kvarena::DaemonOptions options = kvarena::OptionsFromFlags();

@@ -4,7 +4,8 @@
 // (core/refusal.h). Recording is a few relaxed atomic adds, cheap enough for Ping.
 //
 // Unary calls are timed from the handler's start to its status: decode, the core
-// operation, encode — not gRPC's transport or the reply's serialization. An Attach
+// operation, encode, and for a call handed to the service's pool its wait there — not
+// gRPC's transport or the reply's serialization. An Attach
 // stream lasts as long as its worker, so it is counted by the code it ends with and never
 // timed.
 //

@@ -39,8 +39,9 @@ uint64_t NewIncarnation() {
 }
 
 constexpr absl::Duration kReapInterval = absl::Milliseconds(100);
-// Sync handlers run on pooled threads (held Attach streams, on the callback API, take
-// none); this bounds them.
+// gRPC's threads: KvCacheService and Health run on its callback threads (long calls on the
+// service's own pool, daemon/offload.h), reflection on its sync-server threads, which
+// this bounds.
 constexpr int kMaxThreads = 4096;
 
 // --fd_socket resolved: "" = beside the first unix: address (none without one), "none" =
@@ -67,7 +68,7 @@ void ConfigureBuilder(int max_message_bytes, grpc::ServerBuilder* builder) {
   grpc::ResourceQuota quota("kvarenad");
   quota.SetMaxThreads(kMaxThreads);
   builder->SetResourceQuota(quota);
-  // Pollers pick up new calls while long handlers (prefill appends, big GetKv) run.
+  // Sync pollers (for reflection, the one sync service) pick up new calls while others run.
   builder->SetSyncServerOption(grpc::ServerBuilder::MIN_POLLERS, 2);
   builder->SetSyncServerOption(grpc::ServerBuilder::MAX_POLLERS, 8);
 }

@@ -1,11 +1,13 @@
 #include "daemon/service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/bearer_token.h"
@@ -24,15 +26,66 @@ std::optional<absl::string_view> MetadataOf(const grpc::ServerContextBase* ctx, 
 }
 
 // Stops a served call's kernels once its deadline passed or its caller cancelled it.
-// IsCancelled() plucks the call's completion queue: asked at most once a millisecond.
-StopToken StopTokenOf(const grpc::ServerContext* ctx) {
+// IsCancelled() is asked at most once a millisecond.
+StopToken StopTokenOf(const grpc::CallbackServerContext* ctx) {
   const auto deadline = ctx->deadline();
   return StopToken(deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
                                                                            : absl::FromChrono(deadline),
                    [ctx] { return ctx->IsCancelled(); }, absl::Milliseconds(1));
 }
 
+// A tensor's payload bytes, inline or shared.
+uint64_t PayloadBytes(const v1::Tensor& t) {
+  return t.has_shared() ? t.shared().length() : uint64_t(t.data().size());
+}
+
 }  // namespace
+
+bool RunsInline(const v1::AppendRequest& req) {
+  const uint64_t k = PayloadBytes(req.k()), v = PayloadBytes(req.v());
+  return k <= kInlineAppendBytes && v <= kInlineAppendBytes - k;
+}
+
+bool RunsInline(const v1::AttendRequest& req) {
+  const auto& shape = req.q().shape();
+  if (shape.size() != 4 || req.pos() > kInlineAttendWork) return false;
+  // [1, heads, queries, head_dim] x (pos + queries) keys, each factor bounded first.
+  absl::uint128 work = req.pos() + uint64_t(std::max<int64_t>(shape[2], 0));
+  for (const int64_t d : shape) {
+    if (d < 0 || uint64_t(d) > kInlineAttendWork) return false;
+    work *= uint64_t(d);
+    if (work > kInlineAttendWork) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// The caches a Reserve or Commit names.
+template <typename Request>
+absl::InlinedVector<absl::string_view, 1> ItemCaches(const Request& req) {
+  absl::InlinedVector<absl::string_view, 1> ids;
+  ids.reserve(size_t(req.items_size()));
+  for (const auto& item : req.items()) ids.push_back(item.cache_id());
+  return ids;
+}
+
+}  // namespace
+
+bool RunsInline(const v1::AllocateRequest& req) {
+  return req.prompt_tokens_size() <= kInlineTokens;
+}
+bool RunsInline(const v1::SetTokensRequest& req) { return req.token_ids_size() <= kInlineTokens; }
+bool RunsInline(const v1::ReserveRequest& req) { return req.items_size() <= kInlineItems; }
+bool RunsInline(const v1::CommitRequest& req) { return req.items_size() <= kInlineItems; }
+
+KvCacheServiceImpl::KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach,
+                                       EventsHub* events, const Tenants* tenants)
+    : requests_(store), rpcs_(rpcs), attach_(attach), events_(events), tenants_(tenants) {
+  SetMessageAllocatorFor_Stats(&stats_messages_);
+  SetMessageAllocatorFor_Describe(&describe_messages_);
+  SetMessageAllocatorFor_ListCaches(&list_messages_);
+}
 
 absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBase* ctx) const {
   Caller caller;
@@ -49,8 +102,26 @@ absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBas
 }
 
 template <typename Body>
-grpc::Status KvCacheServiceImpl::Serve(Rpc rpc, const grpc::ServerContextBase* ctx, Body body) {
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool small, CacheIds caches,
+                                                     Body body) {
   const auto start = std::chrono::steady_clock::now();
+  Unary* reactor = ctx->DefaultReactor();
+  if (small && !busy_.Busy(caches)) {
+    reactor->Finish(Run(rpc, ctx, start, body));
+    return reactor;
+  }
+  busy_.Hold(caches);
+  offload_.Run([this, rpc, ctx, start, reactor, body, caches = std::move(caches)]() mutable {
+    grpc::Status status = Run(rpc, ctx, start, body);
+    busy_.Release(caches);
+    reactor->Finish(std::move(status));
+  });
+  return reactor;
+}
+
+template <typename Body>
+grpc::Status KvCacheServiceImpl::Run(Rpc rpc, const Ctx* ctx, std::chrono::steady_clock::time_point start,
+                                     Body& body) {
   absl::Status status;
   // The budgets bound what a request may make the daemon hold; should the machine still
   // run out of memory, the call is refused rather than the daemon aborted.
@@ -64,89 +135,108 @@ grpc::Status KvCacheServiceImpl::Serve(Rpc rpc, const grpc::ServerContextBase* c
   return ToGrpcStatus(status);
 }
 
-grpc::Status KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* req,
-                                          v1::AllocateResponse* resp) {
-  return Serve(Rpc::kAllocate, ctx, [&](const Caller& c) { return requests_.Allocate(c, *req, resp); });
+// Each body captures the call's pointers by value: one handed to the pool runs after its
+// handler returned (gRPC keeps ctx, req and resp until the call is done).
+
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* req,
+                                                        v1::AllocateResponse* resp) {
+  return Serve(Rpc::kAllocate, ctx, RunsInline(*req), {},
+               [this, req, resp](const Caller& c) { return requests_.Allocate(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
-                                        v1::AppendResponse* resp) {
-  return Serve(Rpc::kAppend, ctx, [&](const Caller& c) { return requests_.Append(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
+                                                      v1::AppendResponse* resp) {
+  return Serve(Rpc::kAppend, ctx, RunsInline(*req), {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Append(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
-                                        v1::AttendResponse* resp) {
-  const StopToken stop = StopTokenOf(ctx);
-  return Serve(Rpc::kAttend, ctx, [&](const Caller& c) { return requests_.Attend(c, *req, resp, &stop); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
+                                                      v1::AttendResponse* resp) {
+  return Serve(Rpc::kAttend, ctx, RunsInline(*req), {req->cache_id()},
+               [this, ctx, req, resp](const Caller& c) {
+                 const StopToken stop = StopTokenOf(ctx);
+                 return requests_.Attend(c, *req, resp, &stop);
+               });
 }
 
-grpc::Status KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
-                                      v1::PopnResponse* resp) {
-  return Serve(Rpc::kPopn, ctx, [&](const Caller& c) { return requests_.Popn(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
+                                                    v1::PopnResponse* resp) {
+  return Serve(Rpc::kPopn, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Popn(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Reset(Ctx* ctx, const v1::ResetRequest* req,
-                                       v1::ResetResponse* resp) {
-  return Serve(Rpc::kReset, ctx, [&](const Caller& c) { return requests_.Reset(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reset(Ctx* ctx, const v1::ResetRequest* req,
+                                                     v1::ResetResponse* resp) {
+  return Serve(Rpc::kReset, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Reset(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Release(Ctx* ctx, const v1::ReleaseRequest* req,
-                                         v1::ReleaseResponse* resp) {
-  return Serve(Rpc::kRelease, ctx, [&](const Caller& c) { return requests_.Release(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Release(Ctx* ctx, const v1::ReleaseRequest* req,
+                                                       v1::ReleaseResponse* resp) {
+  return Serve(Rpc::kRelease, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Release(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req,
-                                         v1::ReserveResponse* resp) {
-  return Serve(Rpc::kReserve, ctx, [&](const Caller& c) { return requests_.Reserve(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req,
+                                                       v1::ReserveResponse* resp) {
+  return Serve(Rpc::kReserve, ctx, RunsInline(*req), ItemCaches(*req),
+               [this, req, resp](const Caller& c) { return requests_.Reserve(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
-                                        v1::CommitResponse* resp) {
-  return Serve(Rpc::kCommit, ctx, [&](const Caller& c) { return requests_.Commit(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
+                                                      v1::CommitResponse* resp) {
+  return Serve(Rpc::kCommit, ctx, RunsInline(*req), ItemCaches(*req),
+               [this, req, resp](const Caller& c) { return requests_.Commit(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
-                                       v1::GetKvResponse* resp) {
-  return Serve(Rpc::kGetKv, ctx, [&](const Caller& c) { return requests_.GetKv(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
+                                                     v1::GetKvResponse* resp) {
+  return Serve(Rpc::kGetKv, ctx, false, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.GetKv(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Describe(Ctx* ctx, const v1::DescribeRequest* req,
-                                          v1::DescribeResponse* resp) {
-  return Serve(Rpc::kDescribe, ctx, [&](const Caller& c) { return requests_.Describe(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Describe(Ctx* ctx, const v1::DescribeRequest* req,
+                                                        v1::DescribeResponse* resp) {
+  return Serve(Rpc::kDescribe, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Describe(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Stats(Ctx* ctx, const v1::StatsRequest* req,
-                                       v1::StatsResponse* resp) {
-  return Serve(Rpc::kStats, ctx, [&](const Caller& c) { return requests_.Stats(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Stats(Ctx* ctx, const v1::StatsRequest* req,
+                                                     v1::StatsResponse* resp) {
+  return Serve(Rpc::kStats, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Stats(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::ListCaches(Ctx* ctx, const v1::ListCachesRequest* req,
-                                            v1::ListCachesResponse* resp) {
-  return Serve(Rpc::kListCaches, ctx,
-               [&](const Caller& c) { return requests_.ListCaches(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::ListCaches(Ctx* ctx, const v1::ListCachesRequest* req,
+                                                          v1::ListCachesResponse* resp) {
+  return Serve(Rpc::kListCaches, ctx, false, {},
+               [this, req, resp](const Caller& c) { return requests_.ListCaches(c, *req, resp); });
 }
 
-grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
-    grpc::CallbackServerContext* ctx, const v1::AttachRequest* req) {
+grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(Ctx* ctx,
+                                                                      const v1::AttachRequest* req) {
   return attach_->Start(ctx, *req, CallerOf(ctx));
 }
 
-grpc::Status KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
-                                           v1::SetTokensResponse* resp) {
-  return Serve(Rpc::kSetTokens, ctx, [&](const Caller& c) { return requests_.SetTokens(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
+                                                         v1::SetTokensResponse* resp) {
+  return Serve(Rpc::kSetTokens, ctx, RunsInline(*req), {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.SetTokens(c, *req, resp); });
 }
 
-grpc::Status KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req, v1::ForkResponse* resp) {
-  return Serve(Rpc::kFork, ctx, [&](const Caller& c) { return requests_.Fork(c, *req, resp); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req,
+                                                    v1::ForkResponse* resp) {
+  return Serve(Rpc::kFork, ctx, true, {req->cache_id()},
+               [this, req, resp](const Caller& c) { return requests_.Fork(c, *req, resp); });
 }
 
 grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEvents(
-    grpc::CallbackServerContext* ctx, const v1::WatchEventsRequest* req) {
+    Ctx* ctx, const v1::WatchEventsRequest* req) {
   return events_->Start(ctx, *req, CallerOf(ctx));
 }
 
-grpc::Status KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*, v1::PingResponse*) {
-  return Serve(Rpc::kPing, ctx, [&](const Caller&) { return absl::OkStatus(); });
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*, v1::PingResponse*) {
+  return Serve(Rpc::kPing, ctx, true, {}, [](const Caller&) { return absl::OkStatus(); });
 }
 
 }  // namespace kvarena

@@ -19,6 +19,7 @@
 // while it runs; once it says stop, the units left return at once and nothing is merged.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numbers>
 #include <vector>
@@ -61,7 +62,8 @@ struct Call {
   Plan plan;
   AttendTileFn tile_fn = nullptr;
   const float* qs = nullptr;  // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
-  void* out = nullptr;        // [num_q_heads][n][head_dim] in the cache dtype
+  const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
+  void* out = nullptr;                // [num_q_heads][n][head_dim] in the cache dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
   float* partial = nullptr;
 };
@@ -164,6 +166,7 @@ void RunUnit(const Call& call, int64_t unit) {
   args.next_k = next_k;
   args.next_v = next_v;
   args.scratch = scratch.data();
+  args.q_scale = p.scale * std::numbers::log2e_v<float>;
   const size_t head_bytes = size_t(dim) * view.layout.ElemBytes();
   auto tile_end = [&](int64_t t0) {
     return std::min(s_end, t0 / kTileTokens * kTileTokens + kTileTokens);
@@ -183,7 +186,9 @@ void RunUnit(const Call& call, int64_t unit) {
     for (int h = h0; h < h1; ++h) {
       const size_t off = size_t(h) * head_bytes;
       const size_t s = size_t(h - h0) * rows;
-      args.q = call.qs + (size_t(h) * p.n + i0) * plan.group * dim;
+      const size_t q_at = (size_t(h) * p.n + i0) * plan.group * dim;
+      args.q = call.qs + q_at;
+      args.q_bf16 = call.qs_bf16 != nullptr ? call.qs_bf16 + q_at : nullptr;
       args.head_offset = off;
       args.m = m.data() + s;
       args.l = l.data() + s;
@@ -251,9 +256,10 @@ void MergeSplits(const Call& call) {
   }
 }
 
-// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e), for kv heads [h0, h1).
+// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e), for kv heads [h0, h1); for
+// bf16 caches qs_bf16 (same layout) gets the stored rows as they are.
 void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
-                  int h0, int h1, float* qs) {
+                  int h0, int h1, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
   const float factor = p.scale * std::numbers::log2e_v<float>;
   const size_t elem = view.layout.ElemBytes();
@@ -261,9 +267,11 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
     for (int64_t i = 0; i < p.n; ++i) {
       for (int g = 0; g < group; ++g) {
         const size_t src_row = (size_t(h) * group + g) * p.n + i;
-        float* dst = qs + ((size_t(h) * p.n + i) * group + g) * dim;
-        cpu_internal::LoadAsFloat(view.layout.dtype,
-                                  static_cast<const uint8_t*>(q) + src_row * dim * elem, dim, dst);
+        const size_t dst_row = (size_t(h) * p.n + i) * group + g;
+        const uint8_t* src = static_cast<const uint8_t*>(q) + src_row * dim * elem;
+        float* dst = qs + dst_row * dim;
+        cpu_internal::LoadAsFloat(view.layout.dtype, src, dim, dst);
+        if (qs_bf16 != nullptr) std::memcpy(qs_bf16 + dst_row * dim, src, dim * elem);
         for (int d = 0; d < dim; ++d) dst[d] *= factor;
       }
     }
@@ -293,7 +301,8 @@ bool RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
     if (calls[c].plan.splits > 1) split.push_back(c);
   }
   if (pool != nullptr && split.size() > 1) {
-    pool->ParallelFor(int64_t(split.size()), [&](int64_t i) { MergeSplits(calls[split[size_t(i)]]); });
+    pool->ParallelFor(int64_t(split.size()),
+                      [&](int64_t i) { MergeSplits(calls[split[size_t(i)]]); });
   } else {
     for (size_t c : split) MergeSplits(calls[c]);
   }
@@ -303,7 +312,8 @@ bool RunCalls(const std::vector<Call>& calls, ThreadPool* pool) {
 }  // namespace
 
 bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
-                         const AttentionParams& params, const void* q, void* out, ThreadPool* pool) {
+                         const AttentionParams& params, const void* q, void* out,
+                         ThreadPool* pool) {
   if (params.n <= 0 || batch <= 0) return true;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   // Each sequence plans for its share of the threads: a batch at least as large as the
@@ -317,6 +327,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   const int group = params.num_q_heads / layout.num_kv_heads;
   const size_t qs_per_seq = size_t(layout.num_kv_heads) * params.n * group * dim;
   std::vector<float> qs(qs_per_seq * size_t(batch));
+  std::vector<uint16_t> qs_bf16(layout.dtype == DType::kBFloat16 ? qs.size() : 0);
   std::vector<size_t> partial_at(size_t(batch) + 1, 0);
   for (int b = 0; b < batch; ++b) {
     seq_params[b].q_pos = q_pos[b];
@@ -324,15 +335,18 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     call.view = &views[b];
     call.params = &seq_params[b];
     call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
-    call.tile_fn = cpu_internal::SelectAttendTile(dim);
+    call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype);
     call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
     call.qs = qs.data() + size_t(b) * qs_per_seq;
+    if (!qs_bf16.empty()) call.qs_bf16 = qs_bf16.data() + size_t(b) * qs_per_seq;
     const int64_t splits = call.plan.splits;
     partial_at[b + 1] = partial_at[b] + (splits > 1 ? qs_per_seq / dim * splits * (dim + 2) : 0);
   }
   auto scale = [&](int64_t b) {
-    ScaleQueries(views[b], seq_params[b], group, static_cast<const uint8_t*>(q) + size_t(b) * q_bytes,
-                 0, layout.num_kv_heads, qs.data() + size_t(b) * qs_per_seq);
+    ScaleQueries(views[b], seq_params[b], group,
+                 static_cast<const uint8_t*>(q) + size_t(b) * q_bytes, 0, layout.num_kv_heads,
+                 qs.data() + size_t(b) * qs_per_seq,
+                 qs_bf16.empty() ? nullptr : qs_bf16.data() + size_t(b) * qs_per_seq);
   };
   if (pool != nullptr && qs.size() >= (size_t(1) << 16)) {
     pool->ParallelFor(batch, scale);
@@ -356,20 +370,23 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   call.view = &view;
   call.params = &params;
   call.plan = MakePlan(view, params, threads);
-  call.tile_fn = cpu_internal::SelectAttendTile(dim);
+  call.tile_fn = cpu_internal::SelectAttendTile(dim, view.layout.dtype);
   call.out = out;
 
   const int group = call.plan.group;
   std::vector<float> qs(size_t(num_kv_heads) * params.n * group * dim);
+  std::vector<uint16_t> qs_bf16(view.layout.dtype == DType::kBFloat16 ? qs.size() : 0);
+  uint16_t* raw = qs_bf16.empty() ? nullptr : qs_bf16.data();
   const bool big_q = qs.size() >= (size_t(1) << 16);
   if (pool != nullptr && big_q) {
     pool->ParallelFor(num_kv_heads, [&](int64_t h) {
-      ScaleQueries(view, params, group, q, int(h), int(h) + 1, qs.data());
+      ScaleQueries(view, params, group, q, int(h), int(h) + 1, qs.data(), raw);
     });
   } else {
-    ScaleQueries(view, params, group, q, 0, num_kv_heads, qs.data());
+    ScaleQueries(view, params, group, q, 0, num_kv_heads, qs.data(), raw);
   }
   call.qs = qs.data();
+  call.qs_bf16 = raw;
 
   std::vector<float> partial;
   if (call.plan.splits > 1) {

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/support/test_seed.h"
@@ -33,20 +35,47 @@ struct Problem {
   float scale_factor = 1;  // scale = scale_factor / sqrt(head_dim)
 };
 
-// How the kernel is run.
+// How the kernel is run: the kernel family forced (TEST_ForceCpuKernels), on the pool or not.
 struct Variant {
-  bool portable;
+  CpuKernels kernels;
   bool pooled;
 };
-constexpr Variant kVariants[] = {{false, false}, {false, true}, {true, false}, {true, true}};
+
+std::string VariantName(const Variant& variant) {
+  return std::string(CpuKernelsName(variant.kernels)) + (variant.pooled ? " pooled" : " no-pool");
+}
 
 class PagedAttentionTest : public ::testing::Test {
  protected:
   PagedAttentionTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_), pool_(2) {
-    TEST_ForcePortableKernels(false);
-    default_vectorized_ = CpuKernelsVectorized();
+    TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
+    default_kernels_ = CpuKernelsInUse();
   }
-  ~PagedAttentionTest() override { TEST_ForcePortableKernels(false); }
+  ~PagedAttentionTest() override { TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16); }
+
+  // The tile PagedAttention picks for head_dim and dtype with `kernels` forced.
+  static cpu_internal::AttendTileFn TileWith(CpuKernels kernels, int head_dim, DType dtype) {
+    TEST_ForceCpuKernels(kernels);
+    const cpu_internal::AttendTileFn fn = cpu_internal::SelectAttendTile(head_dim, dtype);
+    TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
+    return fn;
+  }
+
+  // Every kernel family this machine runs (up to KVARENA_CPU_KERNELS), each with and
+  // without the pool; a family that picks the same tile as a lower one for this head_dim
+  // and dtype (e.g. avx512_bf16 on f16) is left out as a repeat.
+  std::vector<Variant> VariantsFor(int head_dim, DType dtype) const {
+    std::vector<Variant> variants;
+    std::vector<cpu_internal::AttendTileFn> seen;
+    for (int k = 0; k <= int(default_kernels_); ++k) {
+      const cpu_internal::AttendTileFn fn = TileWith(CpuKernels(k), head_dim, dtype);
+      if (std::find(seen.begin(), seen.end(), fn) != seen.end()) continue;
+      seen.push_back(fn);
+      variants.push_back({CpuKernels(k), false});
+      variants.push_back({CpuKernels(k), true});
+    }
+    return variants;
+  }
 
   int64_t Rand(int64_t lo, int64_t hi) {  // uniform in [lo, hi]
     return lo + int64_t(rng_() % uint64_t(hi - lo + 1));
@@ -56,20 +85,20 @@ class PagedAttentionTest : public ::testing::Test {
   // decoded output.
   std::vector<double> RunKernel(const PagedKvView& view, const AttentionParams& params,
                                 const std::vector<uint8_t>& q, Variant variant) {
-    TEST_ForcePortableKernels(variant.portable);
-    EXPECT_EQ(CpuKernelsVectorized(), !variant.portable && default_vectorized_);
+    TEST_ForceCpuKernels(variant.kernels);
+    EXPECT_EQ(CpuKernelsInUse(), variant.kernels);
     const size_t bytes = q.size();
     std::vector<uint8_t> out(bytes + 64, 0xFF);
     PagedAttention(view, params, q.data(), out.data(), variant.pooled ? &pool_ : nullptr);
-    TEST_ForcePortableKernels(false);
+    TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
     EXPECT_TRUE(std::all_of(out.begin() + bytes, out.end(), [](uint8_t b) { return b == 0xFF; }))
         << "wrote past the output";
     out.resize(bytes);
     return DecodeAll(view.layout.dtype, out);
   }
 
-  // Checks every variant (vectorised / portable, with / without the pool) against the
-  // float64 reference of the stored values. The error allowed is float32 accumulation
+  // Checks every variant (each kernel family the machine has, with / without the pool)
+  // against the float64 reference of the stored values. The error allowed is float32 accumulation
   // plus half an output ULP of the dtype.
   void CheckProblem(const Problem& pb) {
     const int64_t len = pb.q_pos + pb.n + pb.extra;
@@ -90,9 +119,8 @@ class PagedAttentionTest : public ::testing::Test {
     const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
                            : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
                                                                  : 0.0;
-    for (const Variant variant : kVariants) {
-      SCOPED_TRACE(::testing::Message() << (variant.portable ? "portable" : "vectorised")
-                                        << (variant.pooled ? " pooled" : " no-pool"));
+    for (const Variant& variant : VariantsFor(pb.layout.head_dim, pb.layout.dtype)) {
+      SCOPED_TRACE(VariantName(variant));
       const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
       size_t bad = 0;
       for (size_t i = 0; i < want.size() && bad < 5; ++i) {
@@ -119,7 +147,7 @@ class PagedAttentionTest : public ::testing::Test {
 
   // The sweep for one dtype: head_dim x page_size x group x window, each with a random
   // decode and a random prefill problem (random lengths, sometimes an evicted prefix),
-  // each run vectorised and portable, with and without the pool.
+  // each run by every kernel family the machine has, with and without the pool.
   void Sweep(DType dtype) {
     SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
     for (int head_dim : {64, 128, 256}) {
@@ -154,7 +182,7 @@ class PagedAttentionTest : public ::testing::Test {
   uint64_t seed_;
   std::mt19937_64 rng_;
   ThreadPool pool_;
-  bool default_vectorized_ = false;
+  CpuKernels default_kernels_ = CpuKernels::kPortable;  // in use before any forcing
 };
 
 TEST_F(PagedAttentionTest, Float32MatchesReferenceAcrossSweep) { Sweep(DType::kFloat32); }
@@ -195,12 +223,13 @@ TEST_F(PagedAttentionTest, LongPrefillMatchesReference) {
 }
 
 // Head dims off the sweep: 36 (not a multiple of 8: the portable tile even when
-// vectorised), 40 (8-wide blocks only: bfloat16 without the 16-wide path, and a tail of
-// dims after the register-blocked ones), 72.
+// vectorised), 40 and 72 (multiples of 8, not 16: AVX2 where AVX-512 is in use; a tail
+// of dims after the register-blocked ones), 48 (AVX-512, but not the 32-wide bf16 dot
+// product: a 16-wide tail), 160 (bf16 dot product over five 32-dim steps).
 TEST_F(PagedAttentionTest, UnusualHeadDimsMatchReference) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-    for (int head_dim : {36, 40, 72}) {
+    for (int head_dim : {36, 40, 48, 72, 160}) {
       for (int64_t n : {int64_t(1), int64_t(5)}) {
         Problem pb;
         pb.layout = {dtype, 8, 2, head_dim};
@@ -215,20 +244,46 @@ TEST_F(PagedAttentionTest, UnusualHeadDimsMatchReference) {
   }
 }
 
-// The sweep runs "vectorised" variants; make sure they really take the AVX2 tile here.
-TEST_F(PagedAttentionTest, SelectsAvx2TileWhereTheCpuHasIt) {
-  if (!cpu_internal::CpuHasAvx2FmaF16c()) GTEST_SKIP() << "no AVX2 + FMA + F16C";
-  if (!default_vectorized_) GTEST_SKIP() << "KVARENA_CPU_KERNELS=portable";
-  EXPECT_EQ(cpu_internal::SelectAttendTile(128), &cpu_internal::Avx2AttendTile);
-  EXPECT_EQ(cpu_internal::SelectAttendTile(36), &cpu_internal::PortableAttendTile);
-  TEST_ForcePortableKernels(true);
-  EXPECT_FALSE(CpuKernelsVectorized());
-  EXPECT_EQ(cpu_internal::SelectAttendTile(128), &cpu_internal::PortableAttendTile);
+// Each family the CPU has (up to KVARENA_CPU_KERNELS) is chosen by default where it applies, and
+// forcing a lower one (as the sweeps do) picks that one's tile; head dims a family does not handle
+// fall back.
+TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
+  using cpu_internal::SelectAttendTile;
+  const CpuKernels has = default_kernels_;  // what the CPU has, capped by KVARENA_CPU_KERNELS
+  std::printf("CPU kernels supported: %s, in use: %s\n", CpuKernelsName(CpuKernelsSupported()),
+              CpuKernelsName(has));
+  EXPECT_LE(int(has), int(CpuKernelsSupported()));
+  EXPECT_EQ(TileWith(CpuKernels::kPortable, 128, DType::kFloat16),
+            &cpu_internal::PortableAttendTile);
+  if (has >= CpuKernels::kAvx2) {
+    EXPECT_EQ(TileWith(CpuKernels::kAvx2, 128, DType::kBFloat16), &cpu_internal::Avx2AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx2, 36, DType::kFloat16), &cpu_internal::PortableAttendTile);
+  }
+  if (has >= CpuKernels::kAvx512) {
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kBFloat16),
+              &cpu_internal::Avx512AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kFloat16), &cpu_internal::Avx512AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 72, DType::kFloat16), &cpu_internal::Avx2AttendTile);
+  }
+  if (has >= CpuKernels::kAvx512Bf16) {
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, DType::kBFloat16),
+              &cpu_internal::Avx512Bf16AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, DType::kFloat16),
+              &cpu_internal::Avx512AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 48, DType::kBFloat16),
+              &cpu_internal::Avx512AttendTile);
+  }
+  // Forcing a family above what the CPU has gives what it has.
+  TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
+  EXPECT_EQ(CpuKernelsInUse(), default_kernels_);
+  EXPECT_EQ(CpuKernelsVectorized(), default_kernels_ != CpuKernels::kPortable);
+  // The sweeps run one variant per family in use, each with and without the pool.
+  EXPECT_EQ(VariantsFor(128, DType::kBFloat16).size(), 2 * size_t(int(default_kernels_) + 1));
 }
 
 // A batch of sequences with different lengths, evicted prefixes and positions, in one call:
 // each sequence's output matches its float64 reference, none is written past the batch,
-// with and without the pool, vectorised and portable.
+// with and without the pool, by every kernel family the machine has.
 TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
@@ -257,26 +312,25 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
           q_pos.push_back(pos);
           const std::vector<uint8_t> qb =
               RandomStored(dtype, size_t(num_q_heads) * n * layout.head_dim, rng_);
-          const std::vector<double> w = ReferenceAttention(*layers.back(), DecodeAll(dtype, qb),
-                                                           num_q_heads, pos, n, params.scale, window);
+          const std::vector<double> w = ReferenceAttention(
+              *layers.back(), DecodeAll(dtype, qb), num_q_heads, pos, n, params.scale, window);
           q.insert(q.end(), qb.begin(), qb.end());
           want.insert(want.end(), w.begin(), w.end());
         }
         const double out_rel = dtype == DType::kFloat16    ? 0x1p-11
                                : dtype == DType::kBFloat16 ? 0x1p-8
                                                            : 0.0;
-        for (const Variant variant : kVariants) {
-          SCOPED_TRACE(::testing::Message()
-                       << DTypeName(dtype) << " batch=" << batch << " n=" << n << " window="
-                       << window << (variant.portable ? " portable" : " vectorised")
-                       << (variant.pooled ? " pooled" : " no-pool"));
-          TEST_ForcePortableKernels(variant.portable);
+        for (const Variant& variant : VariantsFor(layout.head_dim, dtype)) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " batch=" << batch << " n=" << n
+                                            << " window=" << window << " " << VariantName(variant));
+          TEST_ForceCpuKernels(variant.kernels);
           std::vector<uint8_t> out(q.size() + 64, 0xFF);
           PagedAttentionBatch(views.data(), q_pos.data(), batch, params, q.data(), out.data(),
                               variant.pooled ? &pool_ : nullptr);
-          TEST_ForcePortableKernels(false);
-          EXPECT_TRUE(std::all_of(out.begin() + q.size(), out.end(), [](uint8_t b) { return b == 0xFF; }))
-              << "wrote past the output";
+          TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
+          EXPECT_TRUE(std::all_of(out.begin() + q.size(), out.end(), [](uint8_t b) {
+            return b == 0xFF;
+          })) << "wrote past the output";
           out.resize(q.size());
           const std::vector<double> got = DecodeAll(dtype, out);
           const size_t per_seq = want.size() / size_t(batch);
@@ -286,7 +340,8 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
             if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
               ++bad;
               ADD_FAILURE() << "sequence " << i / per_seq << " (q_pos " << q_pos[i / per_seq]
-                            << ") element " << i % per_seq << ": got " << got[i] << " want " << want[i];
+                            << ") element " << i % per_seq << ": got " << got[i] << " want "
+                            << want[i];
             }
           }
         }

@@ -27,8 +27,12 @@ inline constexpr int kTileTokens = 32;
 struct AttendTileArgs {
   DType dtype = DType::kFloat32;  // K/V storage type
   int head_dim = 0;
-  int rows = 0;                       // query rows (GQA heads x queries) of this kv head
-  const float* q = nullptr;           // [rows][head_dim], pre-scaled by scale * log2(e)
+  int rows = 0;              // query rows (GQA heads x queries) of this kv head
+  const float* q = nullptr;  // [rows][head_dim], pre-scaled by scale * log2(e)
+  // bf16 caches only: q as stored, unscaled, and the factor q carries (scale * log2(e)),
+  // for the tile that multiplies bf16 q by bf16 K exactly and scales the sums.
+  const uint16_t* q_bf16 = nullptr;  // [rows][head_dim]
+  float q_scale = 0;
   const int64_t* row_lo = nullptr;    // [rows] first visible key position per row
   const int64_t* row_hi = nullptr;    // [rows] last visible key position (inclusive)
   int64_t pos0 = 0;                   // absolute position of tile token 0
@@ -51,22 +55,18 @@ struct AttendTileArgs {
 using AttendTileFn = void (*)(const AttendTileArgs& args);
 
 void PortableAttendTile(const AttendTileArgs& args);
-// REQUIRES: CpuHasAvx2FmaF16c() and head_dim % 8 == 0.
+// REQUIRES: CpuKernelsSupported() >= kAvx2 and head_dim % 8 == 0.
 void Avx2AttendTile(const AttendTileArgs& args);
+// REQUIRES: CpuKernelsSupported() >= kAvx512 and head_dim % 16 == 0.
+void Avx512AttendTile(const AttendTileArgs& args);
+// REQUIRES: CpuKernelsSupported() == kAvx512Bf16, dtype bf16, head_dim % 32 == 0, q_bf16.
+void Avx512Bf16AttendTile(const AttendTileArgs& args);
 
-// Whether this CPU (and OS) runs AVX2, FMA and F16C code.
-bool CpuHasAvx2FmaF16c();
-
-// The tile function PagedAttention uses for this head_dim: AVX2 when supported, not
-// forced off and head_dim % 8 == 0, portable otherwise.
-AttendTileFn SelectAttendTile(int head_dim);
+// The tile function PagedAttention uses for this head_dim and dtype: the best of the
+// kernels in use (CpuKernelsInUse()) that handles them.
+AttendTileFn SelectAttendTile(int head_dim, DType dtype);
 
 }  // namespace cpu_internal
-
-// Test hook: force the portable kernels (true), or go back to the default (false): AVX2
-// where the CPU has it, unless KVARENA_CPU_KERNELS=portable was set at start-up.
-void TEST_ForcePortableKernels(bool force);
-
 }  // namespace kvarena
 
 #endif  // KVARENA_KERNELS_CPU_ATTENTION_TILE_H_

@@ -22,13 +22,13 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/tile_prefetcher.h"
+#include "kernels/cpu/tile_row_ranges.h"
 
 namespace kvarena::cpu_internal {
 namespace {
 
 using namespace avx2;  // NOLINT: this unit's vocabulary
-
-int ClampToTile(int64_t x, int tokens) { return x < 0 ? 0 : x > tokens ? tokens : int(x); }
 
 // scores[r][t + j] = q[r] . K[t + j] for r < RB, j < TB.
 // q: [RB][dim]; k: token pointers (+ off); scores: [RB][kTileTokens].
@@ -76,7 +76,7 @@ void ScoreTokens(const float* q, int dim, const uint8_t* const* k, size_t off, i
 // latency times the FMA ports) over all but the last few tokens.
 template <class E, int RB>
 void ScoreBlock(const float* q, int dim, const uint8_t* const* k, size_t off, int a, int b,
-                float* scores, Prefetcher& prefetch) {
+                float* scores, TilePrefetcher& prefetch) {
   constexpr int TB = 8 / RB;
   int t = a;
   for (; t + TB <= b; t += TB) {
@@ -136,26 +136,17 @@ void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* 
 }
 
 template <class E, int RB>
-void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, Prefetcher& prefetch) {
-  int first[RB], last[RB];
-  int a = args.tokens, b = 0;
-  for (int r = 0; r < RB; ++r) {
-    first[r] = ClampToTile(args.row_lo[r0 + r] - args.pos0, args.tokens);
-    last[r] = ClampToTile(args.row_hi[r0 + r] + 1 - args.pos0, args.tokens);
-    if (first[r] < last[r]) {
-      a = Min(a, first[r]);
-      b = Max(b, last[r]);
-    }
-  }
-  if (a >= b) return;
+void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePrefetcher& prefetch) {
+  const TileRowRanges<RB> rows(args, r0);
+  if (rows.empty()) return;
+  const int a = rows.a, b = rows.b;
   const int dim = args.head_dim;
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
   ScoreBlock<E, RB>(q + size_t(r0) * dim, dim, args.k, args.head_offset, a, b, scores, prefetch);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;
-    for (int t = a; t < Min(first[r], b); ++t) s[t] = kNegInf;
-    for (int t = Max(last[r], a); t < b; ++t) s[t] = kNegInf;
+    rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
   AccumulateBlock<E, RB>(scores, corr, dim, args.v, args.head_offset, a, b,
@@ -164,7 +155,7 @@ void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, Prefetch
 
 template <class E>
 void AttendTile(const AttendTileArgs& args) {
-  Prefetcher prefetch(args, size_t(args.head_dim) * E::kBytes);
+  TilePrefetcher prefetch(args, size_t(args.head_dim) * E::kBytes);
   const float* q = args.q;
   int r0 = 0;
   while (r0 < args.rows) {
@@ -200,7 +191,7 @@ void Avx2AttendTile(const AttendTileArgs& args) {
 
 }  // namespace kvarena::cpu_internal
 
-#else  // not built for x86-64: CpuHasAvx2FmaF16c() is false, so this is never called.
+#else  // not built for x86-64: CpuKernelsSupported() is kPortable, so never called.
 
 namespace kvarena::cpu_internal {
 void Avx2AttendTile(const AttendTileArgs&) {}

@@ -1,35 +1,17 @@
-// Portable C++ implementation of the attention tile step (see attention_tile.h), and the
-// run-time choice between it and the AVX2 one.
+// Portable C++ implementation of the attention tile step (see attention_tile.h).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/dtype_convert.h"
-#include "kernels/cpu/kv_kernels.h"
 
 namespace kvarena {
 namespace cpu_internal {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// KVARENA_CPU_KERNELS=portable: the portable kernels from start-up on.
-const bool env_portable = [] {
-  const char* env = std::getenv("KVARENA_CPU_KERNELS");
-  return env != nullptr && std::strcmp(env, "portable") == 0;
-}();
-std::atomic<bool> force_portable{false};  // TEST_ForcePortableKernels
-
-bool UsePortable() { return env_portable || force_portable.load(std::memory_order_relaxed); }
 
 // Eight partial sums: independent chains the compiler can also keep in vector registers.
 float Dot(const float* a, const float* b, int n) {
@@ -116,36 +98,5 @@ void PortableAttendTile(const AttendTileArgs& args) {
   }
 }
 
-bool CpuHasAvx2FmaF16c() {
-#if defined(__x86_64__)
-  static const bool has = [] {
-    __builtin_cpu_init();
-    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
-AttendTileFn SelectAttendTile(int head_dim) {
-  if (!UsePortable() && head_dim % 8 == 0 && CpuHasAvx2FmaF16c()) {
-    return &Avx2AttendTile;
-  }
-  return &PortableAttendTile;
-}
-
 }  // namespace cpu_internal
-
-void TEST_ForcePortableKernels(bool force) {
-  cpu_internal::force_portable.store(force, std::memory_order_relaxed);
-}
-
-bool CpuKernelsVectorized() {
-  return !cpu_internal::UsePortable() && cpu_internal::CpuHasAvx2FmaF16c();
-}
-
 }  // namespace kvarena

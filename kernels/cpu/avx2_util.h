@@ -1,5 +1,5 @@
 // Vector helpers for the AVX2 attention tile: element formats, horizontal reductions,
-// exp2, the online-softmax row update and the next-tile prefetcher.
+// exp2 and the online-softmax row update.
 //
 // Include ONLY from translation units built with -mavx2 -mfma -mf16c. Everything here
 // lives in kvarena::cpu_internal::avx2 and is inline, so every copy the linker may pick
@@ -91,35 +91,6 @@ inline __m256 Exp2(__m256 x) {
 inline __m256i FirstLanes(int count) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
-
-// Prefetches the next tile's K and V of one head into L2 a few tokens at a time, so the
-// requests spread over the computation instead of stalling it in one burst. (The
-// hardware prefetchers do not follow the per-head walk: 256 bytes every TokenBytes.)
-class Prefetcher {
- public:
-  Prefetcher() = default;
-  Prefetcher(const AttendTileArgs& args, size_t head_bytes)
-      : k_(args.next_k),
-        v_(args.next_v),
-        n_(args.next_tokens),
-        off_(args.head_offset),
-        bytes_(head_bytes) {}
-  void Step(int tokens) {
-    for (const int end = Min(n_, next_ + tokens); next_ < end; ++next_) {
-      for (size_t b = 0; b < bytes_; b += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(k_[next_] + off_ + b), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(v_[next_] + off_ + b), _MM_HINT_T1);
-      }
-    }
-  }
-  void Rest() { Step(n_); }
-
- private:
-  const uint8_t* const* k_ = nullptr;
-  const uint8_t* const* v_ = nullptr;
-  int n_ = 0, next_ = 0;
-  size_t off_ = 0, bytes_ = 0;
-};
 
 // Turns scores[a, b) of one row into weights 2^(s - m_new) (masked entries are -inf and
 // become 0), updates m and l, and returns the factor that rescales the old acc.

@@ -58,7 +58,8 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
 bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int batch,
                          const AttentionParams& params, const void* q, void* out, ThreadPool* pool);
 
-// Whether the vectorised (AVX2 + FMA + F16C) path is in use on this CPU.
+// Whether a vectorised (AVX2 or AVX-512) path is in use on this CPU (cpu_kernels.h says
+// which).
 bool CpuKernelsVectorized();
 
 }  // namespace kvarena

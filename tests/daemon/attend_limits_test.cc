@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/daemon/rpc_test_util.h"
 
 namespace kvarena {
@@ -109,6 +110,66 @@ TEST_F(AttendLimitsTest, APrefillItsCallerCancelsStopsAndChangesNothing) {
               StatusIs(StatusCode::CANCELLED));
   EXPECT_EQ(CacheStatsAfter("cancel").pages().seq_len(), 0u);
   EXPECT_TRUE(Snapshot(id_) == before) << "the cache changed";
+}
+
+// A long Attend runs on the daemon's pool and holds its cache; calls that then wait for
+// that cache's lock go to the pool too (daemon/busy_caches.h), so gRPC's few callback
+// threads keep reading: with 64 such calls queued, the health service and Ping on another
+// channel are answered while the Attend still runs. (Were those calls run on the callback
+// threads, they would hold every one of them until the Attend ended.)
+TEST_F(AttendLimitsTest, CallsQueuedOnABusyCacheLeaveEveryoneElseServed) {
+  StartDaemon({"--arena_bytes=256Mi", "--max_attend_work=" + std::to_string(int64_t{1} << 40)});
+  const v1::AttendRequest req = Prefill(kQueries, 1, kHeadDim);
+  grpc::ClientContext attend_ctx;
+  attend_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+  std::atomic<bool> attend_done{false};
+  std::thread attend([&] {
+    v1::AttendResponse resp;
+    stub_->Attend(&attend_ctx, req, &resp);
+    attend_done = true;
+  });
+  // The Attend holds the cache once a Describe of it cannot get its lock in 100 ms.
+  auto probe = v1::KvCacheService::NewStub(daemon_->NewChannel());
+  bool held = false;
+  for (int i = 0; i < 600 && !held && !attend_done; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+    v1::DescribeRequest d;
+    d.set_cache_id(id_);
+    v1::DescribeResponse resp;
+    held = probe->Describe(&ctx, d, &resp).error_code() == StatusCode::DEADLINE_EXCEEDED;
+  }
+  ASSERT_TRUE(held) << "the Attend never held its cache";
+
+  constexpr int kWaiters = 64;
+  std::vector<std::unique_ptr<grpc::ClientContext>> waiter_ctx;
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiter_ctx.push_back(Ctx());
+    waiter_ctx.back()->set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(5)));
+    waiters.emplace_back([&, ctx = waiter_ctx.back().get()] {
+      v1::PopnRequest popn;
+      popn.set_cache_id(id_);
+      v1::PopnResponse resp;
+      stub_->Popn(ctx, popn, &resp);  // answered once the Attend ends, however it ends
+    });
+  }
+  absl::SleepFor(absl::Seconds(1));  // lets the waiters reach the daemon (not an assertion)
+
+  auto channel = daemon_->NewChannel();
+  grpc::ClientContext health_ctx;
+  health_ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::health::v1::HealthCheckResponse health;
+  EXPECT_TRUE(grpc::health::v1::Health::NewStub(channel)
+                  ->Check(&health_ctx, grpc::health::v1::HealthCheckRequest(), &health)
+                  .ok());
+  v1::PingResponse pong;
+  EXPECT_TRUE(
+      v1::KvCacheService::NewStub(channel)->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
+  EXPECT_FALSE(attend_done) << "the Attend ended first: nothing was shown";
+  attend_ctx.TryCancel();
+  attend.join();
+  for (std::thread& t : waiters) t.join();
 }
 
 // The default --max_attend_work (2^37) refuses 65,536 queries x 65,536 keys x 64 q heads

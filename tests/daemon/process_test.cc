@@ -117,11 +117,20 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
                            "--session_grace", "--metrics_port", "--metrics_address",
                            "--num_threads", "--fd_socket", "--socket_mode", "--socket_group",
                            "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
-                           "--auth_token_file"}) {
+                           "--auth_token_file", "--mutex_deadlock_detection"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));
   EXPECT_THAT(out, HasSubstr("default: 1Gi"));
+}
+
+// Off by default (its cost is per lock); on, abseil checks every lock's order and the
+// daemon serves as before.
+TEST_F(ProcessTest, ServesWithAbseilDeadlockDetectionOn) {
+  StartDaemon({"--mutex_deadlock_detection", "--arena_bytes=64Mi"});
+  v1::PingResponse pong;
+  EXPECT_TRUE(stub_->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
+  EXPECT_EQ(Stats().num_caches(), 0u);
 }
 
 TEST_F(ProcessTest, AutoPicksCudaOnlyWhereADeviceIsUsable) {
