@@ -76,7 +76,7 @@ struct CacheContext {
   const RequestLimits* limits = nullptr;
   size_t max_reply_bytes = 0;
   // Called with no pool lock held when `pool` cannot find n pages: reclaims cached pages
-  // of the arena's other pools (KvStore::Impl::TrimOtherPools); true when that gave
+  // of the arena's other pools (PoolSet::TrimOthers); true when that gave
   // enough budget back to try again.
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
   int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide

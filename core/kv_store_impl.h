@@ -1,21 +1,19 @@
-// The state behind KvStore, shared by its implementation files (kv_store.cc: caches and
-// pools; kv_store_sessions.cc; kv_store_views.cc: stats, the cache list;
+// The state behind KvStore, shared by its implementation files (kv_store.cc: caches;
+// kv_store_sessions.cc; kv_store_views.cc: stats, the cache list;
 // kv_store_local.cc: the local path; kv_store_prefix.cc: SetTokens, Fork, trimming;
 // kv_store_regions.cc: sharing; kv_store_audit.cc: the TEST_ audit).
 // Internal to core/.
 //
-// Thread-safety: as KvStore; `mu` guards the maps, each cache and pool locks itself.
-// Pools are shared with the caches drawn from them: a pool leaves the maps when its last
-// cache is released and is destroyed (its memory given back) when the last cache object
-// referring to it goes.
+// Thread-safety: as KvStore; `mu` guards the cache maps, the pool set, each cache and pool
+// lock themselves. The pool set changes (a pool created or dropped, a cache counted) only
+// under `mu`, so an Allocate's pool and its count are one step no drop can split.
+// (core/pool_set.h: the pools.)
 #ifndef KVARENA_CORE_KV_STORE_IMPL_H_
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
 #include <atomic>
-#include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,6 +24,7 @@
 #include "core/kv_cache.h"
 #include "core/kv_store.h"
 #include "core/page_pool.h"
+#include "core/pool_set.h"
 #include "core/quota.h"
 #include "core/session_table.h"
 #include "core/validate.h"
@@ -33,11 +32,11 @@
 
 namespace kvarena {
 
-using PoolKey = std::tuple<int, int, int, int>;  // dtype, page_size, kv heads, head_dim
-
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
-      : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
+      : options(o),
+        backend(std::move(b)),
+        scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
         metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
@@ -45,7 +44,8 @@ struct KvStore::Impl {
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions, o.max_sessions_per_peer),
-        sessionless(NewQuota()) {
+        sessionless(NewQuota()),
+        pools(backend.get(), &budget, o.max_pools, o.empty_chunks_kept, &pool_counters) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
@@ -61,24 +61,9 @@ struct KvStore::Impl {
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
                                                 bool check_owner = true) const;
   absl::Status CheckSession(const std::string& session) const;
-  // The pool for a resolved spec, created when new (*created set).
-  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, bool* created)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
-  bool DropPoolIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
   // workers when that emptied a pool.
   void Remove(const std::shared_ptr<KvCache>& cache);
-  // Drops every pool no cache draws from and that caches no page; returns how many.
-  int DropIdlePoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
-  // that much went back — only if they can give it all, so a refusal changes nothing.
-  // True when it freed the shortfall. Takes no store lock (pools_mu only): callers hold
-  // caches' locks.
-  bool TrimOtherPools(const PagePool* pool, int64_t n);
-  // pool->Allocate, retried once after TrimOtherPools when the arena is full.
-  absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
-                             std::vector<int32_t>* committed);
   CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
   // A session's quota (the sessionless caches share one), its metadata inside `metadata`.
   std::shared_ptr<Quota> NewQuota() {
@@ -115,22 +100,14 @@ struct KvStore::Impl {
   PoolCounters pool_counters;
   SessionTable sessions;
   const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session
+  PoolSet pools;  // changed only under mu (see above); destroyed before events
 
   mutable absl::Mutex mu;
-  std::map<PoolKey, std::shared_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
-  std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
-  uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
-  // Ids of caches an Allocate is building outside the lock (counted in caches_per_pool
-  // and against max_caches; nobody else can take the id or see the cache yet).
+  // Ids of caches an Allocate is building outside the lock (counted in their pool and
+  // against max_caches; nobody else can take the id or see the cache yet).
   absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, int64_t> caches_per_pool ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
-
-  // The pools again, for TrimOtherPools, which runs under cache locks (so cannot take mu).
-  // Lock order: mu -> pools_mu; nothing is locked while pools_mu is held.
-  mutable absl::Mutex pools_mu ABSL_ACQUIRED_AFTER(mu);
-  std::vector<std::shared_ptr<PagePool>> live_pools ABSL_GUARDED_BY(pools_mu);
 };
 
 }  // namespace kvarena

@@ -54,8 +54,7 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
     r.scratch = true;
     out.push_back(r);
   }
-  absl::ReaderMutexLock lock(&impl_->mu);
-  for (const auto& [id, p] : impl_->pools_by_id) out.push_back(PoolRegionInfo(*p));
+  for (const PoolSet::Entry& e : impl_->pools.List()) out.push_back(PoolRegionInfo(*e.pool));
   return out;
 }
 
@@ -76,13 +75,10 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     if (!r.ok()) return r.status();
     region = *std::move(r);
   } else {
-    absl::ReaderMutexLock lock(&impl_->mu);
-    auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
-    if (it == impl_->pools_by_id.end()) {
-      return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
-    }
+    std::shared_ptr<PagePool> pool = region_id == 0 ? nullptr : impl_->pools.Find(region_id - 1);
+    if (pool == nullptr) return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
     // The pool may be dropped meanwhile; its region lives while we export.
-    region = std::shared_ptr<const Region>(it->second, &it->second->region());
+    region = std::shared_ptr<const Region>(pool, &pool->region());
   }
   return region->ExportPiecesAfter(after_generation, first, max_pieces, total);
 }
@@ -112,12 +108,9 @@ absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, 
 }
 
 absl::StatusOr<uint8_t*> KvStore::PoolBase(uint64_t pool_id) const {
-  absl::ReaderMutexLock lock(&impl_->mu);
-  auto it = impl_->pools_by_id.find(pool_id);
-  if (it == impl_->pools_by_id.end()) {
-    return absl::NotFoundError(absl::StrCat("pool ", pool_id, " not found"));
-  }
-  return it->second->base();
+  std::shared_ptr<PagePool> pool = impl_->pools.Find(pool_id);
+  if (pool == nullptr) return absl::NotFoundError(absl::StrCat("pool ", pool_id, " not found"));
+  return pool->base();
 }
 
 }  // namespace kvarena
