@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -39,17 +40,23 @@ absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& 
   return cache;
 }
 
-absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec, bool* created) {
+PoolKey KvStore::Impl::KeyOfLocked(const PagePool& pool) const {
+  const PageLayout& l = pool.layout();
+  return PoolKey{pool_owner.at(pool.id()), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec, const std::string& owner,
+                                                                 bool* created) {
   *created = false;
-  const PoolKey key{int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
     // A pool kept only for its cached pages gives way to a geometry in use.
     for (const auto& [id, p] : pools_by_id) {
       if (auto n = caches_per_pool.find(id); n != caches_per_pool.end() && n->second > 0) continue;
-      const PageLayout& l = p->layout();
-      pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+      pools.erase(KeyOfLocked(*p));
+      pool_owner.erase(id);
       caches_per_pool.erase(id);
       {
         absl::MutexLock lock(&pools_mu);
@@ -73,6 +80,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
   pools_by_id.emplace(id, p);
+  pool_owner.emplace(id, owner);
   {
     absl::MutexLock lock(&pools_mu);
     live_pools.push_back(p);
@@ -88,8 +96,8 @@ bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
   // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
   // give way to other pools' allocations (TrimOtherPools) and to new geometries (PoolFor).
   if (pool->pages_cached() > 0) return false;
-  const PageLayout& l = pool->layout();
-  pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+  pools.erase(KeyOfLocked(*pool));
+  pool_owner.erase(pool->id());
   caches_per_pool.erase(pool->id());
   {
     absl::MutexLock lock(&pools_mu);
@@ -196,7 +204,8 @@ KvStore::~KvStore() {
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
                                             const std::string& cache_id,
-                                            const AllocateOptions& options) {
+                                            const AllocateOptions& options,
+                                            const std::string& owner) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
@@ -212,7 +221,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
   std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
-  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  const std::optional<std::string> pool_owner = session.empty() ? owner : im.sessions.OwnerOf(session);
+  if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);  // detached meanwhile
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
@@ -240,7 +250,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
     if (refused.ok()) {
-      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, &created);
+      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, *pool_owner, &created);
       if (p.ok()) pool = *std::move(p);
       else refused = p.status();
     }

@@ -151,10 +151,13 @@ class KvStore {
   // spec.prefix_namespace, adopts the longest cached prefix of them (CacheInfo.cached_tokens:
   // a multiple of page_size below the prompt's length, filled on every layer; the caller
   // computes positions from there on). INVALID_ARGUMENT for a negative id or more than
-  // max_request_tokens of them.
+  // max_request_tokens of them. `owner` is whose the cache is when session is "" (the
+  // daemon's tenant; a session's caches are its owner's, SessionPeer::owner): its pages
+  // come from that owner's pool of the geometry.
   absl::StatusOr<CacheInfo> Allocate(const std::string& session, const CacheSpec& spec,
                                      const std::string& cache_id,
-                                     const AllocateOptions& options = {});
+                                     const AllocateOptions& options = {},
+                                     const std::string& owner = "");
 
   // Dense append of n tokens to one layer: pos must equal the layer's length.
   // k, v: [1, num_kv_heads, n, head_dim] in the cache's dtype.
@@ -246,8 +249,10 @@ class KvStore {
   // Whether session_id is held and owns cache_id.
   bool SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const;
 
-  // Zero-copy data plane. The regions a session may map (pools grow new entries as new
-  // geometries appear); FAILED_PRECONDITION for no or an unknown session.
+  // Zero-copy data plane. The regions a session may map: its scratch region and its
+  // owner's pools (new entries as new geometries appear; another owner's pools are never
+  // listed nor exported: NOT_FOUND, as for an unknown id); FAILED_PRECONDITION for no or
+  // an unknown session.
   absl::StatusOr<std::vector<RegionInfo>> SessionRegions(const std::string& session) const;
   // The fds a peer maps to see one region (new fds the caller owns); with
   // after_generation, only the pieces committed since. One page of them, as

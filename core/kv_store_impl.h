@@ -33,7 +33,20 @@
 
 namespace kvarena {
 
-using PoolKey = std::tuple<int, int, int, int>;  // dtype, page_size, kv heads, head_dim
+// A pool per owner (tenant; "" without tenants) and geometry: two owners never share a
+// pool, so a session maps only its own owner's pages.
+struct PoolKey {
+  std::string owner;
+  int dtype = 0;
+  int page_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  friend bool operator<(const PoolKey& a, const PoolKey& b) {
+    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
+           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
+  }
+  friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
+};
 
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
@@ -61,9 +74,15 @@ struct KvStore::Impl {
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
                                                 bool check_owner = true) const;
   absl::Status CheckSession(const std::string& session) const;
-  // The pool for a resolved spec, created when new (*created set).
-  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, bool* created)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // owner's pool for a resolved spec, created when new (*created set).
+  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
+                                                    bool* created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The key `pool` is filed under (REQUIRES: it is in the maps).
+  PoolKey KeyOfLocked(const PagePool& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu);
+  // Whether a caller of `owner` may see and map pool `id` (REQUIRES: it is in the maps).
+  bool PoolOwnedByLocked(uint64_t id, const std::string& owner) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return pool_owner.at(id) == owner;
+  }
   // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
   bool DropPoolIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
@@ -119,6 +138,7 @@ struct KvStore::Impl {
   mutable absl::Mutex mu;
   std::map<PoolKey, std::shared_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
   std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, std::string> pool_owner ABSL_GUARDED_BY(mu);  // PoolKey::owner
   uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
   // Ids of caches an Allocate is building outside the lock (counted in caches_per_pool
