@@ -220,15 +220,14 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
+  std::shared_ptr<Quota> quota = session.empty() ? im.SessionlessOf(owner) : im.sessions.QuotaOf(session);
   const std::optional<std::string> pool_owner = session.empty() ? owner : im.sessions.OwnerOf(session);
   if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);  // detached meanwhile
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
-    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
-        "allocate: ", session.empty() ? "the caches without a session" : "the session",
-        " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+    return RefusedError(quota->CachesRefusal(), absl::StrCat(
+        "allocate: ", quota->DescribeCaches(session.empty() ? "the caches without a session" : "the session")));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
   // The id and the pool are reserved under the map lock; the cache is built, and its

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,13 @@
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
+
+// What one owner's caches may hold together; 0: no bound. Refusals are RESOURCE_EXHAUSTED
+// naming the owner as "tenant 'NAME'" and the bound (max_caches, max_pages).
+struct OwnerBounds {
+  int64_t max_caches = 0;  // live caches, sessionless ones included
+  int64_t max_pages = 0;   // pages its caches hold, each counted once per cache holding it
+};
 
 struct StoreOptions {
   size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
@@ -63,6 +71,10 @@ struct StoreOptions {
   int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
                                           // one session, for this bound and the next
   int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota
+  // Bounds on what one owner (SessionPeer::owner, Allocate's owner: the daemon's tenant)
+  // holds across its sessions and its sessionless caches together (core/quota.h); the
+  // sessionless caches of each owner listed here count as their own one session.
+  std::map<std::string, OwnerBounds> owners;
   int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
                                           // (INVALID_ARGUMENT beyond)
   // Queries x keys attended x q heads of one Attend (keys: an upper bound, all the call can

@@ -159,6 +159,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_caches = options.max_caches;
   store_options.max_caches_per_session = options.max_caches_per_session;
   store_options.session_max_pages = options.session_max_pages;
+  if (d->tenants_ != nullptr) {
+    // Every tenant gets its own quota (its sessionless caches apart from the others'),
+    // bounded by its line's max_caches / max_pages.
+    for (const Tenant& t : d->tenants_->all()) {
+      if (!t.operator_role) store_options.owners[t.name] = OwnerBounds{t.max_caches, t.max_pages};
+    }
+  }
   store_options.max_request_tokens = options.max_request_tokens;
   store_options.max_attend_work = options.max_attend_work;
   store_options.max_reply_bytes = options.max_message_bytes;
