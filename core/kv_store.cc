@@ -227,7 +227,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
     return RefusedError(quota->CachesRefusal(), absl::StrCat(
-        "allocate: ", quota->DescribeCaches(session.empty() ? "the caches without a session" : "the session")));
+        "allocate: ", quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                          : "the session")));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
   // The id and the pool are reserved under the map lock; the cache is built, and its

@@ -90,7 +90,8 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   }
   if (!quota->TryAddCache()) {
     return RefusedError(quota->CachesRefusal(), absl::StrCat(
-        "fork: ", quota->DescribeCaches(session.empty() ? "the caches without a session" : "the session")));
+        "fork: ", quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                          : "the session")));
   }
   // Built outside the map lock (it waits for src's lock); the cache counts in the quota
   // from here and gives everything back when dropped.
