@@ -45,7 +45,8 @@ PoolKey KvStore::Impl::KeyOfLocked(const PagePool& pool) const {
   return PoolKey{pool_owner.at(pool.id()), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
 }
 
-absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec, const std::string& owner,
+absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec,
+                                                                 const std::string& owner,
                                                                  bool* created) {
   *created = false;
   const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
@@ -220,15 +221,20 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  std::shared_ptr<Quota> quota = session.empty() ? im.SessionlessOf(owner) : im.sessions.QuotaOf(session);
-  const std::optional<std::string> pool_owner = session.empty() ? owner : im.sessions.OwnerOf(session);
-  if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);  // detached meanwhile
+  std::shared_ptr<Quota> quota =
+      session.empty() ? im.SessionlessOf(owner) : im.sessions.QuotaOf(session);
+  const std::optional<std::string> pool_owner =
+      session.empty() ? owner : im.sessions.OwnerOf(session);
+  // Null or none: the session detached meanwhile.
+  if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
-    return RefusedError(quota->CachesRefusal(), absl::StrCat(
-        "allocate: ", quota->DescribeCaches(session.empty() ? "the set of caches without a session"
-                                                          : "the session")));
+    return RefusedError(
+        quota->CachesRefusal(),
+        absl::StrCat("allocate: ",
+                     quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                           : "the session")));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
   // The id and the pool are reserved under the map lock; the cache is built, and its

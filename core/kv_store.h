@@ -36,8 +36,8 @@
 #include "absl/time/time.h"
 #include "arena/region.h"
 #include "core/clock.h"
-#include "core/session_table.h"
 #include "core/prefix_events.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 

@@ -94,9 +94,9 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   }
   for (const auto& [quota, use] : per_owner) {
     if (quota->pages() != use.pages || quota->caches() != use.caches) {
-      return absl::InternalError(absl::StrCat("an owner's quota counts ", quota->pages(), " pages and ",
-                                              quota->caches(), " caches but its caches hold ", use.pages,
-                                              " and number ", use.caches));
+      return absl::InternalError(
+          absl::StrCat("an owner's quota counts ", quota->pages(), " pages and ", quota->caches(),
+                       " caches but its caches hold ", use.pages, " and number ", use.caches));
     }
   }
   if (impl_->metadata.used() != metadata) {

@@ -50,7 +50,9 @@ struct PoolKey {
 
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
-      : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
+      : options(o),
+        backend(std::move(b)),
+        scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
         metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
@@ -77,11 +79,13 @@ struct KvStore::Impl {
   absl::Status CheckSession(const std::string& session) const;
   // owner's pool for a resolved spec, created when new (*created set).
   absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
-                                                    bool* created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                                                    bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The key `pool` is filed under (REQUIRES: it is in the maps).
   PoolKey KeyOfLocked(const PagePool& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu);
   // Whether a caller of `owner` may see and map pool `id` (REQUIRES: it is in the maps).
-  bool PoolOwnedByLocked(uint64_t id, const std::string& owner) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  bool PoolOwnedByLocked(uint64_t id, const std::string& owner) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu) {
     return pool_owner.at(id) == owner;
   }
   // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
@@ -151,10 +155,12 @@ struct KvStore::Impl {
   };
   static std::map<std::string, OwnerQuotas> OwnersOf(const StoreOptions& o, ByteBudget* metadata) {
     std::map<std::string, OwnerQuotas> out;
-    for (const auto& [owner, bounds] : o.owners) out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages);
+    for (const auto& [owner, bounds] : o.owners) {
+      out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages);
+    }
     for (auto& [owner, q] : out) {
-      q.sessionless = std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages, o.session_metadata_bytes,
-                                              metadata, q.total);
+      q.sessionless = std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages,
+                                              o.session_metadata_bytes, metadata, q.total);
     }
     return out;
   }

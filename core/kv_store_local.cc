@@ -89,8 +89,9 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   };
   for (const auto& [quota, n] : charge) {
     if (!quota->TryChargePages(n)) {
-      return undo(RefusedError(quota->PagesRefusal(n), absl::StrCat(
-          "reserve: needs ", n, " page(s) but ", quota->DescribePages(n))));
+      return undo(RefusedError(
+          quota->PagesRefusal(n),
+          absl::StrCat("reserve: needs ", n, " page(s) but ", quota->DescribePages(n))));
     }
     charged.emplace_back(quota, n);
   }

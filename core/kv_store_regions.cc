@@ -4,9 +4,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/refusal.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -60,7 +60,8 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
   const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
   absl::ReaderMutexLock lock(&impl_->mu);
   for (const auto& [id, p] : impl_->pools_by_id) {
-    if (owner.has_value() && impl_->PoolOwnedByLocked(id, *owner)) out.push_back(PoolRegionInfo(*p));
+    if (owner.has_value() && impl_->PoolOwnedByLocked(id, *owner))
+      out.push_back(PoolRegionInfo(*p));
   }
   return out;
 }
@@ -86,7 +87,8 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     absl::ReaderMutexLock lock(&impl_->mu);
     auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
     // Another owner's pool is as unknown to this session as a pool that never was.
-    if (it == impl_->pools_by_id.end() || !owner.has_value() || !impl_->PoolOwnedByLocked(it->first, *owner)) {
+    if (it == impl_->pools_by_id.end() || !owner.has_value() ||
+        !impl_->PoolOwnedByLocked(it->first, *owner)) {
       return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
     }
     // The pool may be dropped meanwhile; its region lives while we export.

@@ -67,7 +67,8 @@ TEST_F(OwnerQuotaTest, MaxPagesRefusesAppendReserveAndForkChangingNothing) {
   // Append of 8 tokens in the session: 2 more pages, past a's 4 in all.
   absl::Status s = Fill(session_, "s1", 0, 8);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(s.message(), "append: layer 0 needs 2 page(s) but tenant 'a' holds 3 pages; its max_pages=4");
+  EXPECT_EQ(s.message(),
+            "append: layer 0 needs 2 page(s) but tenant 'a' holds 3 pages; its max_pages=4");
   EXPECT_EQ(RefusalOf(s), Refusal::kTenantMaxPages);
 
   s = store_->Reserve(session_, {CacheTokens{"s1", 8}}).status();
@@ -78,8 +79,9 @@ TEST_F(OwnerQuotaTest, MaxPagesRefusesAppendReserveAndForkChangingNothing) {
   // A fork holds every page it shares: 3 more.
   s = store_->Fork("", "n1", "f").status();
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("holds 3 page(s) to share or copy but tenant 'a' holds 3 pages; its max_pages=4"));
+  EXPECT_THAT(
+      std::string(s.message()),
+      HasSubstr("holds 3 page(s) to share or copy but tenant 'a' holds 3 pages; its max_pages=4"));
   EXPECT_EQ(RefusalOf(s), Refusal::kTenantMaxPages);
 
   // Nothing changed: no page, no length, no cache.

@@ -34,16 +34,19 @@ class Quota {
   // max_pages 0: no page bound. max_metadata_bytes 0: none beyond `metadata`, the daemon's
   // budget its charges also take from (may be null; it outlives the quota). `parent`: the
   // owner's quota this one sits inside (may be null).
-  Quota(int64_t max_caches, int64_t max_pages, size_t max_metadata_bytes = 0, ByteBudget* metadata = nullptr,
-        std::shared_ptr<Quota> parent = nullptr)
-      : max_caches_(max_caches), max_pages_(max_pages),
-        metadata_(max_metadata_bytes == 0 ? std::numeric_limits<size_t>::max() : max_metadata_bytes, metadata,
-                  "session_metadata_bytes"),
+  Quota(int64_t max_caches, int64_t max_pages, size_t max_metadata_bytes = 0,
+        ByteBudget* metadata = nullptr, std::shared_ptr<Quota> parent = nullptr)
+      : max_caches_(max_caches),
+        max_pages_(max_pages),
+        metadata_(max_metadata_bytes == 0 ? std::numeric_limits<size_t>::max() : max_metadata_bytes,
+                  metadata, "session_metadata_bytes"),
         parent_(std::move(parent)) {}
   // An owner's quota (a tenant's): max_caches / max_pages 0 mean no bound; refusals name
   // it ("tenant 'NAME'").
-  static std::shared_ptr<Quota> ForOwner(const std::string& owner, int64_t max_caches, int64_t max_pages) {
-    auto q = std::make_shared<Quota>(max_caches == 0 ? std::numeric_limits<int64_t>::max() : max_caches, max_pages);
+  static std::shared_ptr<Quota> ForOwner(const std::string& owner, int64_t max_caches,
+                                         int64_t max_pages) {
+    auto q = std::make_shared<Quota>(
+        max_caches == 0 ? std::numeric_limits<int64_t>::max() : max_caches, max_pages);
     q->owner_ = owner;
     return q;
   }
@@ -85,23 +88,25 @@ class Quota {
   // without a session").
   std::string DescribePages(int64_t n, absl::string_view self = "the session") const {
     if (const Quota* q = Refuser(n, &Quota::pages_, &Quota::max_pages_); q != this) {
-      return absl::StrCat("tenant '", q->owner_, "' holds ", q->pages(), " pages; its max_pages=", q->max_pages_);
+      return absl::StrCat("tenant '", q->owner_, "' holds ", q->pages(),
+                          " pages; its max_pages=", q->max_pages_);
     }
     return absl::StrCat(self, "'s caches hold ", pages(), " of session_max_pages=", max_pages_);
   }
   std::string DescribeCaches(absl::string_view self = "the session") const {
     if (const Quota* q = Refuser(1, &Quota::caches_, &Quota::max_caches_); q != this) {
-      return absl::StrCat("tenant '", q->owner_, "' holds ", q->caches(), " caches; its max_caches=", q->max_caches_);
+      return absl::StrCat("tenant '", q->owner_, "' holds ", q->caches(),
+                          " caches; its max_caches=", q->max_caches_);
     }
     return absl::StrCat(self, " holds ", caches(), " caches; max_caches_per_session=", max_caches_);
   }
   Refusal PagesRefusal(int64_t n) const {
     return Refuser(n, &Quota::pages_, &Quota::max_pages_) == this ? Refusal::kSessionMaxPages
-                                                                   : Refusal::kTenantMaxPages;
+                                                                  : Refusal::kTenantMaxPages;
   }
   Refusal CachesRefusal() const {
     return Refuser(1, &Quota::caches_, &Quota::max_caches_) == this ? Refusal::kMaxCachesPerSession
-                                                                     : Refusal::kTenantMaxCaches;
+                                                                    : Refusal::kTenantMaxCaches;
   }
 
   int64_t caches() const { return caches_.load(std::memory_order_relaxed); }
@@ -115,7 +120,8 @@ class Quota {
  private:
   // The first quota from this one up whose bound cannot take n more of `count` (this one
   // when none: a racing refund freed room meanwhile, and this holder is named).
-  const Quota* Refuser(int64_t n, std::atomic<int64_t> Quota::*count, const int64_t Quota::*max) const {
+  const Quota* Refuser(int64_t n, std::atomic<int64_t> Quota::*count,
+                       const int64_t Quota::*max) const {
     for (const Quota* q = this; q != nullptr; q = q->parent_.get()) {
       if (q->*max != 0 && n > q->*max - (q->*count).load(std::memory_order_relaxed)) return q;
     }

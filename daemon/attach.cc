@@ -162,7 +162,8 @@ std::string PeerHost(absl::string_view peer) {
 
 std::string PeerKey(absl::string_view peer, const PeerUids* uids) {
   if (std::string host = PeerHost(peer); !host.empty()) return "peer " + host;
-  if (std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt; uid.has_value()) {
+  if (std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt;
+      uid.has_value()) {
     return absl::StrCat("uid ", *uid);
   }
   return "";

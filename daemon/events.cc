@@ -31,10 +31,14 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq, std::string peer_key,
-               const Caller& caller)
-      : hub_(hub), ctx_(ctx), peer_key_(std::move(peer_key)), scope_(caller.tenant),
-        all_names_(SeesAllNames(caller)), next_(from_seq) {}
+  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq,
+               std::string peer_key, const Caller& caller)
+      : hub_(hub),
+        ctx_(ctx),
+        peer_key_(std::move(peer_key)),
+        scope_(caller.tenant),
+        all_names_(SeesAllNames(caller)),
+        next_(from_seq) {}
 
   const std::string& peer_key() const { return peer_key_; }  // PeerKey
 
@@ -194,10 +198,12 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
     } else if (int(streams_.size()) >= options_.max_watchers) {
       refused = RefusedError(Refusal::kMaxWatchers, absl::StrCat(
           "watch_events: ", streams_.size(), " streams are open; at most ", options_.max_watchers));
-    } else if (!key.empty() && peer != per_peer_.end() && peer->second >= options_.max_watchers_per_peer) {
-      refused = RefusedError(Refusal::kMaxWatchersPerPeer, absl::StrCat(
-          "watch_events: ", key, " holds ", peer->second,
-          " WatchEvents streams; max_watchers_per_peer=", options_.max_watchers_per_peer));
+    } else if (!key.empty() && peer != per_peer_.end() &&
+               peer->second >= options_.max_watchers_per_peer) {
+      refused = RefusedError(Refusal::kMaxWatchersPerPeer,
+                             absl::StrCat("watch_events: ", key, " holds ", peer->second,
+                                          " WatchEvents streams; max_watchers_per_peer=",
+                                          options_.max_watchers_per_peer));
     } else {
       auto* stream = new EventsStream(this, ctx, request.from_seq(), key, *caller);
       streams_.insert(stream);

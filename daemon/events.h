@@ -17,9 +17,9 @@
 // bound. At most one write in flight per stream, each of at most 256 events.
 // A watcher that does not read — more than max_backlog events were recorded while one of
 // its writes waited for it — is dropped: it gets nothing more, and once that write
-// completes it ends with RESOURCE_EXHAUSTED whose message and trailing metadata (kResumeFromSeqMetadataKey) name
-// the from_seq to watch again from. A client that never reads keeps its stream (and its
-// slot) until it goes away.
+// completes it ends with RESOURCE_EXHAUSTED whose message and trailing metadata
+// (kResumeFromSeqMetadataKey) name the from_seq to watch again from. A client that never reads
+// keeps its stream (and its slot) until it goes away.
 //
 // Lifetime: gRPC owns each reactor from Start() until its OnDone. BeginShutdown() ends
 // every stream and refuses new ones; the server's Shutdown waits for their OnDone. The
@@ -30,12 +30,12 @@
 #ifndef KVARENA_DAEMON_EVENTS_H_
 #define KVARENA_DAEMON_EVENTS_H_
 
+#include <grpcpp/support/server_callback.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
-
-#include <grpcpp/support/server_callback.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"

@@ -59,7 +59,8 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(std::string, tenants_file, "",
           "File of tenants, one a line: 'NAME TOKEN_FILE [max_sessions=N] [max_caches=N] "
           "[max_pages=N]' (bounds on what the tenant holds at once), or 'NAME "
-          "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService call on every listener must then carry "
+          "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService "
+          "call on every listener must then carry "
           "'authorization: Bearer <token>' of a tenant (UNAUTHENTICATED otherwise), and sees "
           "only that tenant's caches, sessions, namespaces and events. Health and reflection "
           "stay open. Excludes --auth_token_file.");

@@ -84,8 +84,8 @@ absl::Status Requests::Allocate(S caller, const v1::AllocateRequest& req,
   spec->prefix_namespace = scope.NamespaceIn(spec->prefix_namespace);
   AllocateOptions options;
   options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
-  absl::StatusOr<CacheInfo> info = store_->Allocate(SessionOf(caller, scope), *spec,
-                                                    NewCacheId(scope, req.cache_id()), options, scope.owner());
+  absl::StatusOr<CacheInfo> info = store_->Allocate(
+      SessionOf(caller, scope), *spec, NewCacheId(scope, req.cache_id()), options, scope.owner());
   return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 

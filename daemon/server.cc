@@ -104,12 +104,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         "--max_sessions_per_peer=", options.max_sessions_per_peer, " must be at least 1"));
   }
   if (options.fd_request_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--fd_request_timeout=", absl::FormatDuration(options.fd_request_timeout), " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fd_request_timeout=", absl::FormatDuration(options.fd_request_timeout),
+                     " must be positive"));
   }
   if (options.watcher_max_backlog < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--watcher_max_backlog=", options.watcher_max_backlog, " must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--watcher_max_backlog=", options.watcher_max_backlog, " must be at least 1"));
   }
   if (options.max_watchers_per_peer < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -60,8 +60,10 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (words.empty()) continue;
     if (words.size() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N] [max_caches=N] [max_pages=N]'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N] "
+                       "[max_caches=N] [max_pages=N]'"));
     }
     Tenant tenant;
     tenant.name = std::string(words[0]);

@@ -29,9 +29,10 @@ class TenantPoolsTest : public TenantsTest {
     req.mutable_export_region()->set_region_id(region_id);
     v1::FdReply reply;
     *fds = 0;
-    absl::StatusOr<Message> in = SendMessage(*sock, req.SerializeAsString()).ok()
-                                     ? RecvMessage(*sock, absl::Now() + absl::Seconds(30))
-                                     : absl::StatusOr<Message>(absl::UnavailableError("send failed"));
+    absl::StatusOr<Message> in =
+        SendMessage(*sock, req.SerializeAsString()).ok()
+            ? RecvMessage(*sock, absl::Now() + absl::Seconds(30))
+            : absl::StatusOr<Message>(absl::UnavailableError("send failed"));
     close(*sock);
     EXPECT_TRUE(in.ok()) << in.status();
     if (!in.ok()) return -1;
@@ -111,7 +112,8 @@ TEST_F(TenantPoolsTest, ASessionMapsOnlyItsOwnTenantsPool) {
   ASSERT_NE(b.pool_id(), a.pool_id());
   EXPECT_EQ(Export(bob_session.session_id(), b.pool_id() + 1, &fds), 0) << last_message_;
   EXPECT_GT(fds, 0u);
-  EXPECT_EQ(Export(alice_session.session_id(), b.pool_id() + 1, &fds), int(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(Export(alice_session.session_id(), b.pool_id() + 1, &fds),
+            int(grpc::StatusCode::NOT_FOUND));
   EXPECT_EQ(fds, 0u);
   EXPECT_TRUE(Fill(kAliceToken, "c", 4, 4, 3.0f, alice_session.session_id()).ok());
 }

@@ -39,13 +39,15 @@ TEST_F(TenantQuotaTest, MaxCachesCountsTheTenantsSessionAndSessionlessCaches) {
   ASSERT_TRUE(Allocate(kCarolToken, "n1").ok());
   for (const std::string& in_session : {session.session_id(), std::string()}) {
     EXPECT_THAT(Allocate(kCarolToken, "x", "", {}, nullptr, in_session),
-                StatusIs(StatusCode::RESOURCE_EXHAUSTED, "allocate: tenant 'carol' holds 3 caches; its max_caches=3"));
+                StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                         "allocate: tenant 'carol' holds 3 caches; its max_caches=3"));
   }
   v1::ForkRequest fork;
   fork.set_cache_id("n1");
   v1::ForkResponse fork_resp;
   EXPECT_THAT(stub_->Fork(Ctx(kCarolToken).get(), fork, &fork_resp),
-              StatusIs(StatusCode::RESOURCE_EXHAUSTED, "fork: tenant 'carol' holds 3 caches; its max_caches=3"));
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                       "fork: tenant 'carol' holds 3 caches; its max_caches=3"));
   EXPECT_THAT(List(kCarolToken), ElementsAre("n1", "s1", "s2"));
   ExpectAliceServed("a1");
   ExpectAliceServed("a2");
@@ -64,26 +66,31 @@ TEST_F(TenantQuotaTest, MaxPagesRefusesAppendReserveAndForkChangingNothing) {
   ASSERT_TRUE(Fill(kCarolToken, "c", 0, 8, 1.0f).ok());  // 2 layers x 2 pages of 4: her 4
   ASSERT_TRUE(Allocate(kCarolToken, "d").ok());
 
-  EXPECT_THAT(Fill(kCarolToken, "d", 0, 4, 2.0f),
-              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
-                       "append: layer 0 needs 1 page(s) but tenant 'carol' holds 4 pages; its max_pages=4"));
+  EXPECT_THAT(
+      Fill(kCarolToken, "d", 0, 4, 2.0f),
+      StatusIs(
+          StatusCode::RESOURCE_EXHAUSTED,
+          "append: layer 0 needs 1 page(s) but tenant 'carol' holds 4 pages; its max_pages=4"));
   v1::ReserveRequest reserve;
   v1::CacheTokens* item = reserve.add_items();
   item->set_cache_id("d");
   item->set_tokens(4);
   v1::ReserveResponse reserve_resp;
-  EXPECT_THAT(stub_->Reserve(Ctx(kCarolToken).get(), reserve, &reserve_resp),
-              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
-                       "reserve: needs 2 page(s) but tenant 'carol' holds 4 pages; its max_pages=4"));
+  EXPECT_THAT(
+      stub_->Reserve(Ctx(kCarolToken).get(), reserve, &reserve_resp),
+      StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+               "reserve: needs 2 page(s) but tenant 'carol' holds 4 pages; its max_pages=4"));
   v1::ForkRequest fork;
   fork.set_cache_id("c");
   fork.set_new_cache_id("f");
   v1::ForkResponse fork_resp;
   const grpc::Status forked = stub_->Fork(Ctx(kCarolToken).get(), fork, &fork_resp);
   EXPECT_THAT(forked, StatusIs(StatusCode::RESOURCE_EXHAUSTED));
-  EXPECT_THAT(forked.error_message(),
-              HasSubstr("fork: cache 'c' holds 4 page(s) to share or copy but tenant 'carol' holds 4 pages; "
-                        "its max_pages=4"));
+  EXPECT_THAT(
+      forked.error_message(),
+      HasSubstr(
+          "fork: cache 'c' holds 4 page(s) to share or copy but tenant 'carol' holds 4 pages; "
+          "its max_pages=4"));
 
   // Nothing of carol's changed: d holds nothing, c its 8 tokens, no fork.
   EXPECT_EQ(CacheStats("d").pages_used(), 0u);

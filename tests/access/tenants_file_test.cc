@@ -25,8 +25,9 @@ absl::StatusOr<Tenants> Parse(const std::string& text) {
 }
 
 TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
-  absl::StatusOr<Tenants> t =
-      Parse("# comment\n\n  alice a max_sessions=3 max_caches=4 max_pages=50  # trailing\n" "ops\to role=operator\n");
+  absl::StatusOr<Tenants> t = Parse(
+      "# comment\n\n  alice a max_sessions=3 max_caches=4 max_pages=50  # trailing\n"
+      "ops\to role=operator\n");
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->all().size(), 2u);
   const Tenant& alice = t->all()[0];
@@ -50,13 +51,15 @@ TEST(TenantsFileTest, RefusesABadLineNamingIt) {
       {"ok a\nal/ice b\n", Code::kInvalidArgument, "line 2: tenant name 'al/ice'"},
       {"alice a max_pages=0\n", Code::kInvalidArgument, "line 1: unknown option 'max_pages=0'"},
       {"alice a max_caches=-1\n", Code::kInvalidArgument, "unknown option 'max_caches=-1'"},
-      {"alice a max_caches=9999999999999999999\n", Code::kInvalidArgument, "unknown option 'max_caches=9999"},
+      {"alice a max_caches=9999999999999999999\n", Code::kInvalidArgument,
+       "unknown option 'max_caches=9999"},
       {"alice a max_pages=10x\n", Code::kInvalidArgument, "unknown option 'max_pages=10x'"},
       {"alice a max_sessions=0\n", Code::kInvalidArgument, "unknown option 'max_sessions=0'"},
       {"alice a max_sessions=x\n", Code::kInvalidArgument, "unknown option 'max_sessions=x'"},
       {"alice a role=admin\n", Code::kInvalidArgument, "unknown option 'role=admin'"},
       {"alice a\nalice b\n", Code::kInvalidArgument, "line 2: tenant 'alice' is listed twice"},
-      {"alice a\nbob a\n", Code::kInvalidArgument, "line 2: tenant 'bob' has the token of an earlier line"},
+      {"alice a\nbob a\n", Code::kInvalidArgument,
+       "line 2: tenant 'bob' has the token of an earlier line"},
       {"\n\nalice short\n", Code::kInvalidArgument, "line 3: token file=short"},
       {"alice missing\n", Code::kNotFound, "line 1: token file=missing"},
       {"# nobody\n", Code::kInvalidArgument, "lists no tenant"},

@@ -157,8 +157,9 @@ TEST_F(WatchersTest, MaxWatchersPerPeerBoundsATcpAddressAndAUnixUid) {
   ASSERT_TRUE(TryWatch(daemon_->NewChannel()).ok());
   ASSERT_TRUE(TryWatch(daemon_->NewChannel()).ok());
   EXPECT_THAT(TryWatch(daemon_->NewChannel()),
-              StatusIs(StatusCode::RESOURCE_EXHAUSTED, "watch_events: uid " + std::to_string(getuid()) +
-                                                           " holds 2 WatchEvents streams; max_watchers_per_peer=2"));
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                       "watch_events: uid " + std::to_string(getuid()) +
+                           " holds 2 WatchEvents streams; max_watchers_per_peer=2"));
   EXPECT_EQ(watchers_.size(), 4u);
   // The refusals took nothing: a watcher that goes frees its slot for its uid, and other
   // calls are served meanwhile.
@@ -166,7 +167,8 @@ TEST_F(WatchersTest, MaxWatchersPerPeerBoundsATcpAddressAndAUnixUid) {
   watchers_.back().reader->Finish();
   watchers_.pop_back();
   grpc::Status again = TryWatch(daemon_->NewChannel());
-  for (int tries = 0; tries < 500 && again.error_code() == StatusCode::RESOURCE_EXHAUSTED; ++tries) {
+  for (int tries = 0; tries < 500 && again.error_code() == StatusCode::RESOURCE_EXHAUSTED;
+       ++tries) {
     absl::SleepFor(absl::Milliseconds(20));  // until the daemon has seen the stream end
     again = TryWatch(daemon_->NewChannel());
   }
