@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -39,17 +40,24 @@ absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& 
   return cache;
 }
 
-absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec, bool* created) {
+PoolKey KvStore::Impl::KeyOfLocked(const PagePool& pool) const {
+  const PageLayout& l = pool.layout();
+  return PoolKey{pool_owner.at(pool.id()), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec,
+                                                                 const std::string& owner,
+                                                                 bool* created) {
   *created = false;
-  const PoolKey key{int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
   auto it = pools.find(key);
   if (it != pools.end()) return it->second;
   if (int64_t(pools.size()) >= options.max_pools) {
     // A pool kept only for its cached pages gives way to a geometry in use.
     for (const auto& [id, p] : pools_by_id) {
       if (auto n = caches_per_pool.find(id); n != caches_per_pool.end() && n->second > 0) continue;
-      const PageLayout& l = p->layout();
-      pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+      pools.erase(KeyOfLocked(*p));
+      pool_owner.erase(id);
       caches_per_pool.erase(id);
       {
         absl::MutexLock lock(&pools_mu);
@@ -73,6 +81,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec
   std::shared_ptr<PagePool> p = *std::move(pool);
   pools.emplace(key, p);
   pools_by_id.emplace(id, p);
+  pool_owner.emplace(id, owner);
   {
     absl::MutexLock lock(&pools_mu);
     live_pools.push_back(p);
@@ -88,8 +97,8 @@ bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
   // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
   // give way to other pools' allocations (TrimOtherPools) and to new geometries (PoolFor).
   if (pool->pages_cached() > 0) return false;
-  const PageLayout& l = pool->layout();
-  pools.erase(PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim});
+  pools.erase(KeyOfLocked(*pool));
+  pool_owner.erase(pool->id());
   caches_per_pool.erase(pool->id());
   {
     absl::MutexLock lock(&pools_mu);
@@ -196,7 +205,8 @@ KvStore::~KvStore() {
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
                                             const std::string& cache_id,
-                                            const AllocateOptions& options) {
+                                            const AllocateOptions& options,
+                                            const std::string& owner) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
@@ -211,14 +221,20 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
-  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  std::shared_ptr<Quota> quota =
+      session.empty() ? im.SessionlessOf(owner) : im.sessions.QuotaOf(session);
+  const std::optional<std::string> pool_owner =
+      session.empty() ? owner : im.sessions.OwnerOf(session);
+  // Null or none: the session detached meanwhile.
+  if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
-    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
-        "allocate: ", session.empty() ? "the caches without a session" : "the session",
-        " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+    return RefusedError(
+        quota->CachesRefusal(),
+        absl::StrCat("allocate: ",
+                     quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                           : "the session")));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
   // The id and the pool are reserved under the map lock; the cache is built, and its
@@ -240,7 +256,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
     if (refused.ok()) {
-      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, &created);
+      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, *pool_owner, &created);
       if (p.ok()) pool = *std::move(p);
       else refused = p.status();
     }

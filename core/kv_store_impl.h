@@ -33,11 +33,26 @@
 
 namespace kvarena {
 
-using PoolKey = std::tuple<int, int, int, int>;  // dtype, page_size, kv heads, head_dim
+// A pool per owner (tenant; "" without tenants) and geometry: two owners never share a
+// pool, so a session maps only its own owner's pages.
+struct PoolKey {
+  std::string owner;
+  int dtype = 0;
+  int page_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  friend bool operator<(const PoolKey& a, const PoolKey& b) {
+    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
+           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
+  }
+  friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
+};
 
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
-      : options(o), backend(std::move(b)), scratch_backend(NewHostBackend()),
+      : options(o),
+        backend(std::move(b)),
+        scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
         metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
         kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
@@ -45,7 +60,8 @@ struct KvStore::Impl {
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions, o.max_sessions_per_peer),
-        sessionless(NewQuota()) {
+        owners(OwnersOf(o, &metadata)),
+        sessionless(NewQuota("")) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
@@ -61,9 +77,17 @@ struct KvStore::Impl {
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
                                                 bool check_owner = true) const;
   absl::Status CheckSession(const std::string& session) const;
-  // The pool for a resolved spec, created when new (*created set).
-  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, bool* created)
+  // owner's pool for a resolved spec, created when new (*created set).
+  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
+                                                    bool* created)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The key `pool` is filed under (REQUIRES: it is in the maps).
+  PoolKey KeyOfLocked(const PagePool& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu);
+  // Whether a caller of `owner` may see and map pool `id` (REQUIRES: it is in the maps).
+  bool PoolOwnedByLocked(uint64_t id, const std::string& owner) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return pool_owner.at(id) == owner;
+  }
   // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
   bool DropPoolIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
@@ -80,10 +104,19 @@ struct KvStore::Impl {
   absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                              std::vector<int32_t>* committed);
   CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
-  // A session's quota (the sessionless caches share one), its metadata inside `metadata`.
-  std::shared_ptr<Quota> NewQuota() {
+  // A quota of owner's: a session's (the sessionless caches share one per owner), its
+  // metadata inside `metadata`, inside the owner's quota when StoreOptions::owners lists it.
+  std::shared_ptr<Quota> NewQuota(const std::string& owner) {
+    auto it = owners.find(owner);
     return std::make_shared<Quota>(options.max_caches_per_session, options.session_max_pages,
-                                   options.session_metadata_bytes, &metadata);
+                                   options.session_metadata_bytes, &metadata,
+                                   it == owners.end() ? nullptr : it->second.total);
+  }
+  // The quota of owner's caches allocated without a session (an owner StoreOptions::owners
+  // does not list shares the one of "").
+  std::shared_ptr<Quota> SessionlessOf(const std::string& owner) const {
+    auto it = owners.find(owner);
+    return it == owners.end() ? sessionless : it->second.sessionless;
   }
   // The metadata charge of a new cache of `quota`'s session (KvCache::FixedMetadataBytes;
   // a generated id counted at its longest); RESOURCE_EXHAUSTED naming the budget
@@ -114,11 +147,30 @@ struct KvStore::Impl {
   PrefixEventLog events;  // before the pools: a pool destroyed last still records into it
   PoolCounters pool_counters;
   SessionTable sessions;
-  const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session
+  // Each owner StoreOptions::owners lists: its bounds, and its sessionless caches' quota
+  // inside them. Built at construction, read-only after.
+  struct OwnerQuotas {
+    std::shared_ptr<Quota> total;
+    std::shared_ptr<Quota> sessionless;
+  };
+  static std::map<std::string, OwnerQuotas> OwnersOf(const StoreOptions& o, ByteBudget* metadata) {
+    std::map<std::string, OwnerQuotas> out;
+    for (const auto& [owner, bounds] : o.owners) {
+      out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages);
+    }
+    for (auto& [owner, q] : out) {
+      q.sessionless = std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages,
+                                              o.session_metadata_bytes, metadata, q.total);
+    }
+    return out;
+  }
+  const std::map<std::string, OwnerQuotas> owners;
+  const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session or owner
 
   mutable absl::Mutex mu;
   std::map<PoolKey, std::shared_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
   std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, std::string> pool_owner ABSL_GUARDED_BY(mu);  // PoolKey::owner
   uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
   // Ids of caches an Allocate is building outside the lock (counted in caches_per_pool

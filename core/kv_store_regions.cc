@@ -1,9 +1,12 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
+#include <optional>
+#include <string>
+
 #include "absl/strings/str_cat.h"
-#include "core/refusal.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -54,8 +57,12 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
     r.scratch = true;
     out.push_back(r);
   }
+  const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
   absl::ReaderMutexLock lock(&impl_->mu);
-  for (const auto& [id, p] : impl_->pools_by_id) out.push_back(PoolRegionInfo(*p));
+  for (const auto& [id, p] : impl_->pools_by_id) {
+    if (owner.has_value() && impl_->PoolOwnedByLocked(id, *owner))
+      out.push_back(PoolRegionInfo(*p));
+  }
   return out;
 }
 
@@ -76,9 +83,12 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     if (!r.ok()) return r.status();
     region = *std::move(r);
   } else {
+    const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
     absl::ReaderMutexLock lock(&impl_->mu);
     auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
-    if (it == impl_->pools_by_id.end()) {
+    // Another owner's pool is as unknown to this session as a pool that never was.
+    if (it == impl_->pools_by_id.end() || !owner.has_value() ||
+        !impl_->PoolOwnedByLocked(it->first, *owner)) {
       return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
     }
     // The pool may be dropped meanwhile; its region lives while we export.

@@ -40,6 +40,7 @@ ArenaStats KvStore::Stats() const {
       s.pools.push_back(p->Stats());
       auto it = impl_->caches_per_pool.find(id);
       s.pools.back().num_caches = it == impl_->caches_per_pool.end() ? 0 : it->second;
+      s.pools.back().owner = impl_->pool_owner.at(id);
     }
   }
   PageStats& t = s.pages;
