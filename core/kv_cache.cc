@@ -97,9 +97,9 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
   if (n <= 0) return absl::OkStatus();
   Quota& quota = *ctx_.quota;
   if (!quota.TryChargePages(n)) {
-    return RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
-        op, ": layer ", layer, " needs ", n, " page(s) but the session's caches hold ",
-        quota.pages(), " of session_max_pages=", quota.max_pages()));
+    return RefusedError(
+        quota.PagesRefusal(n),
+        absl::StrCat(op, ": layer ", layer, " needs ", n, " page(s) but ", quota.DescribePages(n)));
   }
   if (absl::Status s = AllocateLocked(n, ids, &taken->chunks); !s.ok()) {
     quota.RefundPages(n);

@@ -125,6 +125,7 @@ class KvCache {
   const CacheSpec& spec() const { return spec_; }
   PagePool* pool() const { return ctx_.pool.get(); }
   Quota* quota() const { return ctx_.quota.get(); }
+  const std::shared_ptr<Quota>& shared_quota() const { return ctx_.quota; }
 
   // When an operation last found this cache (for --idle_ttl).
   void Touch(absl::Time now) { last_used_.store(absl::ToUnixNanos(now), std::memory_order_relaxed); }

@@ -193,9 +193,9 @@ absl::Status KvCache::CopyKeptPagesLocked(int64_t end) {
   if (copies.empty()) return absl::OkStatus();
   const int64_t n = int64_t(copies.size());
   if (!ctx_.quota->TryChargePages(n)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "popn: copying ", n, " shared page(s) it cuts into needs ", n, " page(s) but the session's caches hold ",
-        ctx_.quota->pages(), " of session_max_pages=", ctx_.quota->max_pages()));
+    return RefusedError(ctx_.quota->PagesRefusal(n),
+                        absl::StrCat("popn: copying ", n, " shared page(s) it cuts into needs ", n,
+                                     " page(s) but ", ctx_.quota->DescribePages(n)));
   }
   std::vector<int32_t> ids, chunks;
   if (absl::Status s = AllocateLocked(n, &ids, &chunks); !s.ok()) {
@@ -253,9 +253,10 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   }
   if (!ctx_.quota->TryChargePages(total)) {
     CountRefusal();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "fork: cache ", Quoted(src.id_), " holds ", total, " page(s) to share or copy but the session's caches hold ",
-        ctx_.quota->pages(), " of session_max_pages=", ctx_.quota->max_pages()));
+    return RefusedError(
+        ctx_.quota->PagesRefusal(total),
+        absl::StrCat("fork: cache ", Quoted(src.id_), " holds ", total,
+                     " page(s) to share or copy but ", ctx_.quota->DescribePages(total)));
   }
   std::vector<int32_t> ids, chunks;
   if (absl::Status s = AllocateLocked(int64_t(copies.size()), &ids, &chunks); !s.ok()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -126,7 +127,8 @@ KvStore::~KvStore() {
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,
                                             const std::string& cache_id,
-                                            const AllocateOptions& options) {
+                                            const AllocateOptions& options,
+                                            const std::string& owner) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
@@ -141,14 +143,20 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
-  if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
+  std::shared_ptr<Quota> quota =
+      session.empty() ? im.SessionlessOf(owner) : im.sessions.QuotaOf(session);
+  const std::optional<std::string> pool_owner =
+      session.empty() ? owner : im.sessions.OwnerOf(session);
+  // Null or none: the session detached meanwhile.
+  if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
   if (!quota->TryAddCache()) {
-    return RefusedError(Refusal::kMaxCachesPerSession, absl::StrCat(
-        "allocate: ", session.empty() ? "the caches without a session" : "the session",
-        " hold ", quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+    return RefusedError(
+        quota->CachesRefusal(),
+        absl::StrCat("allocate: ",
+                     quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                           : "the session")));
   }
   // From here on every refusal gives the quota's count back; the cache takes it over.
   // The id and the pool are reserved under the map lock; the cache is built, and its
@@ -170,7 +178,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
     if (refused.ok()) {
-      absl::StatusOr<std::shared_ptr<PagePool>> p = im.pools.PoolFor(*resolved, &created);
+      absl::StatusOr<std::shared_ptr<PagePool>> p =
+          im.pools.PoolFor(*resolved, *pool_owner, &created);
       if (p.ok()) pool = *std::move(p);
       else refused = p.status();
     }

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,12 +36,19 @@
 #include "absl/time/time.h"
 #include "arena/region.h"
 #include "core/clock.h"
-#include "core/session_table.h"
 #include "core/prefix_events.h"
+#include "core/session_table.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
+
+// What one owner's caches may hold together; 0: no bound. Refusals are RESOURCE_EXHAUSTED
+// naming the owner as "tenant 'NAME'" and the bound (max_caches, max_pages).
+struct OwnerBounds {
+  int64_t max_caches = 0;  // live caches, sessionless ones included
+  int64_t max_pages = 0;   // pages its caches hold, each counted once per cache holding it
+};
 
 struct StoreOptions {
   size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
@@ -63,6 +71,10 @@ struct StoreOptions {
   int64_t max_caches_per_session = 4096;  // the caches allocated without a session count as
                                           // one session, for this bound and the next
   int64_t session_max_pages = 0;          // pages one session's caches may hold; 0: no quota
+  // Bounds on what one owner (SessionPeer::owner, Allocate's owner: the daemon's tenant)
+  // holds across its sessions and its sessionless caches together (core/quota.h); the
+  // sessionless caches of each owner listed here count as their own one session.
+  std::map<std::string, OwnerBounds> owners;
   int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
                                           // (INVALID_ARGUMENT beyond)
   // Queries x keys attended x q heads of one Attend (keys: an upper bound, all the call can
@@ -151,10 +163,13 @@ class KvStore {
   // spec.prefix_namespace, adopts the longest cached prefix of them (CacheInfo.cached_tokens:
   // a multiple of page_size below the prompt's length, filled on every layer; the caller
   // computes positions from there on). INVALID_ARGUMENT for a negative id or more than
-  // max_request_tokens of them.
+  // max_request_tokens of them. `owner` is whose the cache is when session is "" (the
+  // daemon's tenant; a session's caches are its owner's, SessionPeer::owner): its pages
+  // come from that owner's pool of the geometry.
   absl::StatusOr<CacheInfo> Allocate(const std::string& session, const CacheSpec& spec,
                                      const std::string& cache_id,
-                                     const AllocateOptions& options = {});
+                                     const AllocateOptions& options = {},
+                                     const std::string& owner = "");
 
   // Dense append of n tokens to one layer: pos must equal the layer's length.
   // k, v: [1, num_kv_heads, n, head_dim] in the cache's dtype.
@@ -246,8 +261,10 @@ class KvStore {
   // Whether session_id is held and owns cache_id.
   bool SessionOwnsCache(const std::string& session_id, const std::string& cache_id) const;
 
-  // Zero-copy data plane. The regions a session may map (pools grow new entries as new
-  // geometries appear); FAILED_PRECONDITION for no or an unknown session.
+  // Zero-copy data plane. The regions a session may map: its scratch region and its
+  // owner's pools (new entries as new geometries appear; another owner's pools are never
+  // listed nor exported: NOT_FOUND, as for an unknown id); FAILED_PRECONDITION for no or
+  // an unknown session.
   absl::StatusOr<std::vector<RegionInfo>> SessionRegions(const std::string& session) const;
   // The fds a peer maps to see one region (new fds the caller owns); with
   // after_generation, only the pieces committed since. One page of them, as

@@ -30,6 +30,11 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   };
   std::map<Quota*, QuotaUse> per_quota;
   per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
+  std::map<Quota*, QuotaUse> per_owner;  // what each owner's caches hold, of every quota inside it
+  for (const auto& [owner, q] : impl_->owners) {
+    per_quota[q.sessionless.get()];
+    per_owner[q.total.get()];
+  }
   size_t metadata = 0;  // what the caches and pools hold of the metadata budget
   for (const auto& c : caches) {
     const std::vector<int32_t> held = c->HeldPages();
@@ -60,6 +65,10 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     q.caches += 1;
     q.metadata += cache_metadata;
     metadata += cache_metadata;
+    if (Quota* owner = c->quota()->parent(); owner != nullptr) {
+      per_owner[owner].pages += int64_t(held.size());
+      per_owner[owner].caches += 1;
+    }
   }
   for (const auto& [id, pool] : pools) {
     if (pool->pages_used() != int64_t(refs[id].size())) {
@@ -76,6 +85,13 @@ absl::Status KvStore::TEST_CheckInvariants() const {
                                               " caches and ", quota->metadata()->used(),
                                               " metadata bytes but its caches hold ", use.pages, ", number ",
                                               use.caches, " and charged ", use.metadata));
+    }
+  }
+  for (const auto& [quota, use] : per_owner) {
+    if (quota->pages() != use.pages || quota->caches() != use.caches) {
+      return absl::InternalError(
+          absl::StrCat("an owner's quota counts ", quota->pages(), " pages and ", quota->caches(),
+                       " caches but its caches hold ", use.pages, " and number ", use.caches));
     }
   }
   if (impl_->metadata.used() != metadata) {

@@ -12,6 +12,7 @@
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,7 +45,8 @@ struct KvStore::Impl {
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions, o.max_sessions_per_peer),
-        sessionless(NewQuota()),
+        owners(OwnersOf(o, &metadata)),
+        sessionless(NewQuota("")),
         pools(backend.get(), &budget, o.max_pools, o.empty_chunks_kept, &pool_counters) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
@@ -65,10 +67,19 @@ struct KvStore::Impl {
   // workers when that emptied a pool.
   void Remove(const std::shared_ptr<KvCache>& cache);
   CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
-  // A session's quota (the sessionless caches share one), its metadata inside `metadata`.
-  std::shared_ptr<Quota> NewQuota() {
+  // A quota of owner's: a session's (the sessionless caches share one per owner), its
+  // metadata inside `metadata`, inside the owner's quota when StoreOptions::owners lists it.
+  std::shared_ptr<Quota> NewQuota(const std::string& owner) {
+    auto it = owners.find(owner);
     return std::make_shared<Quota>(options.max_caches_per_session, options.session_max_pages,
-                                   options.session_metadata_bytes, &metadata);
+                                   options.session_metadata_bytes, &metadata,
+                                   it == owners.end() ? nullptr : it->second.total);
+  }
+  // The quota of owner's caches allocated without a session (an owner StoreOptions::owners
+  // does not list shares the one of "").
+  std::shared_ptr<Quota> SessionlessOf(const std::string& owner) const {
+    auto it = owners.find(owner);
+    return it == owners.end() ? sessionless : it->second.sessionless;
   }
   // The metadata charge of a new cache of `quota`'s session (KvCache::FixedMetadataBytes;
   // a generated id counted at its longest); RESOURCE_EXHAUSTED naming the budget
@@ -99,7 +110,25 @@ struct KvStore::Impl {
   PrefixEventLog events;  // before the pools: a pool destroyed last still records into it
   PoolCounters pool_counters;
   SessionTable sessions;
-  const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session
+  // Each owner StoreOptions::owners lists: its bounds, and its sessionless caches' quota
+  // inside them. Built at construction, read-only after.
+  struct OwnerQuotas {
+    std::shared_ptr<Quota> total;
+    std::shared_ptr<Quota> sessionless;
+  };
+  static std::map<std::string, OwnerQuotas> OwnersOf(const StoreOptions& o, ByteBudget* metadata) {
+    std::map<std::string, OwnerQuotas> out;
+    for (const auto& [owner, bounds] : o.owners) {
+      out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages);
+    }
+    for (auto& [owner, q] : out) {
+      q.sessionless = std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages,
+                                              o.session_metadata_bytes, metadata, q.total);
+    }
+    return out;
+  }
+  const std::map<std::string, OwnerQuotas> owners;
+  const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session or owner
   PoolSet pools;  // changed only under mu (see above); destroyed before events
 
   mutable absl::Mutex mu;

@@ -89,9 +89,9 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   };
   for (const auto& [quota, n] : charge) {
     if (!quota->TryChargePages(n)) {
-      return undo(RefusedError(Refusal::kSessionMaxPages, absl::StrCat(
-          "reserve: needs ", n, " page(s) but the session's caches hold ", quota->pages(),
-          " of session_max_pages=", quota->max_pages())));
+      return undo(RefusedError(
+          quota->PagesRefusal(n),
+          absl::StrCat("reserve: needs ", n, " page(s) but ", quota->DescribePages(n))));
     }
     charged.emplace_back(quota, n);
   }

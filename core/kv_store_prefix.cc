@@ -28,7 +28,10 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     return absl::InvalidArgumentError(absl::StrCat("fork: new_cache_id has ", new_cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
   }
-  std::shared_ptr<Quota> quota = session.empty() ? im.sessionless : im.sessions.QuotaOf(session);
+  // A sessionless caller forks a sessionless cache (Find refuses it a session's): the
+  // fork joins the same owner's sessionless caches.
+  std::shared_ptr<Quota> quota =
+      session.empty() ? (*src)->shared_quota() : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
   absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("fork", (*src)->spec(), new_cache_id, quota.get());
   if (!metadata.ok()) return metadata.status();
@@ -57,9 +60,11 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     }
   }
   if (!quota->TryAddCache()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "fork: ", session.empty() ? "the caches without a session" : "the session", " hold ",
-        quota->caches(), " caches; max_caches_per_session=", quota->max_caches()));
+    return RefusedError(
+        quota->CachesRefusal(),
+        absl::StrCat("fork: ",
+                     quota->DescribeCaches(session.empty() ? "the set of caches without a session"
+                                                           : "the session")));
   }
   // Built outside the map lock (it waits for src's lock); the cache counts in the quota
   // from here and gives everything back when dropped.

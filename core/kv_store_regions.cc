@@ -1,9 +1,12 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
+#include <optional>
+#include <string>
+
 #include "absl/strings/str_cat.h"
-#include "core/refusal.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/refusal.h"
 
 namespace kvarena {
 namespace {
@@ -54,7 +57,10 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
     r.scratch = true;
     out.push_back(r);
   }
-  for (const PoolSet::Entry& e : impl_->pools.List()) out.push_back(PoolRegionInfo(*e.pool));
+  const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
+  for (const PoolSet::Entry& e : impl_->pools.List()) {
+    if (owner.has_value() && e.owner == *owner) out.push_back(PoolRegionInfo(*e.pool));
+  }
   return out;
 }
 
@@ -75,7 +81,10 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     if (!r.ok()) return r.status();
     region = *std::move(r);
   } else {
-    std::shared_ptr<PagePool> pool = region_id == 0 ? nullptr : impl_->pools.Find(region_id - 1);
+    const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
+    // Another owner's pool is as unknown to this session as a pool that never was.
+    std::shared_ptr<PagePool> pool =
+        region_id == 0 || !owner.has_value() ? nullptr : impl_->pools.Find(region_id - 1, *owner);
     if (pool == nullptr) return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
     // The pool may be dropped meanwhile; its region lives while we export.
     region = std::shared_ptr<const Region>(pool, &pool->region());

@@ -25,7 +25,7 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
   if (peer.can_map) {
     s.scratch_size = (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
   }
-  s.quota = im.NewQuota();
+  s.quota = im.NewQuota(peer.owner);
   return im.sessions.Open(std::move(s));
 }
 

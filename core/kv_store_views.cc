@@ -39,6 +39,7 @@ ArenaStats KvStore::Stats() const {
     for (const PoolSet::Entry& e : entries) {
       s.pools.push_back(e.pool->Stats());
       s.pools.back().num_caches = e.num_caches;
+      s.pools.back().owner = e.owner;
     }
   }
   PageStats& t = s.pages;

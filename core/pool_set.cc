@@ -20,16 +20,23 @@ int64_t PoolSet::CachesLocked(uint64_t id) const {
   return n == caches_.end() ? 0 : n->second;
 }
 
-void PoolSet::EraseLocked(uint64_t id) {
-  auto it = by_id_.find(id);
-  by_key_.erase(KeyOf(it->second->layout()));
-  caches_.erase(id);
-  by_id_.erase(it);
+PoolKey PoolSet::KeyOfLocked(uint64_t id) const {
+  const PageLayout& l = by_id_.at(id)->layout();
+  return PoolKey{owner_.at(id), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
 }
 
-absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec, bool* created) {
+void PoolSet::EraseLocked(uint64_t id) {
+  by_key_.erase(KeyOfLocked(id));
+  caches_.erase(id);
+  owner_.erase(id);
+  by_id_.erase(id);
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec,
+                                                           const std::string& owner,
+                                                           bool* created) {
   *created = false;
-  const PoolKey key{int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
   absl::MutexLock lock(&mu_);
   auto it = by_key_.find(key);
   if (it != by_key_.end()) return it->second;
@@ -56,6 +63,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec
   std::shared_ptr<PagePool> p = *std::move(pool);
   by_key_.emplace(key, p);
   by_id_.emplace(id, p);
+  owner_.emplace(id, owner);
   *created = true;
   return p;
 }
@@ -64,6 +72,12 @@ std::shared_ptr<PagePool> PoolSet::Find(uint64_t id) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = by_id_.find(id);
   return it == by_id_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<PagePool> PoolSet::Find(uint64_t id, const std::string& owner) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() || owner_.at(id) != owner ? nullptr : it->second;
 }
 
 bool PoolSet::Contains(const PagePool* pool) const {
@@ -142,7 +156,7 @@ std::vector<PoolSet::Entry> PoolSet::List() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<Entry> out;
   out.reserve(by_id_.size());
-  for (const auto& [id, p] : by_id_) out.push_back(Entry{p, CachesLocked(id)});
+  for (const auto& [id, p] : by_id_) out.push_back(Entry{p, owner_.at(id), CachesLocked(id)});
   return out;
 }
 
@@ -153,14 +167,16 @@ size_t PoolSet::size() const {
 
 absl::Status PoolSet::TEST_Audit() const {
   absl::ReaderMutexLock lock(&mu_);
-  if (by_key_.size() != by_id_.size()) {
-    return absl::InternalError(
-        absl::StrCat(by_key_.size(), " pools by geometry but ", by_id_.size(), " by id"));
+  if (by_key_.size() != by_id_.size() || owner_.size() != by_id_.size()) {
+    return absl::InternalError(absl::StrCat(by_key_.size(), " pools by key and ", owner_.size(),
+                                            " owners but ", by_id_.size(), " pools by id"));
   }
   for (const auto& [id, p] : by_id_) {
-    auto k = by_key_.find(KeyOf(p->layout()));
+    if (!owner_.contains(id))
+      return absl::InternalError(absl::StrCat("pool ", id, " has no owner"));
+    auto k = by_key_.find(KeyOfLocked(id));
     if (k == by_key_.end() || k->second != p) {
-      return absl::InternalError(absl::StrCat("pool ", id, " is not filed under its geometry"));
+      return absl::InternalError(absl::StrCat("pool ", id, " is not filed under its key"));
     }
   }
   for (const auto& [id, n] : caches_) {

@@ -1,4 +1,4 @@
-// PoolSet: the arena's pools, one per PoolKey (a geometry) — found by key or id, counted
+// PoolSet: the arena's pools, one per PoolKey (owner and geometry) — found by key or id, counted
 // by the caches drawn from each — and the rules over them: a new geometry gets a pool
 // while fewer than max_pools are alive (displacing an idle pool kept only for its cached
 // pages), a pool goes when no cache draws from it and it caches no page, and a pool short
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -31,7 +32,20 @@
 
 namespace kvarena {
 
-using PoolKey = std::tuple<int, int, int, int>;  // dtype, page_size, kv heads, head_dim
+// A pool per owner (tenant; "" without tenants) and geometry: two owners never share a
+// pool, so a session maps only its own owner's pages.
+struct PoolKey {
+  std::string owner;
+  int dtype = 0;
+  int page_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  friend bool operator<(const PoolKey& a, const PoolKey& b) {
+    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
+           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
+  }
+  friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
+};
 
 class PoolSet {
  public:
@@ -41,12 +55,15 @@ class PoolSet {
   PoolSet(const PoolSet&) = delete;
   PoolSet& operator=(const PoolSet&) = delete;
 
-  // The pool of a resolved spec's geometry, created when new (*created set). At max_pools a
+  // owner's pool of a resolved spec's geometry, created when new (*created set). At max_pools a
   // pool no cache draws from gives way first; RESOURCE_EXHAUSTED (max_pools, naming it)
   // when none does, or what PagePool::Create refused, prefixed "allocate: ".
-  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, bool* created);
+  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
+                                                    bool* created);
   // The pool of that id, or null when there is none (any more).
   std::shared_ptr<PagePool> Find(uint64_t id) const;
+  // The same, null also when the pool is another owner's.
+  std::shared_ptr<PagePool> Find(uint64_t id, const std::string& owner) const;
   // Whether `pool` itself (not only its id) is in the set.
   bool Contains(const PagePool* pool) const;
 
@@ -66,9 +83,10 @@ class PoolSet {
   absl::Status Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                         std::vector<int32_t>* committed);
 
-  // Every pool, by id, with the caches drawn from it.
+  // Every pool, by id, with its owner and the caches drawn from it.
   struct Entry {
     std::shared_ptr<PagePool> pool;
+    std::string owner;
     int64_t num_caches = 0;
   };
   std::vector<Entry> List() const;
@@ -78,9 +96,8 @@ class PoolSet {
   absl::Status TEST_Audit() const;
 
  private:
-  static PoolKey KeyOf(const PageLayout& l) {
-    return PoolKey{int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
-  }
+  // The key pool id is filed under. REQUIRES: it is in the set.
+  PoolKey KeyOfLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t CachesLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes pool id out of the maps. REQUIRES: it is there.
   void EraseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -95,7 +112,8 @@ class PoolSet {
   mutable absl::Mutex mu_;
   std::map<PoolKey, std::shared_ptr<PagePool>> by_key_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<PagePool>> by_id_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, int64_t> caches_ ABSL_GUARDED_BY(mu_);  // per pool id
+  absl::flat_hash_map<uint64_t, int64_t> caches_ ABSL_GUARDED_BY(mu_);     // per pool id
+  absl::flat_hash_map<uint64_t, std::string> owner_ ABSL_GUARDED_BY(mu_);  // PoolKey::owner
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -31,6 +31,10 @@ const char* RefusalName(Refusal reason) {
     case Refusal::kMaxWatchers: return "max_watchers";
     case Refusal::kMaxWatchersPerPeer: return "max_watchers_per_peer";
     case Refusal::kWatcherBehind: return "watcher_behind";
+    case Refusal::kTenantMaxPages:
+      return "tenant_max_pages";
+    case Refusal::kTenantMaxCaches:
+      return "tenant_max_caches";
   }
   return "other";
 }

@@ -30,8 +30,10 @@ enum class Refusal {
   kMaxWatchers,          // the daemon's WatchEvents streams (64)
   kMaxWatchersPerPeer,   // --max_watchers_per_peer
   kWatcherBehind,        // a WatchEvents stream dropped: it fell too far behind
+  kTenantMaxPages,       // a tenant's max_pages (--tenants_file)
+  kTenantMaxCaches,      // a tenant's max_caches (--tenants_file)
 };
-inline constexpr int kNumRefusals = static_cast<int>(Refusal::kWatcherBehind) + 1;
+inline constexpr int kNumRefusals = static_cast<int>(Refusal::kTenantMaxCaches) + 1;
 
 // "arena_full", "max_tokens", ...: the metrics label.
 const char* RefusalName(Refusal reason);

@@ -90,6 +90,13 @@ bool SessionTable::OwnedBy(const std::string& id, const std::string& owner) cons
   return it != sessions_.end() && it->second.info.owner == owner;
 }
 
+std::optional<std::string> SessionTable::OwnerOf(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.detached) return std::nullopt;
+  return it->second.info.owner;
+}
+
 absl::StatusOr<SessionTable::ScratchView> SessionTable::Scratch(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);

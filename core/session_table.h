@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,8 @@ class SessionTable {
                                            const std::string& owner = "");
   // Whether id is a session held (attached or in its grace) that owner opened.
   bool OwnedBy(const std::string& id, const std::string& owner) const;
+  // The owner of a live session; nullopt when unknown or detached.
+  std::optional<std::string> OwnerOf(const std::string& id) const;
   // A live session's scratch region: its id and size (0 when it gets none), and the region
   // itself once created (SetScratch), else null.
   struct ScratchView {

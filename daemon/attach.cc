@@ -39,12 +39,8 @@ absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const Session
 SessionPeer SessionPeerOf(const std::string& peer, const std::string& host, const PeerUids* uids,
                           const TenantScope& scope, const Tenant* tenant) {
   SessionPeer p;
-  if (!host.empty()) {
-    p.can_map = false;
-    p.key = "peer " + host;
-  } else if (std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt; uid.has_value()) {
-    p.key = absl::StrCat("uid ", *uid);
-  }
+  p.can_map = host.empty();
+  p.key = PeerKey(peer, uids);
   p.owner = scope.owner();
   p.owner_max_sessions = scope.tenanted() && tenant != nullptr ? tenant->max_sessions : 0;
   return p;
@@ -162,6 +158,15 @@ std::string PeerHost(absl::string_view peer) {
     if (absl::ConsumePrefix(&peer, open)) return std::string(peer.substr(0, peer.find(close)));
   }
   return std::string(peer);
+}
+
+std::string PeerKey(absl::string_view peer, const PeerUids* uids) {
+  if (std::string host = PeerHost(peer); !host.empty()) return "peer " + host;
+  if (std::optional<uid_t> uid = uids != nullptr ? uids->Find(peer) : std::nullopt;
+      uid.has_value()) {
+    return absl::StrCat("uid ", *uid);
+  }
+  return "";
 }
 
 AttachHub::AttachHub(KvStore* store, RpcMetrics* rpcs, Options options)

@@ -50,6 +50,11 @@ namespace kvarena {
 // The address part of a gRPC peer string: "127.0.0.1" for "ipv4:127.0.0.1:5555", "::1" for
 // "ipv6:[::1]:5555"; "" for a Unix-socket (or any other) peer.
 std::string PeerHost(absl::string_view peer);
+// Who a caller is, for the per-peer caps (--max_sessions_per_peer, --max_watchers_per_peer):
+// "peer HOST" for a TCP peer, "uid N" for a Unix-socket peer whose uid `uids` knows (so
+// every connection of that uid counts together), "" when unknown (capped only by the
+// daemon-wide bounds). uids may be null.
+std::string PeerKey(absl::string_view peer, const PeerUids* uids);
 
 class AttachStream;
 

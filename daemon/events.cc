@@ -31,12 +31,16 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 // reaction inline).
 class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
  public:
-  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq, std::string peer_host,
-               const Caller& caller)
-      : hub_(hub), ctx_(ctx), peer_host_(std::move(peer_host)), scope_(caller.tenant),
-        all_names_(SeesAllNames(caller)), next_(from_seq) {}
+  EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq,
+               std::string peer_key, const Caller& caller)
+      : hub_(hub),
+        ctx_(ctx),
+        peer_key_(std::move(peer_key)),
+        scope_(caller.tenant),
+        all_names_(SeesAllNames(caller)),
+        next_(from_seq) {}
 
-  const std::string& peer_host() const { return peer_host_; }
+  const std::string& peer_key() const { return peer_key_; }  // PeerKey
 
   // Sends what was recorded since the last write, unless a write is in flight: then the
   // stream pulls it when that write completes, or is dropped when it fell too far behind.
@@ -151,7 +155,7 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 
   EventsHub* const hub_;
   grpc::CallbackServerContext* const ctx_;  // gRPC's, valid until OnDone
-  const std::string peer_host_;
+  const std::string peer_key_;
   const TenantScope scope_;
   const bool all_names_;  // else events go without namespaces and token ids
   absl::Mutex mu_;
@@ -181,11 +185,12 @@ EventsHub::~EventsHub() {
 grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::CallbackServerContext* ctx,
                                                                     const v1::WatchEventsRequest& request,
                                                                     const absl::StatusOr<Caller>& caller) {
-  const std::string host = PeerHost(ctx->peer());
+  // A Unix peer counts by uid across its connections, a TCP peer by address.
+  const std::string key = PeerKey(ctx->peer(), options_.peer_uids);
   absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    auto peer = per_peer_.find(host);
+    auto peer = per_peer_.find(key);
     if (!caller.ok()) {
       refused = caller.status();
     } else if (shutting_down_) {
@@ -193,15 +198,17 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
     } else if (int(streams_.size()) >= options_.max_watchers) {
       refused = RefusedError(Refusal::kMaxWatchers, absl::StrCat(
           "watch_events: ", streams_.size(), " streams are open; at most ", options_.max_watchers));
-    } else if (!host.empty() && peer != per_peer_.end() && peer->second >= options_.max_watchers_per_peer) {
-      refused = RefusedError(Refusal::kMaxWatchersPerPeer, absl::StrCat(
-          "watch_events: peer ", host, " holds ", peer->second,
-          " WatchEvents streams; max_watchers_per_peer=", options_.max_watchers_per_peer));
+    } else if (!key.empty() && peer != per_peer_.end() &&
+               peer->second >= options_.max_watchers_per_peer) {
+      refused = RefusedError(Refusal::kMaxWatchersPerPeer,
+                             absl::StrCat("watch_events: ", key, " holds ", peer->second,
+                                          " WatchEvents streams; max_watchers_per_peer=",
+                                          options_.max_watchers_per_peer));
     } else {
-      auto* stream = new EventsStream(this, ctx, request.from_seq(), host, *caller);
+      auto* stream = new EventsStream(this, ctx, request.from_seq(), key, *caller);
       streams_.insert(stream);
       live_.fetch_add(1);  // before the replay: an event recorded after it wakes the stream
-      if (!host.empty()) ++per_peer_[host];
+      if (!key.empty()) ++per_peer_[key];
       stream->Poke(/*first=*/true);  // under mu_: no event slips between the replay and the stream
       return stream;
     }
@@ -240,7 +247,7 @@ void EventsHub::Done(EventsStream* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
   live_.fetch_sub(1);
-  if (auto it = per_peer_.find(stream->peer_host()); it != per_peer_.end() && --it->second == 0) {
+  if (auto it = per_peer_.find(stream->peer_key()); it != per_peer_.end() && --it->second == 0) {
     per_peer_.erase(it);
   }
 }

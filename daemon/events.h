@@ -11,14 +11,15 @@
 // a write on each idle stream; a stream with a write in flight pulls what was recorded
 // meanwhile when that write completes.
 //
-// Bounds: at most max_watchers live streams, and max_watchers_per_peer from one TCP peer
-// address (RESOURCE_EXHAUSTED beyond, naming the bound; Unix-socket peers count against
-// max_watchers only). At most one write in flight per stream, each of at most 256 events.
+// Bounds: at most max_watchers live streams, and max_watchers_per_peer from one peer
+// (PeerKey: a TCP address, or a Unix-socket uid across all its connections; a peer of
+// unknown uid counts against max_watchers only), RESOURCE_EXHAUSTED beyond, naming the
+// bound. At most one write in flight per stream, each of at most 256 events.
 // A watcher that does not read — more than max_backlog events were recorded while one of
 // its writes waited for it — is dropped: it gets nothing more, and once that write
-// completes it ends with RESOURCE_EXHAUSTED whose message and trailing metadata (kResumeFromSeqMetadataKey) name
-// the from_seq to watch again from. A client that never reads keeps its stream (and its
-// slot) until it goes away.
+// completes it ends with RESOURCE_EXHAUSTED whose message and trailing metadata
+// (kResumeFromSeqMetadataKey) name the from_seq to watch again from. A client that never reads
+// keeps its stream (and its slot) until it goes away.
 //
 // Lifetime: gRPC owns each reactor from Start() until its OnDone. BeginShutdown() ends
 // every stream and refuses new ones; the server's Shutdown waits for their OnDone. The
@@ -29,12 +30,12 @@
 #ifndef KVARENA_DAEMON_EVENTS_H_
 #define KVARENA_DAEMON_EVENTS_H_
 
+#include <grpcpp/support/server_callback.h>
+
 #include <atomic>
 #include <cstdint>
 #include <string>
 #include <thread>
-
-#include <grpcpp/support/server_callback.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -43,6 +44,7 @@
 #include "core/kv_store.h"
 #include "daemon/rpc_metrics.h"
 #include "daemon/tenant_scope.h"
+#include "daemon/unix_listener.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace grpc {
@@ -58,8 +60,9 @@ class EventsHub {
   struct Options {
     int max_watchers = 64;
     uint64_t incarnation = 0;  // WatchEventsResponse.daemon_incarnation on every message
-    int max_watchers_per_peer = 8;  // live streams from one TCP peer address
+    int max_watchers_per_peer = 8;  // live streams of one PeerKey: a TCP address, a Unix uid
     uint64_t max_backlog = 4096;    // events recorded during one write before it is dropped
+    const PeerUids* peer_uids = nullptr;  // Unix-socket peers' uids; null: none known
   };
   // store and rpcs must outlive the hub's streams.
   EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options);
@@ -94,7 +97,7 @@ class EventsHub {
   const std::string medium_;  // BlockStored.medium: the store's Medium()
   absl::Mutex mu_;
   absl::flat_hash_set<EventsStream*> streams_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);  // TCP peers only
+  absl::flat_hash_map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);  // by PeerKey
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
   std::atomic<int> live_{0};  // streams_.size(): with none, EventsRecorded wakes nobody

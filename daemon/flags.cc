@@ -58,8 +58,10 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "--tls_cert. Unix sockets are guarded by file mode and group instead.");
 
 ABSL_FLAG(std::string, tenants_file, "",
-          "File of tenants, one a line: 'NAME TOKEN_FILE [max_sessions=N]', or 'NAME "
-          "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService call on every listener must then carry "
+          "File of tenants, one a line: 'NAME TOKEN_FILE [max_sessions=N] [max_caches=N] "
+          "[max_pages=N]' (bounds on what the tenant holds at once), or 'NAME "
+          "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService "
+          "call on every listener must then carry "
           "'authorization: Bearer <token>' of a tenant (UNAUTHENTICATED otherwise), and sees "
           "only that tenant's caches, sessions, namespaces and events. Health and reflection "
           "stay open. Excludes --auth_token_file.");
@@ -105,10 +107,18 @@ ABSL_FLAG(int, max_attach_per_peer, 64,
 ABSL_FLAG(int64_t, max_sessions_per_peer, 256,
           "Most sessions of one TCP peer address or one Unix-socket uid (under --max_sessions).");
 ABSL_FLAG(int, max_watchers_per_peer, 8,
-          "Most WatchEvents streams one TCP peer address may hold (all peers together: 64).");
+          "Most WatchEvents streams one TCP peer address or one Unix-socket uid (all its "
+          "connections together) may hold (all peers together: 64).");
+ABSL_FLAG(uint64_t, watcher_max_backlog, 4096,
+          "A WatchEvents stream is dropped (RESOURCE_EXHAUSTED naming the from_seq to resume "
+          "from) once more than this many events were recorded while one of its writes "
+          "waited for the client to read.");
 ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
 ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
           "An fd-socket connection idle this long is closed (clients reconnect).");
+ABSL_FLAG(absl::Duration, fd_request_timeout, absl::Seconds(5),
+          "One fd-socket request must arrive whole and its reply be taken within this long of "
+          "its first byte, however the peer paces it (else the connection is closed).");
 ABSL_FLAG(int, test_prefix_hash_bits, 128,
           "Tests only: keep this many bits (0-128) of each prefix page hash, so that hashes "
           "collide and the token-id check must catch them. Leave at 128.");
@@ -178,6 +188,8 @@ DaemonOptions OptionsFromFlags() {
   o.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
+  o.fd_request_timeout = absl::GetFlag(FLAGS_fd_request_timeout);
+  o.watcher_max_backlog = absl::GetFlag(FLAGS_watcher_max_backlog);
   o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);
   return o;
 }

@@ -84,8 +84,8 @@ absl::Status Requests::Allocate(S caller, const v1::AllocateRequest& req,
   spec->prefix_namespace = scope.NamespaceIn(spec->prefix_namespace);
   AllocateOptions options;
   options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
-  absl::StatusOr<CacheInfo> info = store_->Allocate(SessionOf(caller, scope), *spec,
-                                                    NewCacheId(scope, req.cache_id()), options);
+  absl::StatusOr<CacheInfo> info = store_->Allocate(
+      SessionOf(caller, scope), *spec, NewCacheId(scope, req.cache_id()), options, scope.owner());
   return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
@@ -240,7 +240,12 @@ absl::Status Requests::Describe(S caller, const v1::DescribeRequest& req,
 absl::Status Requests::Stats(S caller, const v1::StatsRequest& req, v1::StatsResponse* resp) {
   const TenantScope scope(caller.tenant);
   if (req.cache_id().empty()) {
-    ToProto(store_->Stats(), resp);
+    ArenaStats stats = store_->Stats();
+    // A tenant sees its own pools (the operator every tenant's, each named by its tenant).
+    if (!scope.sees_all()) {
+      std::erase_if(stats.pools, [&scope](const PoolStats& p) { return p.owner != scope.owner(); });
+    }
+    ToProto(stats, resp);
     return absl::OkStatus();
   }
   absl::StatusOr<PageStats> s = store_->CacheStats(scope.CacheIn(req.cache_id()));

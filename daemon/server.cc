@@ -104,6 +104,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_sessions_per_peer=", options.max_sessions_per_peer, " must be at least 1"));
   }
+  if (options.fd_request_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fd_request_timeout=", absl::FormatDuration(options.fd_request_timeout),
+                     " must be positive"));
+  }
+  if (options.watcher_max_backlog < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--watcher_max_backlog=", options.watcher_max_backlog, " must be at least 1"));
+  }
   if (options.max_watchers_per_peer < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_watchers_per_peer=", options.max_watchers_per_peer, " must be at least 1"));
@@ -160,6 +169,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_caches = options.max_caches;
   store_options.max_caches_per_session = options.max_caches_per_session;
   store_options.session_max_pages = options.session_max_pages;
+  if (d->tenants_ != nullptr) {
+    // Every tenant gets its own quota (its sessionless caches apart from the others'),
+    // bounded by its line's max_caches / max_pages.
+    for (const Tenant& t : d->tenants_->all()) {
+      if (!t.operator_role) store_options.owners[t.name] = OwnerBounds{t.max_caches, t.max_pages};
+    }
+  }
   store_options.max_request_tokens = options.max_request_tokens;
   store_options.max_attend_work = options.max_attend_work;
   store_options.max_reply_bytes = options.max_message_bytes;
@@ -184,6 +200,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   EventsHub::Options events_options;
   events_options.incarnation = incarnation;
   events_options.max_watchers_per_peer = options.max_watchers_per_peer;
+  events_options.max_backlog = options.watcher_max_backlog;
+  events_options.peer_uids = &d->peer_uids_;
   d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
                                                      d->events_.get(), d->tenants_.get());
@@ -203,6 +221,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     FdServerOptions fd_options;
     fd_options.max_connections = options.max_fd_connections;
     fd_options.idle_timeout = options.fd_idle_timeout;
+    fd_options.request_timeout = options.fd_request_timeout;
     fd_options.access = *access;
     fd_options.allowed_uids = options.allowed_uids;
     fd_options.metrics = &d->fd_metrics_;

@@ -75,10 +75,14 @@ struct DaemonOptions {
   absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
   int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
   int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
-  int max_watchers_per_peer = 8;  // WatchEvents streams from one TCP peer address
+  int max_watchers_per_peer = 8;  // WatchEvents streams from one TCP peer address or Unix uid
+  uint64_t watcher_max_backlog =
+      4096;  // events recorded during one write before a watcher is dropped
   int64_t max_sessions_per_peer = 256;  // sessions of one TCP peer address or Unix uid
   int max_fd_connections = 256;  // open fd-socket connections
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
+  absl::Duration fd_request_timeout =
+      absl::Seconds(5);  // one fd-socket request, first byte to reply
 };
 
 class Daemon {

@@ -37,8 +37,12 @@ bool ApplyOption(absl::string_view option, Tenant* tenant) {
     tenant->operator_role = true;
     return true;
   }
-  return absl::ConsumePrefix(&option, "max_sessions=") && absl::SimpleAtoi(option, &tenant->max_sessions) &&
-         tenant->max_sessions > 0;
+  for (auto [name, value] : {std::pair("max_sessions=", &tenant->max_sessions),
+                             std::pair("max_caches=", &tenant->max_caches),
+                             std::pair("max_pages=", &tenant->max_pages)}) {
+    if (absl::ConsumePrefix(&option, name)) return absl::SimpleAtoi(option, value) && *value > 0;
+  }
+  return false;
 }
 
 }  // namespace
@@ -56,8 +60,10 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (words.empty()) continue;
     if (words.size() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N]'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N] "
+                       "[max_caches=N] [max_pages=N]'"));
     }
     Tenant tenant;
     tenant.name = std::string(words[0]);
@@ -70,8 +76,7 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
       if (!ApplyOption(words[i], &tenant)) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": unknown option '", absl::CHexEscape(words[i]),
-            "' (role=operator, max_sessions=N with N > 0; max_pages and max_caches are not "
-            "implemented)"));
+            "' (role=operator, max_sessions=N, max_caches=N, max_pages=N with N > 0)"));
       }
     }
     absl::StatusOr<std::string> token = read_token(absl::StrCat(where, ": token file"), std::string(words[1]));

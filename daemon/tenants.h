@@ -7,10 +7,14 @@
 //
 //   bob   /etc/kvarena/bob.token     max_sessions=8
 //
+//   carol /etc/kvarena/carol.token   max_caches=100 max_pages=4096
+//
 // max_sessions=N bounds the sessions the tenant holds at once (attached or in their grace
-// period; RESOURCE_EXHAUSTED naming it). Other per-tenant bounds (max_pages=, max_caches=)
-// are not implemented: such an option is refused like any unknown one, rather than
-// accepted and not enforced.
+// period); max_caches=N the caches it holds (its sessions' and its sessionless ones);
+// max_pages=N the arena pages its caches hold, a page counted once per cache holding it
+// (prefix pages it adopted and pages shared by Fork included). Each is RESOURCE_EXHAUSTED
+// naming the tenant and the bound beyond it (counted in core: KvStore's owners), on top of
+// the daemon-wide flags.
 //
 // A tenant's name is 1-64 bytes of [A-Za-z0-9_.-]; a relative token path is read from
 // the tenants file's directory. role=operator is a read-only view of every tenant
@@ -37,6 +41,8 @@ struct Tenant {
   std::string token;      // the bearer token itself
   bool operator_role = false;
   int64_t max_sessions = 0;  // 0: only the daemon's --max_sessions
+  int64_t max_caches = 0;    // 0: only --max_caches (and --max_caches_per_session)
+  int64_t max_pages = 0;     // 0: only the arena (and --session_max_pages)
 };
 
 class Tenants {

@@ -238,6 +238,7 @@ PoolStats FromProto(const v1::PoolStats& p) {
   s.num_caches = static_cast<int64_t>(p.num_caches());
   s.pages_cached = static_cast<int64_t>(p.pages_cached());
   s.pages_shared = static_cast<int64_t>(p.pages_shared());
+  s.owner = p.tenant();
   return s;
 }
 
@@ -257,6 +258,7 @@ void ToProto(const PoolStats& s, v1::PoolStats* p) {
   p->set_num_caches(static_cast<uint64_t>(s.num_caches));
   p->set_pages_cached(static_cast<uint64_t>(s.pages_cached));
   p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
+  p->set_tenant(s.owner);
 }
 
 std::string HashBytes(const Hash128& h) {

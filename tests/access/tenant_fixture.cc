@@ -18,13 +18,16 @@ void TenantsTest::SetUp() {
   WriteTestFile(files_, "alice.token", std::string(kAliceToken) + "\n");
   WriteTestFile(files_, "bob.token", std::string(kBobToken) + "\n");
   WriteTestFile(files_, "ops.token", std::string(kOpsToken) + "\n");
-  const std::string tenants = WriteTestFile(
-      files_, "tenants",
-      "# name  token file  options\n"
-      "alice alice.token\n"
-      "\n"
-      "bob " + files_.path() + "/bob.token max_sessions=2\n"
-      "ops ops.token role=operator  # read-only\n");
+  WriteTestFile(files_, "carol.token", std::string(kCarolToken) + "\n");
+  const std::string tenants = WriteTestFile(files_, "tenants",
+                                            "# name  token file  options\n"
+                                            "alice alice.token\n"
+                                            "\n"
+                                            "bob " +
+                                                files_.path() +
+                                                "/bob.token max_sessions=2\n"
+                                                "ops ops.token role=operator  # read-only\n"
+                                                "carol carol.token max_caches=3 max_pages=4\n");
   daemon_ = std::make_unique<DaemonProcess>(
       std::vector<std::string>{"--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});
   // Health stays open: WaitServing polls it without a token.

@@ -1,5 +1,6 @@
-// TenantsTest: the real kvarenad with --tenants_file listing alice, bob (tenants; bob with
-// max_sessions=2) and ops (role=operator), and contexts that carry a tenant's bearer token.
+// TenantsTest: the real kvarenad with --tenants_file listing alice, bob, carol (tenants;
+// bob with max_sessions=2, carol with max_caches=3 max_pages=4) and ops (role=operator),
+// and contexts that carry a tenant's bearer token.
 //
 // Thread-compatible: one test thread drives it.
 #ifndef KVARENA_TESTS_ACCESS_TENANT_FIXTURE_H_
@@ -19,13 +20,14 @@ namespace kvarena {
 inline constexpr char kAliceToken[] = "alice-token-0123456789abcdef";
 inline constexpr char kBobToken[] = "bob-token-0123456789abcdef";
 inline constexpr char kOpsToken[] = "ops-token-0123456789abcdef";
+inline constexpr char kCarolToken[] = "carol-token-0123456789abcdef";
 
 // Writes `contents` to dir/name and returns the path.
 std::string WriteTestFile(const TempDir& dir, const std::string& name, const std::string& contents);
 
 class TenantsTest : public ::testing::Test {
  protected:
-  // Starts kvarenad with the three tenants.
+  // Starts kvarenad with the four tenants.
   void SetUp() override;
   void TearDown() override;
 

@@ -25,8 +25,9 @@ absl::StatusOr<Tenants> Parse(const std::string& text) {
 }
 
 TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
-  absl::StatusOr<Tenants> t =
-      Parse("# comment\n\n  alice a max_sessions=3  # trailing\n" "ops\to role=operator\n");
+  absl::StatusOr<Tenants> t = Parse(
+      "# comment\n\n  alice a max_sessions=3 max_caches=4 max_pages=50  # trailing\n"
+      "ops\to role=operator\n");
   ASSERT_TRUE(t.ok()) << t.status();
   ASSERT_EQ(t->all().size(), 2u);
   const Tenant& alice = t->all()[0];
@@ -34,6 +35,9 @@ TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
   EXPECT_EQ(alice.token, "a-0123456789abcdef");
   EXPECT_FALSE(alice.operator_role);
   EXPECT_EQ(alice.max_sessions, 3);
+  EXPECT_EQ(alice.max_caches, 4);
+  EXPECT_EQ(alice.max_pages, 50);
+  EXPECT_EQ(t->all()[1].max_pages, 0);  // none given: no bound
   EXPECT_TRUE(t->all()[1].operator_role);
 }
 
@@ -45,12 +49,17 @@ TEST(TenantsFileTest, RefusesABadLineNamingIt) {
   } kCases[] = {
       {"alice\n", Code::kInvalidArgument, "line 1: expected 'NAME TOKEN_FILE"},
       {"ok a\nal/ice b\n", Code::kInvalidArgument, "line 2: tenant name 'al/ice'"},
-      {"alice a max_pages=10\n", Code::kInvalidArgument, "line 1: unknown option 'max_pages=10'"},
+      {"alice a max_pages=0\n", Code::kInvalidArgument, "line 1: unknown option 'max_pages=0'"},
+      {"alice a max_caches=-1\n", Code::kInvalidArgument, "unknown option 'max_caches=-1'"},
+      {"alice a max_caches=9999999999999999999\n", Code::kInvalidArgument,
+       "unknown option 'max_caches=9999"},
+      {"alice a max_pages=10x\n", Code::kInvalidArgument, "unknown option 'max_pages=10x'"},
       {"alice a max_sessions=0\n", Code::kInvalidArgument, "unknown option 'max_sessions=0'"},
       {"alice a max_sessions=x\n", Code::kInvalidArgument, "unknown option 'max_sessions=x'"},
       {"alice a role=admin\n", Code::kInvalidArgument, "unknown option 'role=admin'"},
       {"alice a\nalice b\n", Code::kInvalidArgument, "line 2: tenant 'alice' is listed twice"},
-      {"alice a\nbob a\n", Code::kInvalidArgument, "line 2: tenant 'bob' has the token of an earlier line"},
+      {"alice a\nbob a\n", Code::kInvalidArgument,
+       "line 2: tenant 'bob' has the token of an earlier line"},
       {"\n\nalice short\n", Code::kInvalidArgument, "line 3: token file=short"},
       {"alice missing\n", Code::kNotFound, "line 1: token file=missing"},
       {"# nobody\n", Code::kInvalidArgument, "lists no tenant"},

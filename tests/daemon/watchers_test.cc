@@ -1,13 +1,16 @@
 // WatchEvents watchers against a real kvarenad: watchers that stop reading do not hold up
 // prefix registrations — they are dropped with the seq to resume from, and a watcher that
-// resumes there gets every event after it; one TCP peer holds at most
-// --max_watchers_per_peer streams.
+// resumes there gets every event after it; one TCP peer address, or one Unix-socket uid over
+// all its connections, holds at most --max_watchers_per_peer streams.
+#include <unistd.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/time/clock.h"
 #include "proto/wire.h"
 #include "tests/daemon/rpc_test_util.h"
 
@@ -82,6 +85,8 @@ class WatchersTest : public KvarenadTest {
 };
 
 TEST_F(WatchersTest, StalledWatchersAreDroppedAndResumeFromTheirSeq) {
+  // 64 watchers of this uid; the backlog at its default, named.
+  StartDaemon({"--arena_bytes=64Mi", "--max_watchers_per_peer=64", "--watcher_max_backlog=4096"});
   const std::shared_ptr<grpc::Channel> stalling = StallingChannel();
   for (int i = 0; i < 64; ++i) {
     const grpc::Status s = TryWatch(stalling);
@@ -137,7 +142,7 @@ TEST_F(WatchersTest, StalledWatchersAreDroppedAndResumeFromTheirSeq) {
   EXPECT_EQ(w.next_seq, end_seq);
 }
 
-TEST_F(WatchersTest, MaxWatchersPerPeerBoundsTcpPeersOnly) {
+TEST_F(WatchersTest, MaxWatchersPerPeerBoundsATcpAddressAndAUnixUid) {
   const std::string tcp = "127.0.0.1:" + std::to_string(PickUnusedPort());
   TempDir dir;
   StartDaemon({"--listen=unix:" + dir.path() + "/k.sock," + tcp, "--arena_bytes=64Mi",
@@ -148,8 +153,27 @@ TEST_F(WatchersTest, MaxWatchersPerPeerBoundsTcpPeersOnly) {
   EXPECT_THAT(TryWatch(tcp_channel), StatusIs(StatusCode::RESOURCE_EXHAUSTED,
                                               "peer 127.0.0.1 holds 2 WatchEvents streams; "
                                               "max_watchers_per_peer=2"));
-  // Unix-socket peers count against the daemon's 64 only.
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(TryWatch(daemon_->NewChannel()).ok());
+  // One uid over the Unix socket: its connections (a channel each) count together.
+  ASSERT_TRUE(TryWatch(daemon_->NewChannel()).ok());
+  ASSERT_TRUE(TryWatch(daemon_->NewChannel()).ok());
+  EXPECT_THAT(TryWatch(daemon_->NewChannel()),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                       "watch_events: uid " + std::to_string(getuid()) +
+                           " holds 2 WatchEvents streams; max_watchers_per_peer=2"));
+  EXPECT_EQ(watchers_.size(), 4u);
+  // The refusals took nothing: a watcher that goes frees its slot for its uid, and other
+  // calls are served meanwhile.
+  watchers_.back().context->TryCancel();
+  watchers_.back().reader->Finish();
+  watchers_.pop_back();
+  grpc::Status again = TryWatch(daemon_->NewChannel());
+  for (int tries = 0; tries < 500 && again.error_code() == StatusCode::RESOURCE_EXHAUSTED;
+       ++tries) {
+    absl::SleepFor(absl::Milliseconds(20));  // until the daemon has seen the stream end
+    again = TryWatch(daemon_->NewChannel());
+  }
+  EXPECT_TRUE(again.ok()) << ::testing::PrintToString(again);
+  EXPECT_FALSE(Allocate(Spec(1, 2, 8)).empty());
 }
 
 }  // namespace

@@ -205,6 +205,25 @@ TEST_F(FdLimitsTest, PeerStallingMidRequestIsCutOffBeforeItIdlesOut) {
   EXPECT_TRUE(Served(Connect(), Attach()));
 }
 
+// --fd_request_timeout bounds a whole request, however the peer paces it: one byte every
+// 100 ms keeps the connection busy, yet it is closed while the bytes still trickle (the
+// 5 s default would let all 30 of them through first).
+TEST_F(FdLimitsTest, FdRequestTimeoutBoundsATricklingRequest) {
+  Start({"--fd_idle_timeout=1h", "--fd_request_timeout=200ms"});
+  const int sock = Connect();
+  const uint32_t len = 100000;  // announced, never sent whole
+  const std::string header(reinterpret_cast<const char*>(&len), sizeof(len));
+  bool closed = false;
+  for (size_t i = 0; i < 30 && !closed; ++i) {
+    const char byte = i < header.size() ? header[i] : '\0';
+    closed = send(sock, &byte, 1, MSG_NOSIGNAL) != 1;
+    pollfd p = {sock, POLLRDHUP, 0};
+    closed = closed || (poll(&p, 1, 100) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(Served(Connect(), Attach()));
+}
+
 TEST_F(FdLimitsTest, PeerLeavingItsRepliesUnreadIsCutOff) {
   Start({"--fd_idle_timeout=1h"});
   const int sock = Connect();
@@ -257,7 +276,9 @@ TEST_F(FdLimitsTest, AcceptBacksOffWhileTheDaemonIsOutOfFdsAndServesAfter) {
 TEST_F(FdLimitsTest, BoundsOutOfRangeStopTheDaemonAtStart) {
   for (const auto& [flag, says] : std::vector<std::pair<std::string, std::string>>{
            {"--max_fd_connections=0", "--max_fd_connections=0 must be at least 1"},
-           {"--fd_idle_timeout=0", "--fd_idle_timeout=0 must be positive"}}) {
+           {"--fd_idle_timeout=0", "--fd_idle_timeout=0 must be positive"},
+           {"--fd_request_timeout=0", "--fd_request_timeout=0 must be positive"},
+           {"--watcher_max_backlog=0", "--watcher_max_backlog=0 must be at least 1"}}) {
     SCOPED_TRACE(flag);
     DaemonProcess d({flag});
     const std::optional<int> status = d.WaitExit(kBound);

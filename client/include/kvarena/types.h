@@ -177,6 +177,7 @@ struct PoolStats {
   uint64_t chunk_bytes = 0;
   uint64_t bytes_committed = 0;
   int64_t num_caches = 0;
+  std::string owner;  // the tenant whose caches draw from it (--tenants_file); "" without
 };
 
 struct ArenaStats {
