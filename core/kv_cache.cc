@@ -28,19 +28,24 @@ std::string RootKey(const CacheSpec& s) {
 size_t KvCache::FixedMetadataBytes(const CacheSpec& spec, const std::string& id) {
   // The cache's map entries (the store's and its session's) at a hash map's lowest load.
   constexpr size_t kMapEntries = 2 * 3 * 64;
-  const size_t per_layer = sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, reg_next_, window
+  const size_t per_layer =
+      sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, prefix_.reg_next, window
   return sizeof(KvCache) + kMapEntries + 3 * id.size() + 2 * spec.prefix_namespace.size() + 64 +
          size_t(spec.num_layers) * per_layer;
 }
 
-KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx, absl::Time now,
-                 BudgetCharge metadata)
-    : id_(std::move(id)), spec_(std::move(spec)), owner_(std::move(owner)), ctx_(std::move(ctx)),
+KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx,
+                 absl::Time now, BudgetCharge metadata)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      owner_(std::move(owner)),
+      ctx_(std::move(ctx)),
       fixed_metadata_(metadata.bytes()),
-      last_used_(absl::ToUnixNanos(now)), layers_(size_t(spec_.num_layers)), metadata_(std::move(metadata)),
-      root_key_(RootKey(spec_)),
-      root_hash_(sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{}),
-      reg_next_(size_t(spec_.num_layers), 0) {
+      last_used_(absl::ToUnixNanos(now)),
+      layers_(size_t(spec_.num_layers)),
+      metadata_(std::move(metadata)),
+      prefix_(RootKey(spec_), sharing() ? PrefixRootHash(spec_.prefix_namespace, spec_) : Hash128{},
+              spec_.num_layers) {
   ctx_.counters->layers_total += spec_.num_layers;
   ctx_.counters->layers_sliding += SlidingLayers(spec_);
 }
@@ -258,7 +263,7 @@ absl::StatusOr<PopnResult> KvCache::Popn(uint64_t n) {
   }
   ReturnPagesLocked(freed);
   ForgetTokensLocked(end);
-  cached_tokens_ = std::min(cached_tokens_, end);
+  prefix_.cached_tokens = std::min(prefix_.cached_tokens, end);
   PublishLocked(seq, old_mat);
   r.popped = int64_t(n);
   r.seq_len = SeqLenLocked();
@@ -292,7 +297,7 @@ absl::StatusOr<CacheInfo> KvCache::Reset(bool keep_pages) {
   }
   ReturnPagesLocked(freed);
   ForgetTokensLocked(0);
-  cached_tokens_ = 0;
+  prefix_.cached_tokens = 0;
   PublishLocked(old_seq, old_mat);
   return InfoLocked();
 }
@@ -326,8 +331,8 @@ CacheInfo KvCache::InfoLocked() const {
   }
   info.pool_id = ctx_.pool->id();
   info.page_bytes = ctx_.pool->page_bytes();
-  info.cached_tokens = cached_tokens_;
-  info.tokens_known = int64_t(tokens_.size());
+  info.cached_tokens = prefix_.cached_tokens;
+  info.tokens_known = int64_t(prefix_.tokens.size());
   return info;
 }
 
@@ -335,44 +340,6 @@ absl::StatusOr<CacheInfo> KvCache::Info() {
   absl::MutexLock lock(&mu_);
   KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   return InfoLocked();
-}
-
-std::vector<int32_t> KvCache::HeldPages() {
-  absl::MutexLock lock(&mu_);
-  std::vector<int32_t> ids;
-  for (const LayerTable& t : layers_) ids.insert(ids.end(), t.blocks(), t.blocks() + t.num_blocks());
-  return ids;
-}
-
-std::string KvCache::DebugState() {
-  absl::MutexLock lock(&mu_);
-  std::string out = absl::StrCat(Quoted(id_), released_ ? " released" : "", " held=", pages_held_,
-                                 " cached=", cached_tokens_, " tokens=", tokens_.size(), " chain=",
-                                 chain_.nodes.size(), chain_.blocked ? "!" : "");
-  {
-    uint64_t h = 1469598103934665603u;  // FNV-1a over the declared token ids
-    for (int32_t t : tokens_) h = (h ^ uint32_t(t)) * 1099511628211u;
-    absl::StrAppend(&out, " tok#", h);
-  }
-  std::vector<char> k, v;
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const LayerTable& t = layers_[size_t(l)];
-    const int64_t first = t.first_pos(spec_.page_size);
-    absl::StrAppend(&out, " [", first, ",", t.len(), ") pages");
-    for (int64_t b = 0; b < t.num_blocks(); ++b) absl::StrAppend(&out, " ", t.blocks()[b]);
-    const int64_t n = t.len() - first;
-    if (n <= 0) continue;
-    const size_t bytes = size_t(*TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim));
-    k.resize(bytes);
-    v.resize(bytes);
-    if (!kernels().GatherKv(ViewLocked(l), first, n, k.data(), v.data()).ok()) continue;
-    uint64_t h = 1469598103934665603u;  // FNV-1a over K then V
-    for (const std::vector<char>* p : {&k, &v}) {
-      for (char c : *p) h = (h ^ uint8_t(c)) * 1099511628211u;
-    }
-    absl::StrAppend(&out, " kv#", h);
-  }
-  return out;
 }
 
 absl::StatusOr<PageStats> KvCache::Stats() {
@@ -391,10 +358,10 @@ absl::StatusOr<PageStats> KvCache::Stats() {
   st.bytes_used = uint64_t(pages_held_) * ctx_.pool->page_bytes();
   st.pages_evicted = pages_evicted_;
   st.refusals = refusals_.load(std::memory_order_relaxed);
-  st.prefix_lookups = prefix_requested_ > 0 ? 1 : 0;
-  st.prefix_requested_tokens = prefix_requested_;
-  st.prefix_hit_tokens = prefix_hit_;
-  st.cow_copies = cow_copies_;
+  st.prefix_lookups = prefix_.requested > 0 ? 1 : 0;
+  st.prefix_requested_tokens = prefix_.requested;
+  st.prefix_hit_tokens = prefix_.hit;
+  st.cow_copies = prefix_.cow_copies;
   return st;
 }
 

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -75,11 +76,31 @@ struct CacheContext {
   const RequestLimits* limits = nullptr;
   size_t max_reply_bytes = 0;
   // Called with no pool lock held when `pool` cannot find n pages: reclaims cached pages
-  // of the arena's other pools (KvStore::Impl::TrimOtherPools); true when that gave
+  // of the arena's other pools (PoolSet::TrimOthers); true when that gave
   // enough budget back to try again.
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
   int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
   ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
+};
+
+// A cache's prefix-reuse state (kv_cache_prefix.cc): the token ids it declared, their
+// chained page hashes, its holds on the pool's index, and what it reused. One member of
+// KvCache, guarded by the cache's lock.
+struct CachePrefix {
+  CachePrefix(std::string key, const Hash128& hash, int num_layers)
+      : root_key(std::move(key)), root_hash(hash), reg_next(size_t(num_layers), 0) {}
+
+  const std::string root_key;  // namespace and geometry, exactly ("" without a namespace)
+  const Hash128 root_hash;
+  std::vector<int32_t> tokens;    // declared ids of positions [0, size)
+  std::vector<Hash128> hashes;    // chained hash of each full block of them
+  std::vector<Hash128> keys;      // the same, as the index keys them
+  PrefixChain chain;              // index nodes of those blocks (sharing only)
+  std::vector<int64_t> reg_next;  // per layer: blocks below were registered or skipped
+  int64_t cached_tokens = 0;
+  uint64_t cow_copies = 0;
+  uint64_t requested = 0;  // this cache's lookup, at start
+  uint64_t hit = 0;
 };
 
 class KvCache {
@@ -140,6 +161,8 @@ class KvCache {
   // every layer shared, each partial last page copied, the lengths, windows' evictions
   // and declared tokens the same. RESOURCE_EXHAUSTED (quota, arena) changes nothing.
   absl::Status ForkFrom(KvCache& src);
+
+  // The audit (kv_cache_audit.cc).
   // Adds this cache's holds on index nodes to *holds, checks that the pages it may write
   // (each layer's partial last block and reserved blocks) are Writable and that its
   // metadata charge is what it declares, and returns that charge in *metadata.
@@ -170,6 +193,10 @@ class KvCache {
  private:
   int64_t SeqLenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MaterializedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks that op (reserve, commit) may grow every layer by tokens: live, tokens within
+  // the request limits, the length within max_tokens.
+  absl::Status CheckGrowLocked(absl::string_view op, int64_t tokens) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What an append took: blocks added to the layer, chunks the pool committed for them.
   struct Taken {
@@ -247,18 +274,7 @@ class KvCache {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   BudgetCharge metadata_ ABSL_GUARDED_BY(mu_);  // fixed_metadata_ + DeclaredBytes(tokens)
 
-  // Prefix reuse.
-  const std::string root_key_;  // namespace and geometry, exactly ("" without a namespace)
-  const Hash128 root_hash_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);   // declared ids of positions [0, size)
-  std::vector<Hash128> hashes_ ABSL_GUARDED_BY(mu_);   // chained hash of each full block of them
-  std::vector<Hash128> keys_ ABSL_GUARDED_BY(mu_);     // the same, as the index keys them
-  PrefixChain chain_ ABSL_GUARDED_BY(mu_);             // index nodes of those blocks (sharing only)
-  std::vector<int64_t> reg_next_ ABSL_GUARDED_BY(mu_);  // per layer: blocks below were registered or skipped
-  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t cow_copies_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t prefix_requested_ ABSL_GUARDED_BY(mu_) = 0;  // this cache's lookup, at start
-  uint64_t prefix_hit_ ABSL_GUARDED_BY(mu_) = 0;
+  CachePrefix prefix_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvarena

@@ -15,15 +15,15 @@ namespace kvarena {
 
 PrefixQuery KvCache::QueryLocked() const {
   PrefixQuery q;
-  q.root_key = root_key_;
+  q.root_key = prefix_.root_key;
   q.prefix_namespace = spec_.prefix_namespace;
-  q.root_hash = root_hash_;
+  q.root_hash = prefix_.root_hash;
   q.num_layers = spec_.num_layers;
   q.page_size = spec_.page_size;
   q.layer_windows = spec_.layer_windows;
-  q.hashes = keys_.data();
-  q.tokens = tokens_.data();
-  q.num_blocks = int64_t(keys_.size());
+  q.hashes = prefix_.keys.data();
+  q.tokens = prefix_.tokens.data();
+  q.num_blocks = int64_t(prefix_.keys.size());
   return q;
 }
 
@@ -36,7 +36,7 @@ absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool
   const size_t want = fixed_metadata_ + DeclaredBytes(n);
   ByteBudget* budget = metadata_.budget();
   if (want <= metadata_.bytes() || (budget == nullptr && metadata_.Resize(want))) return absl::OkStatus();
-  const int64_t new_blocks = n / spec_.page_size - int64_t(chain_.nodes.size());
+  const int64_t new_blocks = n / spec_.page_size - int64_t(prefix_.chain.nodes.size());
   const size_t nodes = new_nodes && sharing() && new_blocks > 0
                            ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
                            : 0;
@@ -50,42 +50,48 @@ absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool
 }
 
 void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
-  tokens_ = std::move(tokens);
+  prefix_.tokens = std::move(tokens);
   const int64_t page = spec_.page_size;
-  const size_t kept = std::min(hashes_.size(), size_t(changed_from / page));
-  hashes_.resize(kept);
-  keys_.resize(kept);
-  hashes_.reserve(tokens_.size() / size_t(page));
-  keys_.reserve(tokens_.size() / size_t(page));
+  const size_t kept = std::min(prefix_.hashes.size(), size_t(changed_from / page));
+  prefix_.hashes.resize(kept);
+  prefix_.keys.resize(kept);
+  prefix_.hashes.reserve(prefix_.tokens.size() / size_t(page));
+  prefix_.keys.reserve(prefix_.tokens.size() / size_t(page));
   // Covered by ChargeDeclaredLocked when growing; a shrink gives bytes back.
-  (void)metadata_.Resize(std::min(metadata_.bytes(), fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
-  for (size_t b = kept; (b + 1) * size_t(page) <= tokens_.size(); ++b) {
-    const Hash128 parent = b == 0 ? root_hash_ : hashes_[b - 1];
-    hashes_.push_back(PrefixPageHash(parent, tokens_.data() + b * size_t(page), int(page)));
-    keys_.push_back(KeepHashBits(hashes_.back(), ctx_.prefix_hash_bits));
+  (void)metadata_.Resize(
+      std::min(metadata_.bytes(), fixed_metadata_ + DeclaredBytes(int64_t(prefix_.tokens.size()))));
+  for (size_t b = kept; (b + 1) * size_t(page) <= prefix_.tokens.size(); ++b) {
+    const Hash128 parent = b == 0 ? prefix_.root_hash : prefix_.hashes[b - 1];
+    prefix_.hashes.push_back(
+        PrefixPageHash(parent, prefix_.tokens.data() + b * size_t(page), int(page)));
+    prefix_.keys.push_back(KeepHashBits(prefix_.hashes.back(), ctx_.prefix_hash_bits));
   }
   if (!sharing()) return;
-  for (int64_t& next : reg_next_) next = std::min<int64_t>(next, int64_t(kept));
-  if (kept < chain_.nodes.size() || (chain_.blocked && kept == chain_.nodes.size())) {
-    ctx_.pool->TruncateChain(&chain_, kept);
+  for (int64_t& next : prefix_.reg_next) next = std::min<int64_t>(next, int64_t(kept));
+  if (kept < prefix_.chain.nodes.size() ||
+      (prefix_.chain.blocked && kept == prefix_.chain.nodes.size())) {
+    ctx_.pool->TruncateChain(&prefix_.chain, kept);
   }
-  if (keys_.size() > chain_.nodes.size() && !chain_.blocked) ctx_.pool->ExtendChain(QueryLocked(), &chain_);
+  if (prefix_.keys.size() > prefix_.chain.nodes.size() && !prefix_.chain.blocked) {
+    ctx_.pool->ExtendChain(QueryLocked(), &prefix_.chain);
+  }
 }
 
 void KvCache::ForgetTokensLocked(int64_t pos) {
-  if (int64_t(tokens_.size()) <= pos) return;
-  DeclareLocked(std::vector<int32_t>(tokens_.begin(), tokens_.begin() + pos), pos);
+  if (int64_t(prefix_.tokens.size()) <= pos) return;
+  DeclareLocked(std::vector<int32_t>(prefix_.tokens.begin(), prefix_.tokens.begin() + pos), pos);
 }
 
 void KvCache::RegisterLocked(int layer) {
-  if (!sharing() || chain_.nodes.empty()) return;
+  if (!sharing() || prefix_.chain.nodes.empty()) return;
   std::vector<PageToRegister> pages;
   auto collect = [&](int l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const LayerTable& t = layers_[size_t(l)];
-    const int64_t full = std::min<int64_t>(t.len() / spec_.page_size, int64_t(chain_.nodes.size()));
-    int64_t& next = reg_next_[size_t(l)];
+    const int64_t full =
+        std::min<int64_t>(t.len() / spec_.page_size, int64_t(prefix_.chain.nodes.size()));
+    int64_t& next = prefix_.reg_next[size_t(l)];
     for (int64_t b = std::max(next, t.first_block()); b < full; ++b) {
-      pages.push_back(PageToRegister{chain_.nodes[size_t(b)], l, t.block(b)});
+      pages.push_back(PageToRegister{prefix_.chain.nodes[size_t(b)], l, t.block(b)});
     }
     next = std::max(next, full);
   };
@@ -103,7 +109,7 @@ absl::Status KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
   KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("allocate", int64_t(prompt.size())));
   DeclareLocked(prompt, 0);
   if (!sharing()) return absl::OkStatus();
-  prefix_requested_ = prompt.size();
+  prefix_.requested = prompt.size();
   ctx_.counters->prefix_lookups += 1;
   ctx_.counters->prefix_requested_tokens += prompt.size();
   const int64_t page = spec_.page_size;
@@ -114,17 +120,17 @@ absl::Status KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
   Quota* quota = ctx_.quota.get();
   q.charge = [quota](int64_t n) { return quota->TryChargePages(n); };
   PrefixHit hit;
-  ctx_.pool->AdoptPrefix(q, &chain_, &hit);
+  ctx_.pool->AdoptPrefix(q, &prefix_.chain, &hit);
   if (hit.blocks == 0) return absl::OkStatus();
   for (int l = 0; l < spec_.num_layers; ++l) {
     const std::vector<int32_t>& ids = hit.pages[size_t(l)];
     layers_[size_t(l)].Adopt(hit.first_block[size_t(l)], ids.data(), int64_t(ids.size()), hit.blocks * page);
-    reg_next_[size_t(l)] = hit.blocks;
+    prefix_.reg_next[size_t(l)] = hit.blocks;
   }
   pages_held_ += hit.pages_adopted;
-  cached_tokens_ = hit.blocks * page;
-  prefix_hit_ = uint64_t(cached_tokens_);
-  ctx_.counters->prefix_hit_tokens += uint64_t(cached_tokens_);
+  prefix_.cached_tokens = hit.blocks * page;
+  prefix_.hit = uint64_t(prefix_.cached_tokens);
+  ctx_.counters->prefix_hit_tokens += uint64_t(prefix_.cached_tokens);
   PublishLocked(0, 0);
   return absl::OkStatus();
 }
@@ -133,7 +139,7 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   absl::MutexLock lock(&mu_);
   KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   KVARENA_RETURN_IF_ERROR(CheckTokenIds("set_tokens", "token_ids", ids, limits()));
-  const int64_t known = int64_t(tokens_.size());
+  const int64_t known = int64_t(prefix_.tokens.size());
   if (first_pos < 0 || first_pos > known) {
     return absl::InvalidArgumentError(absl::StrCat(
         "set_tokens: first_pos=", first_pos, " but cache ", Quoted(id_), " knows the token ids of positions [0, ",
@@ -143,11 +149,11 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   KVARENA_RETURN_IF_ERROR(CheckGrowth("set_tokens", "first_pos", first_pos, n, limits()));
   const int64_t seq = SeqLenLocked();
   for (int64_t p = first_pos; p < std::min({first_pos + n, known, seq}); ++p) {
-    if (ids[size_t(p - first_pos)] != tokens_[size_t(p)]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "set_tokens: token_ids[", p - first_pos, "]=", ids[size_t(p - first_pos)], " but position ", p,
-          " holds token ", tokens_[size_t(p)], "; the ids of written positions (below seq_len=", seq,
-          ") cannot change"));
+    if (ids[size_t(p - first_pos)] != prefix_.tokens[size_t(p)]) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("set_tokens: token_ids[", p - first_pos, "]=", ids[size_t(p - first_pos)],
+                       " but position ", p, " holds token ", prefix_.tokens[size_t(p)],
+                       "; the ids of written positions (below seq_len=", seq, ") cannot change"));
     }
   }
   // Declared ids of written positions stay; those of unwritten ones past the call go.
@@ -155,11 +161,14 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("set_tokens", std::max(first_pos + n, keep)));
   std::vector<int32_t> next;
   next.reserve(size_t(std::max(first_pos + n, keep)));
-  next.assign(tokens_.begin(), tokens_.begin() + first_pos);
+  next.assign(prefix_.tokens.begin(), prefix_.tokens.begin() + first_pos);
   next.insert(next.end(), ids.begin(), ids.end());
-  if (int64_t(next.size()) < keep) next.insert(next.end(), tokens_.begin() + int64_t(next.size()), tokens_.begin() + keep);
+  const std::vector<int32_t>& declared = prefix_.tokens;
+  if (int64_t(next.size()) < keep)
+    next.insert(next.end(), declared.begin() + int64_t(next.size()), declared.begin() + keep);
   int64_t changed = first_pos;
-  while (changed < std::min<int64_t>(known, int64_t(next.size())) && next[size_t(changed)] == tokens_[size_t(changed)]) {
+  while (changed < std::min<int64_t>(known, int64_t(next.size())) &&
+         next[size_t(changed)] == declared[size_t(changed)]) {
     ++changed;
   }
   DeclareLocked(std::move(next), changed);
@@ -205,7 +214,7 @@ absl::Status KvCache::CopyKeptPagesLocked(int64_t end) {
   }
   pages_held_ += n;
   ReturnPagesLocked(old);
-  cow_copies_ += uint64_t(n);
+  prefix_.cow_copies += uint64_t(n);
   ctx_.counters->cow_copies += uint64_t(n);
   return absl::OkStatus();
 }
@@ -236,7 +245,9 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   // The fork's tables name every page it shares: a slot each, besides its copy of the ids.
   const size_t table_bytes = size_t(total) * sizeof(int32_t);
   fixed_metadata_ += table_bytes;
-  if (absl::Status s = ChargeDeclaredLocked("fork", int64_t(src.tokens_.size()), /*new_nodes=*/false); !s.ok()) {
+  if (absl::Status s =
+          ChargeDeclaredLocked("fork", int64_t(src.prefix_.tokens.size()), /*new_nodes=*/false);
+      !s.ok()) {
     fixed_metadata_ -= table_bytes;
     return s;
   }
@@ -271,47 +282,16 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
     layers_[size_t(l)].Adopt(t.first_block(), v.data(), int64_t(v.size()), t.len());
   }
   pages_held_ = total;
-  tokens_ = src.tokens_;
-  hashes_ = src.hashes_;
-  keys_ = src.keys_;
-  reg_next_ = src.reg_next_;
+  prefix_.tokens = src.prefix_.tokens;
+  prefix_.hashes = src.prefix_.hashes;
+  prefix_.keys = src.prefix_.keys;
+  prefix_.reg_next = src.prefix_.reg_next;
   if (sharing()) {
-    chain_ = src.chain_;
-    ctx_.pool->HoldChain(chain_);
+    prefix_.chain = src.prefix_.chain;
+    ctx_.pool->HoldChain(prefix_.chain);
   }
-  cached_tokens_ = SeqLenLocked();
+  prefix_.cached_tokens = SeqLenLocked();
   PublishLocked(0, 0);
-  return absl::OkStatus();
-}
-
-absl::Status KvCache::TEST_Audit(absl::flat_hash_map<uint64_t, int64_t>* holds, size_t* metadata) {
-  absl::MutexLock lock(&mu_);
-  *metadata = metadata_.budget() == nullptr ? 0 : metadata_.bytes();
-  if (metadata_.bytes() != fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " holds ", metadata_.bytes(),
-                                            " metadata bytes but declares ", tokens_.size(), " tokens: ",
-                                            fixed_metadata_ + DeclaredBytes(int64_t(tokens_.size()))));
-  }
-  if (chain_.root != PrefixIndex::kNoNode) ++(*holds)[chain_.root];
-  for (uint64_t node : chain_.nodes) ++(*holds)[node];
-  const size_t page = size_t(spec_.page_size);
-  if (hashes_.size() != tokens_.size() / page || keys_.size() != hashes_.size()) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " knows ", tokens_.size(), " tokens but hashes ",
-                                            hashes_.size(), " pages"));
-  }
-  if (chain_.nodes.size() > keys_.size() || (sharing() && !chain_.blocked && chain_.nodes.size() != keys_.size())) {
-    return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " chains ", chain_.nodes.size(), " of ",
-                                            keys_.size(), " known pages"));
-  }
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const LayerTable& t = layers_[size_t(l)];
-    for (int64_t b = std::max(t.first_block(), t.len() / int64_t(page)); b < t.first_block() + t.num_blocks(); ++b) {
-      if (!ctx_.pool->Writable(t.block(b))) {
-        return absl::InternalError(absl::StrCat("cache ", Quoted(id_), " layer ", l, " may write block ", b,
-                                                " (page ", t.block(b), ") but it is shared or registered"));
-      }
-    }
-  }
   return absl::OkStatus();
 }
 

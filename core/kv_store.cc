@@ -40,84 +40,6 @@ absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& 
   return cache;
 }
 
-PoolKey KvStore::Impl::KeyOfLocked(const PagePool& pool) const {
-  const PageLayout& l = pool.layout();
-  return PoolKey{pool_owner.at(pool.id()), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
-}
-
-absl::StatusOr<std::shared_ptr<PagePool>> KvStore::Impl::PoolFor(const CacheSpec& spec,
-                                                                 const std::string& owner,
-                                                                 bool* created) {
-  *created = false;
-  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
-  auto it = pools.find(key);
-  if (it != pools.end()) return it->second;
-  if (int64_t(pools.size()) >= options.max_pools) {
-    // A pool kept only for its cached pages gives way to a geometry in use.
-    for (const auto& [id, p] : pools_by_id) {
-      if (auto n = caches_per_pool.find(id); n != caches_per_pool.end() && n->second > 0) continue;
-      pools.erase(KeyOfLocked(*p));
-      pool_owner.erase(id);
-      caches_per_pool.erase(id);
-      {
-        absl::MutexLock lock(&pools_mu);
-        live_pools.erase(std::find(live_pools.begin(), live_pools.end(), p));
-      }
-      pools_by_id.erase(id);
-      break;
-    }
-  }
-  if (int64_t(pools.size()) >= options.max_pools) {
-    return RefusedError(Refusal::kMaxPools, absl::StrCat(
-        "allocate: ", pools.size(), " pools (distinct geometries) are alive; max_pools=",
-        options.max_pools, " (a pool goes when its last cache is released)"));
-  }
-  PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
-  const uint64_t id = next_pool_id;
-  absl::StatusOr<std::unique_ptr<PagePool>> pool =
-      PagePool::Create(id, layout, backend.get(), &budget, options.empty_chunks_kept, &pool_counters);
-  if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
-  ++next_pool_id;
-  std::shared_ptr<PagePool> p = *std::move(pool);
-  pools.emplace(key, p);
-  pools_by_id.emplace(id, p);
-  pool_owner.emplace(id, owner);
-  {
-    absl::MutexLock lock(&pools_mu);
-    live_pools.push_back(p);
-  }
-  *created = true;
-  return p;
-}
-
-bool KvStore::Impl::DropPoolIfUnusedLocked(const PagePool* pool) {
-  auto it = pools_by_id.find(pool->id());
-  if (it == pools_by_id.end() || it->second.get() != pool) return false;
-  if (auto n = caches_per_pool.find(pool->id()); n != caches_per_pool.end() && n->second > 0) return false;
-  // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
-  // give way to other pools' allocations (TrimOtherPools) and to new geometries (PoolFor).
-  if (pool->pages_cached() > 0) return false;
-  pools.erase(KeyOfLocked(*pool));
-  pool_owner.erase(pool->id());
-  caches_per_pool.erase(pool->id());
-  {
-    absl::MutexLock lock(&pools_mu);
-    live_pools.erase(std::find(live_pools.begin(), live_pools.end(), it->second));
-  }
-  pools_by_id.erase(it);
-  return true;
-}
-
-int KvStore::Impl::DropIdlePoolsLocked() {
-  std::vector<const PagePool*> idle;
-  for (const auto& [id, p] : pools_by_id) {
-    if (auto n = caches_per_pool.find(id); n == caches_per_pool.end() || n->second == 0) idle.push_back(p.get());
-  }
-  int dropped = 0;
-  for (const PagePool* p : idle) dropped += DropPoolIfUnusedLocked(p);
-  return dropped;
-}
-
 CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
   CacheContext ctx;
   ctx.pool = std::move(pool);
@@ -126,7 +48,7 @@ CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shar
   ctx.counters = &counters;
   ctx.limits = &limits;
   ctx.max_reply_bytes = options.max_reply_bytes;
-  ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return TrimOtherPools(p, n); };
+  ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return pools.TrimOthers(p, n); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
   ctx.metadata = &metadata;
   return ctx;
@@ -154,7 +76,7 @@ void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
   int dropped = 0;
   {
     absl::MutexLock lock(&mu);
-    dropped = DropIdlePoolsLocked();
+    dropped = pools.DropIdle();
   }
   if (dropped > 0) RegionsChanged();
 }
@@ -256,18 +178,19 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
     if (refused.ok()) {
-      absl::StatusOr<std::shared_ptr<PagePool>> p = im.PoolFor(*resolved, *pool_owner, &created);
+      absl::StatusOr<std::shared_ptr<PagePool>> p =
+          im.pools.PoolFor(*resolved, *pool_owner, &created);
       if (p.ok()) pool = *std::move(p);
       else refused = p.status();
     }
     if (refused.ok() && !session.empty()) refused = im.sessions.AddCache(session, id);
     if (!refused.ok()) {
       quota->RemoveCache();
-      if (created) im.DropPoolIfUnusedLocked(pool.get());
+      if (created) im.pools.DropIfUnused(pool.get());
       return refused;
     }
     im.pending.insert(id);
-    ++im.caches_per_pool[pool->id()];
+    im.pools.AddCache(pool->id());
   }
   if (created) im.RegionsChanged();
   auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(pool, quota),
@@ -283,7 +206,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     if (started.ok()) {
       im.caches.emplace(id, cache);
     } else {
-      --im.caches_per_pool[pool->id()];
+      im.pools.RemoveCache(pool->id());
     }
   }
   if (!started.ok()) {
@@ -332,7 +255,7 @@ absl::Status KvStore::Release(const std::string& session, const std::string& cac
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " not found"));
     }
     impl_->caches.erase(it);
-    --impl_->caches_per_pool[(*cache)->pool()->id()];
+    impl_->pools.RemoveCache((*cache)->pool()->id());
   }
   impl_->Remove(*cache);
   return absl::OkStatus();

@@ -19,14 +19,9 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     for (const auto& [id, c] : impl_->caches) caches.push_back(c);
-    pools = impl_->pools_by_id;
+    for (const PoolSet::Entry& e : impl_->pools.List()) pools.emplace(e.pool->id(), e.pool);
   }
-  {
-    absl::MutexLock lock(&impl_->pools_mu);
-    if (impl_->live_pools.size() != pools.size()) {
-      return absl::InternalError(absl::StrCat(impl_->live_pools.size(), " live pools but ", pools.size(), " in the maps"));
-    }
-  }
+  KVARENA_RETURN_IF_ERROR(impl_->pools.TEST_Audit());
   std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;   // per pool: page -> table slots
   std::map<uint64_t, absl::flat_hash_map<uint64_t, int64_t>> holds;  // per pool: node -> holds
   struct QuotaUse {
@@ -123,9 +118,8 @@ std::string KvStore::TEST_DebugState() const {
 }
 
 const Region* KvStore::TEST_PoolRegion(uint64_t pool_id) const {
-  absl::ReaderMutexLock lock(&impl_->mu);
-  auto it = impl_->pools_by_id.find(pool_id);
-  return it == impl_->pools_by_id.end() ? nullptr : &it->second->region();
+  std::shared_ptr<PagePool> pool = impl_->pools.Find(pool_id);
+  return pool == nullptr ? nullptr : &pool->region();
 }
 
 }  // namespace kvarena

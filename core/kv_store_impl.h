@@ -1,13 +1,13 @@
-// The state behind KvStore, shared by its implementation files (kv_store.cc: caches and
-// pools; kv_store_sessions.cc; kv_store_views.cc: stats, the cache list;
+// The state behind KvStore, shared by its implementation files (kv_store.cc: caches;
+// kv_store_sessions.cc; kv_store_views.cc: stats, the cache list;
 // kv_store_local.cc: the local path; kv_store_prefix.cc: SetTokens, Fork, trimming;
 // kv_store_regions.cc: sharing; kv_store_audit.cc: the TEST_ audit).
 // Internal to core/.
 //
-// Thread-safety: as KvStore; `mu` guards the maps, each cache and pool locks itself.
-// Pools are shared with the caches drawn from them: a pool leaves the maps when its last
-// cache is released and is destroyed (its memory given back) when the last cache object
-// referring to it goes.
+// Thread-safety: as KvStore; `mu` guards the cache maps, the pool set, each cache and pool
+// lock themselves. The pool set changes (a pool created or dropped, a cache counted) only
+// under `mu`, so an Allocate's pool and its count are one step no drop can split.
+// (core/pool_set.h: the pools.)
 #ifndef KVARENA_CORE_KV_STORE_IMPL_H_
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,27 +25,13 @@
 #include "core/kv_cache.h"
 #include "core/kv_store.h"
 #include "core/page_pool.h"
+#include "core/pool_set.h"
 #include "core/quota.h"
 #include "core/session_table.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
-
-// A pool per owner (tenant; "" without tenants) and geometry: two owners never share a
-// pool, so a session maps only its own owner's pages.
-struct PoolKey {
-  std::string owner;
-  int dtype = 0;
-  int page_size = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  friend bool operator<(const PoolKey& a, const PoolKey& b) {
-    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
-           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
-  }
-  friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
-};
 
 struct KvStore::Impl {
   Impl(const StoreOptions& o, std::unique_ptr<Backend> b)
@@ -61,7 +46,8 @@ struct KvStore::Impl {
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions, o.max_sessions_per_peer),
         owners(OwnersOf(o, &metadata)),
-        sessionless(NewQuota("")) {
+        sessionless(NewQuota("")),
+        pools(backend.get(), &budget, o.max_pools, o.empty_chunks_kept, &pool_counters) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
@@ -77,32 +63,9 @@ struct KvStore::Impl {
   absl::StatusOr<std::shared_ptr<KvCache>> Find(const std::string& session, const std::string& id,
                                                 bool check_owner = true) const;
   absl::Status CheckSession(const std::string& session) const;
-  // owner's pool for a resolved spec, created when new (*created set).
-  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
-                                                    bool* created)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // The key `pool` is filed under (REQUIRES: it is in the maps).
-  PoolKey KeyOfLocked(const PagePool& pool) const ABSL_SHARED_LOCKS_REQUIRED(mu);
-  // Whether a caller of `owner` may see and map pool `id` (REQUIRES: it is in the maps).
-  bool PoolOwnedByLocked(uint64_t id, const std::string& owner) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    return pool_owner.at(id) == owner;
-  }
-  // Drops `pool` from the maps when no cache is drawn from it any more; returns whether it did.
-  bool DropPoolIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Takes cache out of the maps (REQUIRES: it is there) and releases its pages; tells
   // workers when that emptied a pool.
   void Remove(const std::shared_ptr<KvCache>& cache);
-  // Drops every pool no cache draws from and that caches no page; returns how many.
-  int DropIdlePoolsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
-  // that much went back — only if they can give it all, so a refusal changes nothing.
-  // True when it freed the shortfall. Takes no store lock (pools_mu only): callers hold
-  // caches' locks.
-  bool TrimOtherPools(const PagePool* pool, int64_t n);
-  // pool->Allocate, retried once after TrimOtherPools when the arena is full.
-  absl::Status AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
-                             std::vector<int32_t>* committed);
   CacheContext ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota);
   // A quota of owner's: a session's (the sessionless caches share one per owner), its
   // metadata inside `metadata`, inside the owner's quota when StoreOptions::owners lists it.
@@ -166,23 +129,14 @@ struct KvStore::Impl {
   }
   const std::map<std::string, OwnerQuotas> owners;
   const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session or owner
+  PoolSet pools;  // changed only under mu (see above); destroyed before events
 
   mutable absl::Mutex mu;
-  std::map<PoolKey, std::shared_ptr<PagePool>> pools ABSL_GUARDED_BY(mu);
-  std::map<uint64_t, std::shared_ptr<PagePool>> pools_by_id ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, std::string> pool_owner ABSL_GUARDED_BY(mu);  // PoolKey::owner
-  uint64_t next_pool_id ABSL_GUARDED_BY(mu) = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
-  // Ids of caches an Allocate is building outside the lock (counted in caches_per_pool
-  // and against max_caches; nobody else can take the id or see the cache yet).
+  // Ids of caches an Allocate is building outside the lock (counted in their pool and
+  // against max_caches; nobody else can take the id or see the cache yet).
   absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, int64_t> caches_per_pool ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
-
-  // The pools again, for TrimOtherPools, which runs under cache locks (so cannot take mu).
-  // Lock order: mu -> pools_mu; nothing is locked while pools_mu is held.
-  mutable absl::Mutex pools_mu ABSL_ACQUIRED_AFTER(mu);
-  std::vector<std::shared_ptr<PagePool>> live_pools ABSL_GUARDED_BY(pools_mu);
 };
 
 }  // namespace kvarena

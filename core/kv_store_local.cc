@@ -103,7 +103,7 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   }
   for (const auto& [pool, n] : order) {
     std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = impl_->AllocatePages(pool, n, &ids, &committed[pool]); !s.ok()) {
+    if (absl::Status s = impl_->pools.Allocate(pool, n, &ids, &committed[pool]); !s.ok()) {
       return undo(Annotated(s, "reserve: "));
     }
     // No slot of a reserved page may show what its last owner wrote.

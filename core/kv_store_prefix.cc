@@ -1,5 +1,5 @@
-// KvStore's prefix-reuse operations (SetTokens, Fork) and the arena-wide reclaiming of
-// cached pages when a pool runs out of budget.
+// KvStore's prefix-reuse operations: SetTokens, Fork and the prefix events (the
+// arena-wide reclaiming of cached pages is PoolSet::TrimOthers).
 #include <string>
 #include <vector>
 
@@ -12,35 +12,6 @@
 #include "core/validate.h"
 
 namespace kvarena {
-
-bool KvStore::Impl::TrimOtherPools(const PagePool* pool, int64_t n) {
-  const size_t shortfall = pool->BudgetShortfall(n);
-  if (shortfall == 0) return false;
-  std::vector<std::shared_ptr<PagePool>> others;
-  {
-    absl::MutexLock lock(&pools_mu);
-    for (const auto& p : live_pools) {
-      if (p.get() != pool) others.push_back(p);
-    }
-  }
-  size_t reclaimable = 0;
-  for (const auto& p : others) reclaimable += p->ReclaimableBytes();
-  if (reclaimable < shortfall) return false;
-  size_t freed = 0;
-  for (const auto& p : others) {
-    if (freed < shortfall) freed += p->TrimCached(shortfall - freed);
-  }
-  return freed >= shortfall;
-}
-
-absl::Status KvStore::Impl::AllocatePages(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
-                                          std::vector<int32_t>* committed) {
-  absl::Status s = pool->Allocate(n, ids, committed);
-  if (absl::IsResourceExhausted(s) && TrimOtherPools(pool, n)) {
-    s = pool->Allocate(n, ids, committed);
-  }
-  return s;
-}
 
 absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session, const SetTokensArgs& args) {
   auto cache = impl_->Find(session, args.cache_id);
@@ -72,8 +43,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     if (!new_cache_id.empty() && (im.caches.contains(new_cache_id) || im.pending.contains(new_cache_id))) {
       return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
     }
-    auto p = im.pools_by_id.find((*src)->pool()->id());
-    if (p == im.pools_by_id.end() || p->second.get() != (*src)->pool()) {
+    if (!im.pools.Contains((*src)->pool())) {
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " was released"));
     }
     return absl::OkStatus();
@@ -83,7 +53,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   {
     absl::MutexLock lock(&im.mu);
     KVARENA_RETURN_IF_ERROR(refusal());
-    pool = im.pools_by_id.at((*src)->pool()->id());
+    pool = im.pools.Find((*src)->pool()->id());
     if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
       while (im.caches.contains(id) || im.pending.contains(id));
@@ -108,7 +78,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
       return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(id), " already exists"));
     }
     if (!session.empty()) KVARENA_RETURN_IF_ERROR(im.sessions.AddCache(session, id));
-    ++im.caches_per_pool[pool->id()];
+    im.pools.AddCache(pool->id());
     im.caches.emplace(id, cache);
   }
   im.counters.forks += 1;

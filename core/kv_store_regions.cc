@@ -58,10 +58,8 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
     out.push_back(r);
   }
   const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
-  absl::ReaderMutexLock lock(&impl_->mu);
-  for (const auto& [id, p] : impl_->pools_by_id) {
-    if (owner.has_value() && impl_->PoolOwnedByLocked(id, *owner))
-      out.push_back(PoolRegionInfo(*p));
+  for (const PoolSet::Entry& e : impl_->pools.List()) {
+    if (owner.has_value() && e.owner == *owner) out.push_back(PoolRegionInfo(*e.pool));
   }
   return out;
 }
@@ -84,15 +82,12 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
     region = *std::move(r);
   } else {
     const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
-    absl::ReaderMutexLock lock(&impl_->mu);
-    auto it = region_id == 0 ? impl_->pools_by_id.end() : impl_->pools_by_id.find(region_id - 1);
     // Another owner's pool is as unknown to this session as a pool that never was.
-    if (it == impl_->pools_by_id.end() || !owner.has_value() ||
-        !impl_->PoolOwnedByLocked(it->first, *owner)) {
-      return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
-    }
+    std::shared_ptr<PagePool> pool =
+        region_id == 0 || !owner.has_value() ? nullptr : impl_->pools.Find(region_id - 1, *owner);
+    if (pool == nullptr) return absl::NotFoundError(absl::StrCat("export: no region ", region_id));
     // The pool may be dropped meanwhile; its region lives while we export.
-    region = std::shared_ptr<const Region>(it->second, &it->second->region());
+    region = std::shared_ptr<const Region>(pool, &pool->region());
   }
   return region->ExportPiecesAfter(after_generation, first, max_pieces, total);
 }
@@ -122,12 +117,9 @@ absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, 
 }
 
 absl::StatusOr<uint8_t*> KvStore::PoolBase(uint64_t pool_id) const {
-  absl::ReaderMutexLock lock(&impl_->mu);
-  auto it = impl_->pools_by_id.find(pool_id);
-  if (it == impl_->pools_by_id.end()) {
-    return absl::NotFoundError(absl::StrCat("pool ", pool_id, " not found"));
-  }
-  return it->second->base();
+  std::shared_ptr<PagePool> pool = impl_->pools.Find(pool_id);
+  if (pool == nullptr) return absl::NotFoundError(absl::StrCat("pool ", pool_id, " not found"));
+  return pool->base();
 }
 
 }  // namespace kvarena

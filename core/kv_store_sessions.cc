@@ -64,7 +64,7 @@ int KvStore::Reap() {
       // Only what the session still owns: the id may name another session's cache since.
       if (it == im.caches.end() || it->second->owner() != e.session_id) continue;
       gone.push_back(it->second);
-      --im.caches_per_pool[it->second->pool()->id()];
+      im.pools.RemoveCache(it->second->pool()->id());
       im.caches.erase(it);
     }
   }
@@ -75,7 +75,7 @@ int KvStore::Reap() {
       const KvCache& c = *it->second;
       if (c.owner().empty() && c.last_used() + im.options.idle_ttl <= now) {
         gone.push_back(it->second);
-        --im.caches_per_pool[c.pool()->id()];
+        im.pools.RemoveCache(c.pool()->id());
         im.caches.erase(it++);
       } else {
         ++it;

@@ -31,16 +31,15 @@ ArenaStats KvStore::Stats() const {
   s.metadata_bytes = impl_->metadata.limit();
   s.metadata_bytes_used = impl_->metadata.used();
   s.event_log_bytes = impl_->events.bytes();
-  std::vector<std::shared_ptr<PagePool>> pools;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     s.num_caches = int64_t(impl_->caches.size());
-    s.pools.reserve(impl_->pools_by_id.size());
-    for (const auto& [id, p] : impl_->pools_by_id) {
-      s.pools.push_back(p->Stats());
-      auto it = impl_->caches_per_pool.find(id);
-      s.pools.back().num_caches = it == impl_->caches_per_pool.end() ? 0 : it->second;
-      s.pools.back().owner = impl_->pool_owner.at(id);
+    const std::vector<PoolSet::Entry> entries = impl_->pools.List();
+    s.pools.reserve(entries.size());
+    for (const PoolSet::Entry& e : entries) {
+      s.pools.push_back(e.pool->Stats());
+      s.pools.back().num_caches = e.num_caches;
+      s.pools.back().owner = e.owner;
     }
   }
   PageStats& t = s.pages;

@@ -60,7 +60,9 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       region_(std::move(region)),
       budget_(budget),
       counters_(counters),
-      index_(counters != nullptr ? counters->metadata : nullptr) {
+      index_(counters != nullptr ? counters->metadata : nullptr),
+      cache_(NewLruPageCache([this](int32_t page)
+                                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { EvictedLocked(page); })) {
   const int32_t num_chunks = int32_t(std::min<size_t>(
       region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
@@ -192,7 +194,7 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
     if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
       // The budget falls short: commit the chunks it still covers, reclaim cached pages
       // for the rest — or, when they are too few, refuse having changed nothing.
-      const int64_t cached = absl::IsResourceExhausted(s) ? index_.parked() : 0;
+      const int64_t cached = absl::IsResourceExhausted(s) ? cache_->size() : 0;
       int64_t can = std::min<int64_t>({chunks - 1, int64_t(uncommitted_.size()),
                                        int64_t(budget_->available() / chunk_bytes_)});
       if (can > 0 && missing - can * pages_per_chunk_ <= cached &&
@@ -272,30 +274,31 @@ void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_
 }
 
 void PagePool::ParkLocked(int32_t id) {
-  index_.Park(id);
+  cache_->Insert(id);
   ++ChunkOf(id).cached;
 }
 
 void PagePool::UnparkLocked(int32_t id) {
-  index_.Unpark(id);
+  cache_->Erase(id);
   --ChunkOf(id).cached;
 }
 
-void PagePool::RecordRemovedLocked(int32_t page) {
-  if (counters_ == nullptr || counters_->events == nullptr) return;
-  auto [hash, layer] = index_.KeyOfPage(page);
-  PrefixEvent e;
-  e.kind = PrefixEvent::Kind::kRemoved;
-  e.pool_id = id_;
-  e.layer = layer;
-  e.hash = hash;
-  counters_->events->Append(std::move(e));
+void PagePool::EvictedLocked(int32_t page) {
+  if (counters_ != nullptr && counters_->events != nullptr) {
+    auto [hash, layer] = index_.KeyOfPage(page);
+    PrefixEvent e;
+    e.kind = PrefixEvent::Kind::kRemoved;
+    e.pool_id = id_;
+    e.layer = layer;
+    e.hash = hash;
+    counters_->events->Append(std::move(e));
+  }
+  index_.Unregister(page);
+  --ChunkOf(page).cached;
 }
 
 int32_t PagePool::ReclaimLocked() {
-  RecordRemovedLocked(index_.OldestParked());
-  const int32_t id = index_.Reclaim();  // stays taken: it goes straight to the caller
-  --ChunkOf(id).cached;
+  const int32_t id = cache_->Evict();  // stays taken: it goes straight to the caller
   RefsLocked(id) = 1;
   return id;
 }
@@ -316,14 +319,12 @@ size_t PagePool::TrimCached(size_t bytes) {
   for (int32_t c = 0; c < int32_t(chunks_.size()) && freed() < bytes; ++c) {
     if (chunks_[c].committed && chunks_[c].used == 0) DecommitChunkLocked(c);
   }
-  if (freed() >= bytes || index_.parked() == 0) return freed();
-  for (int32_t id : index_.ParkedOldestFirst()) {
+  if (freed() >= bytes || cache_->size() == 0) return freed();
+  for (int32_t id : cache_->EvictionOrder()) {
     if (freed() >= bytes) break;
-    Chunk& chunk = ChunkOf(id);
+    const Chunk& chunk = ChunkOf(id);
     if (chunk.used != chunk.cached) continue;  // live pages keep this chunk committed
-    RecordRemovedLocked(id);
-    index_.ReclaimPage(id);
-    --chunk.cached;
+    cache_->Evict(id);
     FreeLocked({&id, 1}, /*force_decommit=*/true);
     if (counters_ != nullptr) ++counters_->pages_reclaimed;
   }
@@ -332,7 +333,7 @@ size_t PagePool::TrimCached(size_t bytes) {
 
 size_t PagePool::BudgetShortfall(int64_t n) const {
   absl::MutexLock lock(&mu_);
-  const int64_t missing = n - FreeCommittedLocked() - index_.parked();
+  const int64_t missing = n - FreeCommittedLocked() - cache_->size();
   if (missing <= 0) return 0;
   const size_t need = size_t((missing + pages_per_chunk_ - 1) / pages_per_chunk_) * chunk_bytes_;
   const size_t available = budget_->available();
@@ -343,17 +344,17 @@ bool PagePool::CanAllocate(int64_t n) const {
   absl::MutexLock lock(&mu_);
   const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
                                                   int64_t(uncommitted_.size()));
-  return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + index_.parked();
+  return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + cache_->size();
 }
 
 int64_t PagePool::pages_used() const {
   absl::MutexLock lock(&mu_);
-  return pages_used_ - index_.parked();
+  return pages_used_ - cache_->size();
 }
 
 int64_t PagePool::pages_cached() const {
   absl::MutexLock lock(&mu_);
-  return index_.parked();
+  return cache_->size();
 }
 
 PoolStats PagePool::Stats() const {
@@ -365,7 +366,7 @@ PoolStats PagePool::Stats() const {
   absl::MutexLock lock(&mu_);
   const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
                                                   int64_t(uncommitted_.size()));
-  s.pages_cached = index_.parked();
+  s.pages_cached = cache_->size();
   s.pages_shared = pages_shared_;
   s.pages_used = pages_used_ - s.pages_cached;
   s.pages_free = FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + s.pages_cached;
@@ -373,21 +374,6 @@ PoolStats PagePool::Stats() const {
   s.chunks_committed = chunks_committed_;
   s.bytes_committed = uint64_t(chunks_committed_) * chunk_bytes_;
   return s;
-}
-
-bool PagePool::TEST_IsAllocated(int32_t id) const {
-  absl::MutexLock lock(&mu_);
-  if (id < 0 || size_t(id / pages_per_chunk_) >= chunks_.size()) return false;
-  const Chunk& chunk = chunks_[size_t(id / pages_per_chunk_)];
-  if (!chunk.committed) return false;
-  return chunk.refs[size_t(id % pages_per_chunk_)] > 0;
-}
-
-int32_t PagePool::TEST_Refs(int32_t id) const {
-  return TEST_IsAllocated(id) ? [&] {
-    absl::MutexLock lock(&mu_);
-    return RefsLocked(id);
-  }() : 0;
 }
 
 }  // namespace kvarena

@@ -10,14 +10,16 @@
 // Pages are reference-counted: a page taken by Allocate has one reference, Ref adds one
 // (a fork sharing it), Free drops one. A page whose last reference drops returns to the
 // free list — unless it is registered in the pool's PrefixIndex (content-addressed, for
-// prefix reuse): then it stays indexed as a cached page, reclaimable, until a cache
-// adopts it again (AdoptPrefix) or an Allocate that found no free page and no budget
-// reclaims it (least recently cached first). Registered pages are immutable: callers
+// prefix reuse): then it goes to the pool's PageCache (core/page_cache.h), still indexed,
+// reclaimable, until a cache adopts it again (AdoptPrefix) or the cache evicts it — for an
+// Allocate that found no free page and no budget (the cache's policy picks the page), or
+// for TrimCached (the pool picks the chunks). Registered pages are immutable: callers
 // write only pages that are Writable (one reference, not registered).
 //
 // Thread-safety: PagePool and ArenaBudget are safe for concurrent use; PagePool guards its
-// state (the PrefixIndex included) with an internal mutex (taken after any cache lock),
-// so a prefix lookup and the adoption of what it found are one step no reclaim can split.
+// state (the PrefixIndex and PageCache included) with an internal mutex (taken after any
+// cache lock), so a prefix lookup and the adoption of what it found are one step no
+// eviction can split.
 #ifndef KVARENA_CORE_PAGE_POOL_H_
 #define KVARENA_CORE_PAGE_POOL_H_
 
@@ -37,6 +39,7 @@
 #include "absl/types/span.h"
 #include "arena/region.h"
 #include "core/byte_budget.h"
+#include "core/page_cache.h"
 #include "core/prefix_events.h"
 #include "core/prefix_index.h"
 #include "core/types.h"
@@ -180,6 +183,7 @@ class PagePool {
   PoolStats Stats() const;
   int64_t pages_used() const;  // referenced by caches (cached pages not included)
 
+  // The audit (page_pool_audit.cc).
   // What the pool holds of the metadata budget: its index's nodes and its committed
   // chunks' page bookkeeping (0 without a budget).
   size_t TEST_MetadataBytes() const;
@@ -226,13 +230,14 @@ class PagePool {
     return chunks_[size_t(id / pages_per_chunk_)].refs[size_t(id % pages_per_chunk_)];
   }
   Chunk& ChunkOf(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return chunks_[size_t(id / pages_per_chunk_)]; }
-  // Moves a registered page with no reference into / out of the index's LRU.
+  // Moves a registered page with no reference into / out of the page cache.
   void ParkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnparkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unregisters the least recently cached page for a new owner (one reference).
+  // Takes the page the cache gives up first for a new owner (one reference).
   int32_t ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Records that page (registered) leaves the index: BlockRemoved.
-  void RecordRemovedLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The page cache's eviction callback: page (registered) leaves the index, recorded as
+  // BlockRemoved; it stays taken, for the caller of the eviction to reuse or free.
+  void EvictedLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -257,6 +262,8 @@ class PagePool {
   int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;  // taken: referenced or cached
   int64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;  // with two or more references
   PrefixIndex index_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<PageCache> cache_
+      ABSL_PT_GUARDED_BY(mu_);  // registered pages no cache references
   int64_t chunks_committed_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t empty_committed_ ABSL_GUARDED_BY(mu_) = 0;
 };

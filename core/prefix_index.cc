@@ -128,33 +128,8 @@ bool PrefixIndex::Register(uint64_t node, int layer, int32_t page) {
   return true;
 }
 
-void PrefixIndex::Park(int32_t page) {
-  PageEntry& e = pages_.at(page);
-  lru_.push_front(page);
-  e.lru = lru_.begin();
-  e.parked = true;
-}
-
-void PrefixIndex::Unpark(int32_t page) {
-  PageEntry& e = pages_.at(page);
-  lru_.erase(e.lru);
-  e.parked = false;
-}
-
-bool PrefixIndex::IsParked(int32_t page) const {
+void PrefixIndex::Unregister(int32_t page) {
   auto it = pages_.find(page);
-  return it != pages_.end() && it->second.parked;
-}
-
-int32_t PrefixIndex::Reclaim() {
-  const int32_t page = lru_.back();
-  ReclaimPage(page);
-  return page;
-}
-
-void PrefixIndex::ReclaimPage(int32_t page) {
-  auto it = pages_.find(page);
-  lru_.erase(it->second.lru);
   const uint64_t node = it->second.node;
   Node& n = At(node);
   n.pages[size_t(it->second.layer)] = -1;
@@ -221,17 +196,6 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
   }
   if (by_hash_.size() + roots_.size() != nodes_.size()) {
     return absl::InternalError("the hash and root maps do not cover the nodes exactly");
-  }
-  size_t parked = 0;
-  for (const auto& [page, e] : pages_) parked += e.parked;
-  if (parked != lru_.size()) {
-    return absl::InternalError(absl::StrCat(parked, " pages are parked but the LRU holds ", lru_.size()));
-  }
-  for (int32_t page : lru_) {
-    auto e = pages_.find(page);
-    if (e == pages_.end() || !e->second.parked) {
-      return absl::InternalError(absl::StrCat("LRU page ", page, " is not a parked registered page"));
-    }
   }
   return absl::OkStatus();
 }

@@ -13,10 +13,9 @@
 // Lifetimes: a node lives while it names a page, has a child or is held by a cache that
 // declared its tokens (PrefixChain); the last of them going deletes it, and its parent
 // may follow. A registered page lives while caches reference it (counted by the pool);
-// when the last reference drops it is parked in an LRU of reclaimable pages, still
-// indexed, until a cache adopts it again or the pool reclaims it for a new allocation
-// (least recently parked first: callers park a chain's tail before its head, so heads
-// outlive tails). Reclaiming unregisters the page.
+// when the last reference drops it is reclaimable, still indexed, in the pool's PageCache
+// (core/page_cache.h), until a cache adopts it again or the cache evicts it, which
+// unregisters it.
 //
 // Memory: each node is charged to the metadata budget given at construction (NodeBytes)
 // while it lives; a node the budget cannot cover is not created (HoldRoot / HoldChild
@@ -27,7 +26,6 @@
 #define KVARENA_CORE_PREFIX_INDEX_H_
 
 #include <cstdint>
-#include <list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,27 +79,17 @@ class PrefixIndex {
   bool Register(uint64_t node, int layer, int32_t page);
   bool IsRegistered(int32_t page) const { return pages_.contains(page); }
 
-  // LRU of reclaimable pages. Park: a registered page lost its last reference (it becomes
-  // the most recently parked). Unpark: it is referenced again.
-  void Park(int32_t page);
-  void Unpark(int32_t page);
-  bool IsParked(int32_t page) const;
-  int64_t parked() const { return int64_t(lru_.size()); }
-  int32_t OldestParked() const { return lru_.back(); }  // REQUIRES parked() > 0
-  // Unregisters the least recently parked page and returns it (REQUIRES parked() > 0).
-  int32_t Reclaim();
-  // Unregisters a parked page (REQUIRES IsParked(page)).
-  void ReclaimPage(int32_t page);
-  // The parked pages, least recently parked first.
-  std::vector<int32_t> ParkedOldestFirst() const { return std::vector<int32_t>(lru_.rbegin(), lru_.rend()); }
+  // Unregisters a page: its node names it no more, and goes when nothing else keeps it.
+  // REQUIRES: IsRegistered(page).
+  void Unregister(int32_t page);
 
   int64_t nodes() const { return int64_t(nodes_.size()); }
   // What the nodes are charged: NodeBytes of each.
   size_t TEST_NodeBytes() const;
   int64_t registered() const { return int64_t(pages_.size()); }
   // INTERNAL naming the first inconsistency: holds and children counts against `holds`
-  // (node -> holds the caches declare), every page's node naming it back, the LRU holding
-  // exactly the parked pages, no node left that nothing keeps.
+  // (node -> holds the caches declare), every page's node naming it back, no node left
+  // that nothing keeps.
   absl::Status TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const;
 
  private:
@@ -120,8 +108,6 @@ class PrefixIndex {
   struct PageEntry {
     uint64_t node = kNoNode;
     int layer = 0;
-    bool parked = false;
-    std::list<int32_t>::iterator lru;  // valid when parked
   };
 
   Node& At(uint64_t node) { return nodes_.at(node); }
@@ -136,7 +122,6 @@ class PrefixIndex {
   absl::flat_hash_map<std::string, uint64_t> roots_;
   absl::flat_hash_map<Hash128, uint64_t> by_hash_;  // non-root nodes
   absl::flat_hash_map<int32_t, PageEntry> pages_;   // registered pages
-  std::list<int32_t> lru_;                          // front: most recently parked
 };
 
 }  // namespace kvarena

@@ -1,0 +1,190 @@
+#include "core/pool_set.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/refusal.h"
+
+namespace kvarena {
+
+PoolSet::PoolSet(Backend* backend, ArenaBudget* budget, int max_pools, int empty_chunks_kept,
+                 PoolCounters* counters)
+    : backend_(backend),
+      budget_(budget),
+      max_pools_(max_pools),
+      empty_chunks_kept_(empty_chunks_kept),
+      counters_(counters) {}
+
+int64_t PoolSet::CachesLocked(uint64_t id) const {
+  auto n = caches_.find(id);
+  return n == caches_.end() ? 0 : n->second;
+}
+
+PoolKey PoolSet::KeyOfLocked(uint64_t id) const {
+  const PageLayout& l = by_id_.at(id)->layout();
+  return PoolKey{owner_.at(id), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
+}
+
+void PoolSet::EraseLocked(uint64_t id) {
+  by_key_.erase(KeyOfLocked(id));
+  caches_.erase(id);
+  owner_.erase(id);
+  by_id_.erase(id);
+}
+
+absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec,
+                                                           const std::string& owner,
+                                                           bool* created) {
+  *created = false;
+  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  absl::MutexLock lock(&mu_);
+  auto it = by_key_.find(key);
+  if (it != by_key_.end()) return it->second;
+  if (int64_t(by_key_.size()) >= max_pools_) {
+    // A pool kept only for its cached pages gives way to a geometry in use.
+    for (const auto& [id, p] : by_id_) {
+      if (CachesLocked(id) > 0) continue;
+      EraseLocked(id);
+      break;
+    }
+  }
+  if (int64_t(by_key_.size()) >= max_pools_) {
+    return RefusedError(Refusal::kMaxPools,
+                        absl::StrCat("allocate: ", by_key_.size(),
+                                     " pools (distinct geometries) are alive; max_pools=",
+                                     max_pools_, " (a pool goes when its last cache is released)"));
+  }
+  PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
+  const uint64_t id = next_id_;
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      PagePool::Create(id, layout, backend_, budget_, empty_chunks_kept_, counters_);
+  if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
+  ++next_id_;
+  std::shared_ptr<PagePool> p = *std::move(pool);
+  by_key_.emplace(key, p);
+  by_id_.emplace(id, p);
+  owner_.emplace(id, owner);
+  *created = true;
+  return p;
+}
+
+std::shared_ptr<PagePool> PoolSet::Find(uint64_t id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<PagePool> PoolSet::Find(uint64_t id, const std::string& owner) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() || owner_.at(id) != owner ? nullptr : it->second;
+}
+
+bool PoolSet::Contains(const PagePool* pool) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = by_id_.find(pool->id());
+  return it != by_id_.end() && it->second.get() == pool;
+}
+
+void PoolSet::AddCache(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  ++caches_[id];
+}
+
+void PoolSet::RemoveCache(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  --caches_[id];
+}
+
+bool PoolSet::DropIfUnused(const PagePool* pool) {
+  absl::MutexLock lock(&mu_);
+  return DropIfUnusedLocked(pool);
+}
+
+bool PoolSet::DropIfUnusedLocked(const PagePool* pool) {
+  auto it = by_id_.find(pool->id());
+  if (it == by_id_.end() || it->second.get() != pool) return false;
+  if (CachesLocked(pool->id()) > 0) return false;
+  // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
+  // give way to other pools' allocations (TrimOthers) and to new geometries (PoolFor).
+  if (pool->pages_cached() > 0) return false;
+  EraseLocked(pool->id());
+  return true;
+}
+
+int PoolSet::DropIdle() {
+  absl::MutexLock lock(&mu_);
+  std::vector<const PagePool*> idle;
+  for (const auto& [id, p] : by_id_) {
+    if (CachesLocked(id) == 0) idle.push_back(p.get());
+  }
+  int dropped = 0;
+  for (const PagePool* p : idle) dropped += DropIfUnusedLocked(p);
+  return dropped;
+}
+
+bool PoolSet::TrimOthers(const PagePool* pool, int64_t n) {
+  const size_t shortfall = pool->BudgetShortfall(n);
+  if (shortfall == 0) return false;
+  std::vector<std::shared_ptr<PagePool>> others;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [id, p] : by_id_) {
+      if (p.get() != pool) others.push_back(p);
+    }
+  }
+  size_t reclaimable = 0;
+  for (const auto& p : others) reclaimable += p->ReclaimableBytes();
+  if (reclaimable < shortfall) return false;
+  size_t freed = 0;
+  for (const auto& p : others) {
+    if (freed < shortfall) freed += p->TrimCached(shortfall - freed);
+  }
+  return freed >= shortfall;
+}
+
+absl::Status PoolSet::Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                               std::vector<int32_t>* committed) {
+  absl::Status s = pool->Allocate(n, ids, committed);
+  if (absl::IsResourceExhausted(s) && TrimOthers(pool, n)) {
+    s = pool->Allocate(n, ids, committed);
+  }
+  return s;
+}
+
+std::vector<PoolSet::Entry> PoolSet::List() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<Entry> out;
+  out.reserve(by_id_.size());
+  for (const auto& [id, p] : by_id_) out.push_back(Entry{p, owner_.at(id), CachesLocked(id)});
+  return out;
+}
+
+size_t PoolSet::size() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return by_id_.size();
+}
+
+absl::Status PoolSet::TEST_Audit() const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (by_key_.size() != by_id_.size() || owner_.size() != by_id_.size()) {
+    return absl::InternalError(absl::StrCat(by_key_.size(), " pools by key and ", owner_.size(),
+                                            " owners but ", by_id_.size(), " pools by id"));
+  }
+  for (const auto& [id, p] : by_id_) {
+    if (!owner_.contains(id))
+      return absl::InternalError(absl::StrCat("pool ", id, " has no owner"));
+    auto k = by_key_.find(KeyOfLocked(id));
+    if (k == by_key_.end() || k->second != p) {
+      return absl::InternalError(absl::StrCat("pool ", id, " is not filed under its key"));
+    }
+  }
+  for (const auto& [id, n] : caches_) {
+    if (n < 0 || (n > 0 && !by_id_.contains(id))) {
+      return absl::InternalError(absl::StrCat("pool ", id, " counts ", n, " caches"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvarena

@@ -1,0 +1,122 @@
+// PoolSet: the arena's pools, one per PoolKey (owner and geometry) — found by key or id, counted
+// by the caches drawn from each — and the rules over them: a new geometry gets a pool
+// while fewer than max_pools are alive (displacing an idle pool kept only for its cached
+// pages), a pool goes when no cache draws from it and it caches no page, and a pool short
+// of budget takes it from the other pools' cached pages (TrimOthers).
+//
+// Pools are shared with the caches drawn from them: a pool leaves the set when its last
+// cache is released and is destroyed (its memory given back) when the last cache object
+// referring to it goes.
+//
+// Thread-safety: safe for concurrent use. Its lock comes after the store's map lock and
+// any cache lock, and before a pool's: TrimOthers runs under cache locks, so it takes no
+// store lock, and it calls the other pools with the set's lock released.
+#ifndef KVARENA_CORE_POOL_SET_H_
+#define KVARENA_CORE_POOL_SET_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "arena/region.h"
+#include "core/page_pool.h"
+#include "core/types.h"
+
+namespace kvarena {
+
+// A pool per owner (tenant; "" without tenants) and geometry: two owners never share a
+// pool, so a session maps only its own owner's pages.
+struct PoolKey {
+  std::string owner;
+  int dtype = 0;
+  int page_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  friend bool operator<(const PoolKey& a, const PoolKey& b) {
+    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
+           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
+  }
+  friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
+};
+
+class PoolSet {
+ public:
+  // Everything but counters (optional) must be given; all must outlive the set.
+  PoolSet(Backend* backend, ArenaBudget* budget, int max_pools, int empty_chunks_kept,
+          PoolCounters* counters);
+  PoolSet(const PoolSet&) = delete;
+  PoolSet& operator=(const PoolSet&) = delete;
+
+  // owner's pool of a resolved spec's geometry, created when new (*created set). At max_pools a
+  // pool no cache draws from gives way first; RESOURCE_EXHAUSTED (max_pools, naming it)
+  // when none does, or what PagePool::Create refused, prefixed "allocate: ".
+  absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
+                                                    bool* created);
+  // The pool of that id, or null when there is none (any more).
+  std::shared_ptr<PagePool> Find(uint64_t id) const;
+  // The same, null also when the pool is another owner's.
+  std::shared_ptr<PagePool> Find(uint64_t id, const std::string& owner) const;
+  // Whether `pool` itself (not only its id) is in the set.
+  bool Contains(const PagePool* pool) const;
+
+  // A cache drawn from pool id is born / gone (REQUIRES: the pool is in the set).
+  void AddCache(uint64_t id);
+  void RemoveCache(uint64_t id);
+  // Drops `pool` when no cache draws from it and it caches no page; whether it did.
+  bool DropIfUnused(const PagePool* pool);
+  // Drops every such pool; returns how many.
+  int DropIdle();
+
+  // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
+  // that much went back — only if they can give it all, so a refusal changes nothing.
+  // True when it freed the shortfall. REQUIRES: no pool lock held.
+  bool TrimOthers(const PagePool* pool, int64_t n);
+  // pool->Allocate, retried once after TrimOthers when the arena is full.
+  absl::Status Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                        std::vector<int32_t>* committed);
+
+  // Every pool, by id, with its owner and the caches drawn from it.
+  struct Entry {
+    std::shared_ptr<PagePool> pool;
+    std::string owner;
+    int64_t num_caches = 0;
+  };
+  std::vector<Entry> List() const;
+  size_t size() const;
+
+  // INTERNAL when the key and id maps or the cache counts disagree.
+  absl::Status TEST_Audit() const;
+
+ private:
+  // The key pool id is filed under. REQUIRES: it is in the set.
+  PoolKey KeyOfLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int64_t CachesLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Takes pool id out of the maps. REQUIRES: it is there.
+  void EraseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DropIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Backend* const backend_;
+  ArenaBudget* const budget_;
+  const int max_pools_;
+  const int empty_chunks_kept_;
+  PoolCounters* const counters_;
+
+  mutable absl::Mutex mu_;
+  std::map<PoolKey, std::shared_ptr<PagePool>> by_key_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<PagePool>> by_id_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, int64_t> caches_ ABSL_GUARDED_BY(mu_);     // per pool id
+  absl::flat_hash_map<uint64_t, std::string> owner_ ABSL_GUARDED_BY(mu_);  // PoolKey::owner
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvarena
+
+#endif  // KVARENA_CORE_POOL_SET_H_
