@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "bench/child_daemon.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 
 namespace kvarena {
@@ -66,9 +67,9 @@ absl::Status Compute(GenericKvCacheHandle& cache, const Workload& w, int64_t n, 
     const std::vector<float> q = Random(rng, w.q_heads, n, w.head_dim);
     const std::vector<float> k = Random(rng, w.kv_heads, n, w.head_dim);
     const std::vector<float> v = Random(rng, w.kv_heads, n, w.head_dim);
-    auto out = cache.attention(l, Arg(q, w.q_heads, n, w.head_dim), Arg(k, w.kv_heads, n, w.head_dim),
-                               Arg(v, w.kv_heads, n, w.head_dim));
-    if (!out.ok()) return out.status();
+    KVARENA_ASSIGN_OR_RETURN(auto out, cache.attention(l, Arg(q, w.q_heads, n, w.head_dim),
+                                                       Arg(k, w.kv_heads, n, w.head_dim),
+                                                       Arg(v, w.kv_heads, n, w.head_dim)));
   }
   return absl::OkStatus();
 }

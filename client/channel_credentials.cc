@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/small_file.h"
+#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 namespace {
@@ -28,9 +29,9 @@ absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::
 absl::StatusOr<std::string> Token(const ClientOptions& o) {
   std::string token = o.auth_token;
   if (!o.auth_token_file.empty()) {
-    absl::StatusOr<std::string> file = ReadOptionFile("auth_token_file", o.auth_token_file);
-    if (!file.ok()) return file.status();
-    token = std::string(absl::StripAsciiWhitespace(*file));
+    KVARENA_ASSIGN_OR_RETURN(std::string file,
+                             ReadOptionFile("auth_token_file", o.auth_token_file));
+    token = std::string(absl::StripAsciiWhitespace(file));
     if (token.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("Connect: auth_token_file=", o.auth_token_file, " holds no token"));
@@ -93,29 +94,25 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> NewChannelCredentials(
   if (absl::StartsWith(address, "unix:")) {
     // gRPC sends call credentials only over a channel it deems private: a Unix socket's
     // local credentials are (the daemon's side needs nothing of them).
-    absl::StatusOr<std::string> token = Token(options);
-    if (!token.ok()) return token.status();
+    KVARENA_ASSIGN_OR_RETURN(std::string token, Token(options));
     return grpc::CompositeChannelCredentials(grpc::experimental::LocalCredentials(UDS),
-                                             grpc::AccessTokenCredentials(*token));
+                                             grpc::AccessTokenCredentials(token));
   }
   grpc::SslCredentialsOptions ssl;
-  absl::StatusOr<std::string> ca = ReadOptionFile("tls_ca_file", options.tls_ca_file);
-  if (!ca.ok()) return ca.status();
-  ssl.pem_root_certs = *std::move(ca);
+  KVARENA_ASSIGN_OR_RETURN(std::string ca, ReadOptionFile("tls_ca_file", options.tls_ca_file));
+  ssl.pem_root_certs = std::move(ca);
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadOptionFile("tls_cert_file", options.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadOptionFile("tls_key_file", options.tls_key_file);
-    if (!key.ok()) return key.status();
-    ssl.pem_cert_chain = *std::move(cert);
-    ssl.pem_private_key = *std::move(key);
+    KVARENA_ASSIGN_OR_RETURN(std::string cert,
+                             ReadOptionFile("tls_cert_file", options.tls_cert_file));
+    KVARENA_ASSIGN_OR_RETURN(std::string key, ReadOptionFile("tls_key_file", options.tls_key_file));
+    ssl.pem_cert_chain = std::move(cert);
+    ssl.pem_private_key = std::move(key);
   }
   if (!options.tls_target_name.empty()) args->SetSslTargetNameOverride(options.tls_target_name);
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
-  absl::StatusOr<std::string> token = Token(options);
-  if (!token.ok()) return token.status();
-  if (!token->empty()) {
-    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(*token));
+  KVARENA_ASSIGN_OR_RETURN(std::string token, Token(options));
+  if (!token.empty()) {
+    creds = grpc::CompositeChannelCredentials(creds, grpc::AccessTokenCredentials(token));
   }
   return creds;
 }

@@ -8,6 +8,7 @@
 #include "client/cache_state.h"
 #include "client/channel_credentials.h"
 #include "client/transport.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 
@@ -57,7 +58,7 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
       inproc
           ? client_internal::NewInprocTransport(options)
           : client_internal::NewRemoteTransport(address, options);
-  if (!t.ok()) return t.status();
+  KVARENA_RETURN_IF_ERROR(t.status());
   return std::shared_ptr<Client>(new Client(*std::move(t)));
 }
 
@@ -73,23 +74,21 @@ int64_t Client::resumes() const { return transport_->resumes(); }
 absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::Allocate(
     const CacheSpec& spec, const std::string& cache_id, const AllocateOptions& options) {
   if (!connected()) return transport_->DisconnectedStatus();
-  auto info = transport_->Allocate(spec, cache_id, options);
-  if (!info.ok()) return info.status();
-  auto state = std::make_shared<CacheState>(*info);
-  if (info->seq_len == 0) state->MarkEmpty();  // else the adopted pages load with Describe
+  KVARENA_ASSIGN_OR_RETURN(auto info, transport_->Allocate(spec, cache_id, options));
+  auto state = std::make_shared<CacheState>(info);
+  if (info.seq_len == 0) state->MarkEmpty();  // else the adopted pages load with Describe
   return std::shared_ptr<GenericKvCacheHandle>(
-      new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
+      new GenericKvCacheHandle(transport_, std::move(info), std::move(state), -1));
 }
 
 absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
     const std::string& cache_id) {
   if (!connected()) return transport_->DisconnectedStatus();
-  auto d = transport_->Describe(cache_id);
-  if (!d.ok()) return d.status();
-  auto state = std::make_shared<CacheState>(d->info);
-  state->Load(*d);
+  KVARENA_ASSIGN_OR_RETURN(auto d, transport_->Describe(cache_id));
+  auto state = std::make_shared<CacheState>(d.info);
+  state->Load(d);
   return std::shared_ptr<GenericKvCacheHandle>(
-      new GenericKvCacheHandle(transport_, std::move(d->info), std::move(state), -1));
+      new GenericKvCacheHandle(transport_, std::move(d.info), std::move(state), -1));
 }
 
 absl::Status Client::Release(const std::string& cache_id) {

@@ -8,6 +8,7 @@
 #include "arena/region.h"
 #include "client/transport.h"
 #include "core/kv_store.h"
+#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 namespace {
@@ -82,9 +83,8 @@ class InprocTransport final : public Transport {
   absl::Status Ping() override { return absl::OkStatus(); }
 
   absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) override {
-    absl::StatusOr<uint8_t*> base = store_->PoolBase(pool_id);
-    if (!base.ok()) return base.status();
-    return MappedPool{*base, "host_memfd", -1};  // the store's backend is NewHostBackend()
+    KVARENA_ASSIGN_OR_RETURN(uint8_t * base, store_->PoolBase(pool_id));
+    return MappedPool{base, "host_memfd", -1};  // the store's backend is NewHostBackend()
   }
 
   int TEST_QuarantinedLanes() const override { return 0; }  // tensors never leave the process
@@ -104,12 +104,11 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
   so.num_threads = options.num_threads;
   so.max_reply_bytes = options.max_message_bytes;  // as a daemon with --max_message_bytes
   auto store = KvStore::Create(so, NewHostBackend());
-  if (!store.ok()) return store.status();
+  KVARENA_RETURN_IF_ERROR(store.status());
   std::string session;
   if (options.attach) {
-    absl::StatusOr<std::string> s = (*store)->OpenSession(options.client_name);
-    if (!s.ok()) return s.status();
-    session = *std::move(s);
+    KVARENA_ASSIGN_OR_RETURN(std::string s, (*store)->OpenSession(options.client_name));
+    session = std::move(s);
   }
   return std::shared_ptr<Transport>(
       new InprocTransport(*std::move(store), std::move(session), options));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
 #include "client/transport.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 
@@ -117,13 +118,12 @@ absl::StatusOr<CacheDescription> GenericKvCacheHandle::describe() const {
 absl::StatusOr<LayerPages> GenericKvCacheHandle::Pages(const char* op, int layer) const {
   if (auto s = CheckUsable(op); !s.ok()) return s;
   if (auto s = CheckLayer(op, layer); !s.ok()) return s;
-  auto d = describe();
-  if (!d.ok()) return d.status();
-  if (int(d->layers.size()) <= layer) {
+  KVARENA_ASSIGN_OR_RETURN(auto d, describe());
+  if (int(d.layers.size()) <= layer) {
     return absl::InternalError(absl::StrCat(op, ": Describe of cache ", cache_id(), " returned ",
-                                            d->layers.size(), " layers, wanted layer ", layer));
+                                            d.layers.size(), " layers, wanted layer ", layer));
   }
-  LayerPages lp = std::move(d->layers[layer]);
+  LayerPages lp = std::move(d.layers[layer]);
   if (limit_ >= 0 && lp.len > limit_) {
     lp.len = std::max(limit_, lp.first_pos);
     const int64_t ps = page_size();
@@ -134,9 +134,8 @@ absl::StatusOr<LayerPages> GenericKvCacheHandle::Pages(const char* op, int layer
 }
 
 absl::StatusOr<std::vector<int32_t>> GenericKvCacheHandle::block_table(int layer) const {
-  auto lp = Pages("block_table", layer);
-  if (!lp.ok()) return lp.status();
-  return std::move(lp->page_ids);
+  KVARENA_ASSIGN_OR_RETURN(auto lp, Pages("block_table", layer));
+  return std::move(lp.page_ids);
 }
 
 absl::StatusOr<KvCacheRef> GenericKvCacheHandle::View(KvCacheRef::Part part, int layer) const {
@@ -147,19 +146,18 @@ absl::StatusOr<KvCacheRef> GenericKvCacheHandle::View(KvCacheRef::Part part, int
   if (!base.ok()) {
     return absl::Status(base.status().code(), absl::StrCat(op, ": ", base.status().message()));
   }
-  auto lp = Pages(op, layer);
-  if (!lp.ok()) return lp.status();
+  KVARENA_ASSIGN_OR_RETURN(auto lp, Pages(op, layer));
   KvCacheRef ref;
   ref.part = part;
   ref.pool_base = *base;
   ref.layout = layout();
-  ref.first_pos = lp->first_pos;
-  ref.len = lp->len;
+  ref.first_pos = lp.first_pos;
+  ref.len = lp.len;
   // Only the blocks holding tokens: a layer may keep more in reserve past len.
   const int64_t ps = ref.layout.page_size;
   const int64_t blocks = ref.len > ref.first_pos ? (ref.len - ref.first_pos + ps - 1) / ps : 0;
-  if (int64_t(lp->page_ids.size()) > blocks) lp->page_ids.resize(size_t(blocks));
-  ref.page_ids = std::move(lp->page_ids);
+  if (int64_t(lp.page_ids.size()) > blocks) lp.page_ids.resize(size_t(blocks));
+  ref.page_ids = std::move(lp.page_ids);
   return ref;
 }
 
@@ -181,9 +179,8 @@ absl::StatusOr<PageStats> GenericKvCacheHandle::stats() const {
 }
 
 absl::StatusOr<int64_t> GenericKvCacheHandle::pages_used() const {
-  auto st = stats();
-  if (!st.ok()) return st.status();
-  return st->pages_used;
+  KVARENA_ASSIGN_OR_RETURN(auto st, stats());
+  return st.pages_used;
 }
 
 std::shared_ptr<GenericKvCacheHandle> GenericKvCacheHandle::clone_handle() const {

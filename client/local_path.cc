@@ -12,6 +12,7 @@
 #include "client/cache_state.h"
 #include "client/transport.h"
 #include "core/checked.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kvarena/client.h"
 #include "kvarena/kv_cache_handle.h"
@@ -253,19 +254,19 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   int64_t nq = 0;
   if (q != nullptr) {
     out->data.resize(q->bytes);
-    auto n = CheckQuery(op, spec, *q, out->data.data(), out->data.size(), opts.scale, limits);
-    if (!n.ok()) return n.status();
-    nq = *n;
+    KVARENA_ASSIGN_OR_RETURN(
+        auto n, CheckQuery(op, spec, *q, out->data.data(), out->data.size(), opts.scale, limits));
+    nq = n;
   }
-  auto nk = CheckTensor(op, "k", k, spec.dtype, spec.num_kv_heads, spec.head_dim, limits);
-  if (!nk.ok()) return nk.status();
-  auto nv = CheckTensor(op, "v", v, spec.dtype, spec.num_kv_heads, spec.head_dim, limits);
-  if (!nv.ok()) return nv.status();
-  if (*nk != *nv || (q != nullptr && nq != *nk)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens, v ", *nv,
+  KVARENA_ASSIGN_OR_RETURN(
+      auto nk, CheckTensor(op, "k", k, spec.dtype, spec.num_kv_heads, spec.head_dim, limits));
+  KVARENA_ASSIGN_OR_RETURN(
+      auto nv, CheckTensor(op, "v", v, spec.dtype, spec.num_kv_heads, spec.head_dim, limits));
+  if (nk != nv || (q != nullptr && nq != nk)) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", nk, " tokens, v ", nv,
                                                    q != nullptr ? absl::StrCat(", q ", nq) : ""));
   }
-  const int64_t n = *nk;
+  const int64_t n = nk;
   if (auto s = EnsureTable(op); !s.ok()) return s;
 
   std::vector<int32_t> blocks;  // a snapshot: a concurrent reserve may grow the table
@@ -329,7 +330,7 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   KvKernels* kernels = nullptr;
   if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
   auto lp = Pages(op, layer);  // fresh from the arena, narrowed by with_sequence_length
-  if (!lp.ok()) return lp.status();
+  KVARENA_RETURN_IF_ERROR(lp.status());
   const int64_t n = std::max<int64_t>(0, lp->len - lp->first_pos);
   GetKvResult r;
   r.first_pos = lp->first_pos;

@@ -142,16 +142,15 @@ absl::StatusOr<std::vector<SeqSpan>> Spans(const char* op, const CacheTokenList&
           ", sequence 0 (cache ", first->cache_id(), ") in pool ", first->pool_id(),
           "; page ids index one pool"));
     }
-    auto s = client_internal::PageTableAccess::Span(op, b, *h, layer, n);
-    if (!s.ok()) return s.status();
-    blocks += s->blocks;  // each below 2^31, so the sums cannot wrap int64
-    tokens += s->end - s->written;
+    KVARENA_ASSIGN_OR_RETURN(auto s, client_internal::PageTableAccess::Span(op, b, *h, layer, n));
+    blocks += s.blocks;  // each below 2^31, so the sums cannot wrap int64
+    tokens += s.end - s.written;
     if (blocks > INT32_MAX || tokens > INT32_MAX) {
       return absl::InvalidArgumentError(absl::StrCat(
           op, ": the batch up to sequence ", b, " holds ", blocks, " pages and ", tokens,
           " new tokens; the arrays hold int32"));
     }
-    spans.push_back(*std::move(s));
+    spans.push_back(std::move(s));
   }
   *page_size = first->page_size();
   return spans;
@@ -162,12 +161,11 @@ absl::StatusOr<std::vector<SeqSpan>> Spans(const char* op, const CacheTokenList&
 absl::StatusOr<FlashInferPageTable> BuildFlashInferPageTable(const CacheTokenList& batch,
                                                              int layer) {
   int ps = 0;
-  auto spans = Spans("BuildFlashInferPageTable", batch, layer, &ps);
-  if (!spans.ok()) return spans.status();
+  KVARENA_ASSIGN_OR_RETURN(auto spans, Spans("BuildFlashInferPageTable", batch, layer, &ps));
   FlashInferPageTable t;
-  t.indptr.reserve(spans->size() + 1);
+  t.indptr.reserve(spans.size() + 1);
   t.indptr.push_back(0);
-  for (const SeqSpan& s : *spans) {
+  for (const SeqSpan& s : spans) {
     const std::vector<int32_t>& ids = s.table.page_ids;
     t.indices.insert(t.indices.end(), ids.begin(), ids.begin() + s.blocks);
     t.indptr.push_back(int32_t(t.indices.size()));
@@ -185,11 +183,10 @@ absl::StatusOr<VllmBlockTables> BuildVllmBlockTables(const CacheTokenList& batch
     return absl::InvalidArgumentError(absl::StrCat(op, ": max_blocks=", max_blocks, " < 0"));
   }
   int ps = 0;
-  auto spans = Spans(op, batch, layer, &ps);
-  if (!spans.ok()) return spans.status();
+  KVARENA_ASSIGN_OR_RETURN(auto spans, Spans(op, batch, layer, &ps));
   int64_t width = max_blocks;
-  for (size_t b = 0; b < spans->size(); ++b) {
-    const SeqSpan& s = (*spans)[b];
+  for (size_t b = 0; b < spans.size(); ++b) {
+    const SeqSpan& s = (spans)[b];
     if (max_blocks == 0) {
       width = std::max(width, s.blocks);
     } else if (s.blocks > max_blocks) {
@@ -199,7 +196,7 @@ absl::StatusOr<VllmBlockTables> BuildVllmBlockTables(const CacheTokenList& batch
                                                      s.blocks, " blocks"));
     }
   }
-  const int64_t batch_size = int64_t(spans->size());
+  const int64_t batch_size = int64_t(spans.size());
   if (width > INT32_MAX / batch_size) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": ", batch_size, " rows of ", width,
                                                    " blocks exceed the int32 arrays"));
@@ -208,8 +205,8 @@ absl::StatusOr<VllmBlockTables> BuildVllmBlockTables(const CacheTokenList& batch
   t.max_blocks = width;
   t.block_tables.assign(size_t(batch_size * width), pad);
   t.query_start_loc.push_back(0);
-  for (size_t b = 0; b < spans->size(); ++b) {
-    const SeqSpan& s = (*spans)[b];
+  for (size_t b = 0; b < spans.size(); ++b) {
+    const SeqSpan& s = (spans)[b];
     const LocalLayerTable& tab = s.table;
     std::copy_n(tab.page_ids.begin(), s.blocks, t.block_tables.begin() + int64_t(b) * width);
     t.seq_lens.push_back(int32_t(s.end - tab.first_pos));

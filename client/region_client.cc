@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
+#include "core/status_macros.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace kvarena {
@@ -14,7 +15,7 @@ namespace {
 
 // The reply to a round trip; its fds go to *fds (closed on any error).
 absl::StatusOr<v1::FdReply> Decode(absl::StatusOr<Message> m, std::vector<int>* fds) {
-  if (!m.ok()) return m.status();
+  KVARENA_RETURN_IF_ERROR(m.status());
   v1::FdReply reply;
   if (!reply.ParseFromString(m->bytes)) {
     for (int fd : m->fds) close(fd);
@@ -32,9 +33,8 @@ absl::StatusOr<v1::FdReply> Decode(absl::StatusOr<Message> m, std::vector<int>* 
 
 absl::StatusOr<std::unique_ptr<RegionClient>> RegionClient::Connect(const std::string& fd_socket,
                                                                      const std::string& session_id) {
-  absl::StatusOr<int> sock = ConnectUnix(fd_socket);
-  if (!sock.ok()) return sock.status();
-  return std::unique_ptr<RegionClient>(new RegionClient(fd_socket, *sock, session_id));
+  KVARENA_ASSIGN_OR_RETURN(int sock, ConnectUnix(fd_socket));
+  return std::unique_ptr<RegionClient>(new RegionClient(fd_socket, sock, session_id));
 }
 
 RegionClient::~RegionClient() {
@@ -45,9 +45,8 @@ absl::StatusOr<Message> RegionClient::RoundTripLocked(const std::string& request
   absl::Status failed;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (sock_ < 0) {
-      absl::StatusOr<int> sock = ConnectUnix(fd_socket_);
-      if (!sock.ok()) return sock.status();
-      sock_ = *sock;
+      KVARENA_ASSIGN_OR_RETURN(int sock, ConnectUnix(fd_socket_));
+      sock_ = sock;
     }
     failed = SendMessage(sock_, request);
     if (failed.ok()) {
@@ -70,12 +69,12 @@ absl::StatusOr<Message> RegionClient::RoundTripLocked(const std::string& request
 
 absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
                                      const std::string& ipc_handle, Mapped* out) {
-  absl::StatusOr<std::unique_ptr<MappedRegion>> region = ImportRegion(kind, size, ipc_handle);
-  if (!region.ok()) return region.status();
+  KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<MappedRegion> region,
+                           ImportRegion(kind, size, ipc_handle));
   Mapped m;
   m.region_id = region_id;
   m.kind = kind;
-  m.region = *std::move(region);
+  m.region = std::move(region);
   if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) return s;
   *out = std::move(m);
   return absl::OkStatus();
@@ -90,22 +89,22 @@ absl::Status RegionClient::FetchPiecesLocked(Mapped* m) {
     req.mutable_export_region()->set_region_id(m->region_id);
     req.mutable_export_region()->set_after_generation(m->generation);
     std::vector<int> fds;
-    absl::StatusOr<v1::FdReply> reply = Decode(RoundTripLocked(req.SerializeAsString()), &fds);
-    if (!reply.ok()) return reply.status();
-    if (fds.size() != size_t(reply->pieces_size())) {
+    KVARENA_ASSIGN_OR_RETURN(v1::FdReply reply,
+                             Decode(RoundTripLocked(req.SerializeAsString()), &fds));
+    if (fds.size() != size_t(reply.pieces_size())) {
       for (int fd : fds) close(fd);
-      return absl::InternalError(absl::StrCat("fd socket: ", reply->pieces_size(), " pieces came with ",
-                                              fds.size(), " fds"));
+      return absl::InternalError(absl::StrCat("fd socket: ", reply.pieces_size(),
+                                              " pieces came with ", fds.size(), " fds"));
     }
     std::vector<SharedPiece> pieces;
     uint64_t newest = m->generation;
-    for (int i = 0; i < reply->pieces_size(); ++i) {
-      const v1::RegionPiece& p = reply->pieces(i);
+    for (int i = 0; i < reply.pieces_size(); ++i) {
+      const v1::RegionPiece& p = reply.pieces(i);
       pieces.push_back({p.offset(), p.bytes(), fds[size_t(i)], p.generation()});
       newest = std::max<uint64_t>(newest, p.generation());
     }
     if (absl::Status s = m->region->MapPieces(std::move(pieces)); !s.ok()) return s;
-    const bool done = uint32_t(reply->pieces_size()) >= reply->total_pieces();
+    const bool done = uint32_t(reply.pieces_size()) >= reply.total_pieces();
     if (done || newest == m->generation) {
       m->generation = newest;
       return absl::OkStatus();
@@ -119,16 +118,16 @@ absl::Status RegionClient::RefreshLocked() {
   req.set_session_id(session_id_);
   req.mutable_list_regions();
   std::vector<int> fds;
-  absl::StatusOr<v1::FdReply> reply = Decode(RoundTripLocked(req.SerializeAsString()), &fds);
-  if (!reply.ok()) return reply.status();
+  KVARENA_ASSIGN_OR_RETURN(v1::FdReply reply,
+                           Decode(RoundTripLocked(req.SerializeAsString()), &fds));
   // A pool the daemon no longer lists was destroyed with its last cache: no handle of a
   // live cache points into it, so its mapping goes (it would only pin address space).
   std::set<uint64_t> listed;
-  for (const v1::RegionDescriptor& r : reply->regions()) {
+  for (const v1::RegionDescriptor& r : reply.regions()) {
     if (!r.scratch()) listed.insert(r.pool_id());
   }
   std::erase_if(pools_, [&listed](const auto& entry) { return !listed.contains(entry.first); });
-  for (const v1::RegionDescriptor& r : reply->regions()) {
+  for (const v1::RegionDescriptor& r : reply.regions()) {
     const bool have = r.scratch() ? scratch_.region != nullptr || !scratch_refused_.ok()
                                   : pools_.contains(r.pool_id());
     if (have) continue;

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "arena/fd_passing.h"
 #include "arena/region.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 
@@ -43,9 +44,8 @@ class RegionClient {
   // again when the pool is newer than what this client knew).
   absl::StatusOr<Pool> GetPool(uint64_t pool_id);
   absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) {
-    absl::StatusOr<Pool> p = GetPool(pool_id);
-    if (!p.ok()) return p.status();
-    return p->base;
+    KVARENA_ASSIGN_OR_RETURN(Pool p, GetPool(pool_id));
+    return p.base;
   }
   // Maps what the daemon committed to the mapped pools since they were last brought up
   // to date. One fd-socket exchange per mapped CUDA VMM pool; nothing for host pools.

@@ -9,6 +9,7 @@
 
 #include "client/region_client.h"
 #include "client/remote_transport.h"
+#include "core/status_macros.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
 
@@ -45,9 +46,8 @@ absl::StatusOr<std::vector<ReserveResult>> RemoteTransport::Reserve(
 }
 
 absl::StatusOr<MappedPool> RemoteTransport::MapPool(uint64_t pool_id) {
-  absl::StatusOr<RegionClient::Pool> p = zero_copy_->GetPool(pool_id, channel_.address());
-  if (!p.ok()) return p.status();
-  return MappedPool{p->base, p->kind, p->device};
+  KVARENA_ASSIGN_OR_RETURN(RegionClient::Pool p, zero_copy_->GetPool(pool_id, channel_.address()));
+  return MappedPool{p.base, p.kind, p.device};
 }
 
 }  // namespace kvarena::client_internal

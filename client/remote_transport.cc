@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/channel_credentials.h"
+#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 
@@ -40,10 +41,9 @@ void RemoteTransport::ConnectRegions() {
 }
 
 absl::Status RemoteTransport::LearnDevice() {
-  auto st = Stats();
-  if (!st.ok()) return st.status();
+  KVARENA_ASSIGN_OR_RETURN(auto st, Stats());
   absl::MutexLock lock(&mu_);
-  device_ = st->backend == "host" ? "cpu" : st->backend == "cuda" ? "cuda:0" : st->backend;
+  device_ = st.backend == "host" ? "cpu" : st.backend == "cuda" ? "cuda:0" : st.backend;
   return absl::OkStatus();
 }
 
@@ -62,7 +62,7 @@ absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string&
   grpc::ChannelArguments args;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       NewChannelCredentials(address, options, &args);
-  if (!credentials.ok()) return credentials.status();
+  KVARENA_RETURN_IF_ERROR(credentials.status());
   auto t = std::make_shared<RemoteTransport>(address, options, *credentials, std::move(args));
   if (options.attach) {
     if (auto s = t->Attach(); !s.ok()) return s;

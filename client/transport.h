@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/local_kernels.h"
+#include "core/status_macros.h"
 #include "core/types.h"
 #include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
@@ -101,9 +102,8 @@ class Transport {
   // FAILED_PRECONDITION where the pool is not mapped here.
   virtual absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) = 0;
   absl::StatusOr<uint8_t*> PoolBase(uint64_t pool_id) {
-    absl::StatusOr<MappedPool> pool = MapPool(pool_id);
-    if (!pool.ok()) return pool.status();
-    return pool->base;
+    KVARENA_ASSIGN_OR_RETURN(MappedPool pool, MapPool(pool_id));
+    return pool.base;
   }
 
   // The kernels the local path runs in this process over `pool` (client/local_kernels.h:

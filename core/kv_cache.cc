@@ -164,10 +164,10 @@ absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int l
   }
   absl::StatusOr<int64_t> nk =
       CheckTensor(op, "k", k, spec_.dtype, spec_.num_kv_heads, spec_.head_dim, limits());
-  if (!nk.ok()) return nk.status();
+  KVARENA_RETURN_IF_ERROR(nk.status());
   absl::StatusOr<int64_t> nv =
       CheckTensor(op, "v", v, spec_.dtype, spec_.num_kv_heads, spec_.head_dim, limits());
-  if (!nv.ok()) return nv.status();
+  KVARENA_RETURN_IF_ERROR(nv.status());
   if (*nk != *nv) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens but v has ", *nv));
   }
@@ -217,8 +217,7 @@ absl::StatusOr<AppendResult> KvCache::Append(int layer, int64_t pos, const Tenso
   KVARENA_RETURN_IF_ERROR(CheckLayerLocked("append", layer));
   const int64_t old_seq = SeqLenLocked();
   const int64_t old_mat = MaterializedLocked();
-  absl::StatusOr<Taken> added = AppendLocked("append", layer, pos, k, v);
-  if (!added.ok()) return added.status();
+  KVARENA_ASSIGN_OR_RETURN(Taken added, AppendLocked("append", layer, pos, k, v));
   RegisterLocked(layer);
   EvictLocked(layer, pos);
   PublishLocked(old_seq, old_mat);

@@ -21,8 +21,8 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   const int layer = args.layer;
   KVARENA_RETURN_IF_ERROR(CheckLayerLocked("attend", layer));
   const TensorArg& q = args.q;
-  absl::StatusOr<int64_t> n = CheckQuery("attend", spec_, q, out, out_bytes, args.scale, limits());
-  if (!n.ok()) return n.status();
+  KVARENA_ASSIGN_OR_RETURN(int64_t n,
+                           CheckQuery("attend", spec_, q, out, out_bytes, args.scale, limits()));
   const int64_t q_heads = q.shape[1];
   const bool has_k = Present(args.k), has_v = Present(args.v);
   if (has_k != has_v) {
@@ -36,9 +36,9 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   Taken added;
   if (!has_k) {
     // Written so it cannot wrap: pos + n <= len.
-    if (args.pos < 0 || args.pos > t.len() - *n) {
+    if (args.pos < 0 || args.pos > t.len() - n) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "attend: pos=", args.pos, " with ", *n, " queries needs positions up to pos + ", *n,
+          "attend: pos=", args.pos, " with ", n, " queries needs positions up to pos + ", n,
           " but layer ", layer, " holds ", t.len(), " tokens (pass k and v to append)"));
     }
     const int64_t need = window > 0 ? std::max<int64_t>(0, args.pos - window + 1) : 0;
@@ -52,25 +52,25 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   // The last query sees keys up to pos + n (no overflow: checked above, or pos is the
   // layer's length; any other pos with k/v is AppendLocked's INVALID_ARGUMENT).
   if (!has_k || args.pos == t.len()) {
-    if (absl::Status s = CheckAttendWork("attend", *n, args.pos + *n, window, q_heads, limits());
+    if (absl::Status s = CheckAttendWork("attend", n, args.pos + n, window, q_heads, limits());
         !s.ok()) {
       CountRefusal();
       return s;
     }
   }
   if (has_k) {
-    if (args.k.shape.size() == 4 && args.k.shape[2] != *n) {
+    if (args.k.shape.size() == 4 && args.k.shape[2] != n) {
       return absl::InvalidArgumentError(
-          absl::StrCat("attend: q has ", *n, " tokens but k has ", args.k.shape[2]));
+          absl::StrCat("attend: q has ", n, " tokens but k has ", args.k.shape[2]));
     }
-    absl::StatusOr<Taken> appended = AppendLocked("attend", layer, args.pos, args.k, args.v);
-    if (!appended.ok()) return appended.status();
-    added = *std::move(appended);
+    KVARENA_ASSIGN_OR_RETURN(Taken appended,
+                             AppendLocked("attend", layer, args.pos, args.k, args.v));
+    added = std::move(appended);
   }
   AttentionParams p;
   p.num_q_heads = int(q_heads);
   p.q_pos = args.pos;
-  p.n = *n;
+  p.n = n;
   p.scale = args.scale > 0 ? float(args.scale) : 1.0f / std::sqrt(float(spec_.head_dim));
   p.window = window;
   p.stop = stop;

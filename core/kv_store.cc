@@ -131,11 +131,11 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
                                             const std::string& owner) {
   Impl& im = *impl_;
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
-  absl::StatusOr<CacheSpec> resolved = ResolveSpec(spec, im.options.default_page_size, im.limits);
-  if (!resolved.ok()) return resolved.status();
+  KVARENA_ASSIGN_OR_RETURN(CacheSpec resolved,
+                           ResolveSpec(spec, im.options.default_page_size, im.limits));
   KVARENA_RETURN_IF_ERROR(CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
-  if (absl::Status s = im.kernels->CheckLayout(PageLayout{resolved->dtype, resolved->page_size,
-                                                          resolved->num_kv_heads, resolved->head_dim});
+  if (absl::Status s = im.kernels->CheckLayout(
+          PageLayout{resolved.dtype, resolved.page_size, resolved.num_kv_heads, resolved.head_dim});
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("allocate: ", s.message()));
   }
@@ -149,8 +149,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       session.empty() ? owner : im.sessions.OwnerOf(session);
   // Null or none: the session detached meanwhile.
   if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);
-  absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("allocate", *resolved, cache_id, quota.get());
-  if (!metadata.ok()) return metadata.status();
+  KVARENA_ASSIGN_OR_RETURN(BudgetCharge metadata,
+                           im.ChargeCacheMetadata("allocate", resolved, cache_id, quota.get()));
   if (!quota->TryAddCache()) {
     return RefusedError(
         quota->CachesRefusal(),
@@ -179,7 +179,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     }
     if (refused.ok()) {
       absl::StatusOr<std::shared_ptr<PagePool>> p =
-          im.pools.PoolFor(*resolved, *pool_owner, &created);
+          im.pools.PoolFor(resolved, *pool_owner, &created);
       if (p.ok()) pool = *std::move(p);
       else refused = p.status();
     }
@@ -193,8 +193,9 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     im.pools.AddCache(pool->id());
   }
   if (created) im.RegionsChanged();
-  auto cache = std::make_shared<KvCache>(id, *std::move(resolved), session, im.ContextFor(pool, quota),
-                                         im.clock->Now(), *std::move(metadata));
+  auto cache =
+      std::make_shared<KvCache>(id, std::move(resolved), session, im.ContextFor(pool, quota),
+                                im.clock->Now(), std::move(metadata));
   // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
   // between the lookup and the adoption).
   absl::Status started = cache->StartWithPrompt(options.prompt_tokens);
@@ -219,60 +220,53 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
 absl::StatusOr<AppendResult> KvStore::Append(const std::string& session, const std::string& cache_id,
                                              int layer, int64_t pos, const TensorArg& k,
                                              const TensorArg& v) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Append(layer, pos, k, v);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
+  return (cache)->Append(layer, pos, k, v);
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const std::string& session, const AttendArgs& args,
                                              void* out, size_t out_bytes, const StopToken* stop) {
-  auto cache = impl_->Find(session, args.cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Attend(args, out, out_bytes, stop);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, args.cache_id));
+  return (cache)->Attend(args, out, out_bytes, stop);
 }
 
 absl::StatusOr<PopnResult> KvStore::Popn(const std::string& session, const std::string& cache_id,
                                          uint64_t n) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Popn(n);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
+  return (cache)->Popn(n);
 }
 
 absl::StatusOr<CacheInfo> KvStore::Reset(const std::string& session, const std::string& cache_id,
                                          bool keep_pages) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Reset(keep_pages);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
+  return (cache)->Reset(keep_pages);
 }
 
 absl::Status KvStore::Release(const std::string& session, const std::string& cache_id) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
   {
     absl::MutexLock lock(&impl_->mu);
     auto it = impl_->caches.find(cache_id);
-    if (it == impl_->caches.end() || it->second != *cache) {
+    if (it == impl_->caches.end() || it->second != cache) {
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " not found"));
     }
     impl_->caches.erase(it);
-    impl_->pools.RemoveCache((*cache)->pool()->id());
+    impl_->pools.RemoveCache((cache)->pool()->id());
   }
-  impl_->Remove(*cache);
+  impl_->Remove(cache);
   return absl::OkStatus();
 }
 
 absl::StatusOr<GetKvResult> KvStore::GetKv(const std::string& session, const std::string& cache_id,
                                            int layer, const GetKvRange& range) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->GetKv(layer, range);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
+  return (cache)->GetKv(layer, range);
 }
 
 absl::StatusOr<CacheDescription> KvStore::Describe(const std::string& session,
                                                    const std::string& cache_id) {
-  auto cache = impl_->Find(session, cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Describe();
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
+  return (cache)->Describe();
 }
 
 }  // namespace kvarena

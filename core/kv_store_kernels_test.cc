@@ -2,6 +2,7 @@
 // when the kernels refuse a geometry or fail on the device, and when committing memory
 // fails midway. Every failure gives back what the call took.
 #include "core/refusal.h"
+#include "core/status_macros.h"
 #include "core/store_fixture.h"
 #include "tests/support/forwarding_kernels.h"
 
@@ -140,9 +141,8 @@ class FaultyBackend : public Backend {
       : fail_at_(fail_at), failure_(std::move(failure)) {}
   std::string name() const override { return "faulty"; }
   absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes, const std::string& label) override {
-    auto r = real_->Reserve(bytes, label);
-    if (!r.ok()) return r.status();
-    auto region = std::make_unique<FaultyRegion>(*std::move(r), &calls_, fail_at_, failure_);
+    KVARENA_ASSIGN_OR_RETURN(auto r, real_->Reserve(bytes, label));
+    auto region = std::make_unique<FaultyRegion>(std::move(r), &calls_, fail_at_, failure_);
     last = region.get();
     return region;
   }

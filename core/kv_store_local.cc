@@ -8,6 +8,7 @@
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/refusal.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -44,19 +45,17 @@ absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> KvStore::Impl::FindAll(
       return absl::InvalidArgumentError(
           absl::StrCat(op, ": items[", i, "] lists cache ", Quoted(items[i].cache_id), " a second time"));
     }
-    auto cache = Find(session, items[i].cache_id);
-    if (!cache.ok()) return cache.status();
-    caches.push_back(*std::move(cache));
+    KVARENA_ASSIGN_OR_RETURN(auto cache, Find(session, items[i].cache_id));
+    caches.push_back(std::move(cache));
   }
   return caches;
 }
 
 absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& session,
                                                             const std::vector<CacheTokens>& items) {
-  auto caches = impl_->FindAll("reserve", session, items);
-  if (!caches.ok()) return caches.status();
+  KVARENA_ASSIGN_OR_RETURN(auto caches, impl_->FindAll("reserve", session, items));
   std::vector<KvCache*> raw;
-  for (const auto& c : *caches) raw.push_back(c.get());
+  for (const auto& c : caches) raw.push_back(c.get());
   MultiLock lock(raw);
 
   // Count per pool and per quota, then charge every quota and take every pool's pages
@@ -125,10 +124,9 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
 
 absl::StatusOr<std::vector<CacheInfo>> KvStore::Commit(const std::string& session,
                                                        const std::vector<CacheTokens>& items) {
-  auto caches = impl_->FindAll("commit", session, items);
-  if (!caches.ok()) return caches.status();
+  KVARENA_ASSIGN_OR_RETURN(auto caches, impl_->FindAll("commit", session, items));
   std::vector<KvCache*> raw;
-  for (const auto& c : *caches) raw.push_back(c.get());
+  for (const auto& c : caches) raw.push_back(c.get());
   MultiLock lock(raw);
   for (size_t i = 0; i < raw.size(); ++i) {
     raw[i]->mu().AssertHeld();

@@ -14,16 +14,14 @@
 namespace kvarena {
 
 absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session, const SetTokensArgs& args) {
-  auto cache = impl_->Find(session, args.cache_id);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->SetTokens(args.first_pos, args.token_ids);
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, args.cache_id));
+  return (cache)->SetTokens(args.first_pos, args.token_ids);
 }
 
 absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::string& cache_id,
                                         const std::string& new_cache_id) {
   Impl& im = *impl_;
-  auto src = im.Find(session, cache_id);
-  if (!src.ok()) return src.status();
+  KVARENA_ASSIGN_OR_RETURN(auto src, im.Find(session, cache_id));
   if (new_cache_id.size() > kMaxCacheIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("fork: new_cache_id has ", new_cache_id.size(),
                                                    " bytes; at most ", kMaxCacheIdBytes));
@@ -31,10 +29,11 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   // A sessionless caller forks a sessionless cache (Find refuses it a session's): the
   // fork joins the same owner's sessionless caches.
   std::shared_ptr<Quota> quota =
-      session.empty() ? (*src)->shared_quota() : im.sessions.QuotaOf(session);
+      session.empty() ? (src)->shared_quota() : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
-  absl::StatusOr<BudgetCharge> metadata = im.ChargeCacheMetadata("fork", (*src)->spec(), new_cache_id, quota.get());
-  if (!metadata.ok()) return metadata.status();
+  absl::StatusOr<BudgetCharge> metadata =
+      im.ChargeCacheMetadata("fork", (src)->spec(), new_cache_id, quota.get());
+  KVARENA_RETURN_IF_ERROR(metadata.status());
   auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
     if (int64_t(im.caches.size() + im.pending.size()) >= im.options.max_caches) {
       return RefusedError(Refusal::kMaxCaches, absl::StrCat(
@@ -43,7 +42,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     if (!new_cache_id.empty() && (im.caches.contains(new_cache_id) || im.pending.contains(new_cache_id))) {
       return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
     }
-    if (!im.pools.Contains((*src)->pool())) {
+    if (!im.pools.Contains((src)->pool())) {
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " was released"));
     }
     return absl::OkStatus();
@@ -53,7 +52,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   {
     absl::MutexLock lock(&im.mu);
     KVARENA_RETURN_IF_ERROR(refusal());
-    pool = im.pools.Find((*src)->pool()->id());
+    pool = im.pools.Find((src)->pool()->id());
     if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
       while (im.caches.contains(id) || im.pending.contains(id));
@@ -68,9 +67,9 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   }
   // Built outside the map lock (it waits for src's lock); the cache counts in the quota
   // from here and gives everything back when dropped.
-  auto cache = std::make_shared<KvCache>(id, (*src)->spec(), session, im.ContextFor(pool, quota), im.clock->Now(),
-                                         *std::move(metadata));
-  KVARENA_RETURN_IF_ERROR(cache->ForkFrom(**src));
+  auto cache = std::make_shared<KvCache>(id, (src)->spec(), session, im.ContextFor(pool, quota),
+                                         im.clock->Now(), *std::move(metadata));
+  KVARENA_RETURN_IF_ERROR(cache->ForkFrom(*src));
   {
     absl::MutexLock lock(&im.mu);
     KVARENA_RETURN_IF_ERROR(refusal());

@@ -7,6 +7,7 @@
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/refusal.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -77,9 +78,9 @@ absl::StatusOr<std::vector<SharedPiece>> KvStore::ExportRegion(const std::string
       return absl::PermissionDeniedError(
           absl::StrCat("export: region ", region_id, " is not this session's scratch region"));
     }
-    absl::StatusOr<std::shared_ptr<const Region>> r = impl_->CreateScratch(session, *scratch);
-    if (!r.ok()) return r.status();
-    region = *std::move(r);
+    KVARENA_ASSIGN_OR_RETURN(std::shared_ptr<const Region> r,
+                             impl_->CreateScratch(session, *scratch));
+    region = std::move(r);
   } else {
     const std::optional<std::string> owner = impl_->sessions.OwnerOf(session);
     // Another owner's pool is as unknown to this session as a pool that never was.

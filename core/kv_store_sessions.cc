@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -30,9 +31,8 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
 }
 
 absl::StatusOr<std::string> KvStore::OpenSession(const std::string& client_name) {
-  absl::StatusOr<SessionAttachment> a = AttachSession(client_name, "");
-  if (!a.ok()) return a.status();
-  return std::move(a->session_id);
+  KVARENA_ASSIGN_OR_RETURN(SessionAttachment a, AttachSession(client_name, ""));
+  return std::move(a.session_id);
 }
 
 bool KvStore::SessionOwnedBy(const std::string& session_id, const std::string& owner) const {

@@ -6,13 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 
 absl::StatusOr<PageStats> KvStore::CacheStats(const std::string& cache_id) const {
-  auto cache = impl_->Find("", cache_id, /*check_owner=*/false);
-  if (!cache.ok()) return cache.status();
-  return (*cache)->Stats();
+  KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find("", cache_id, /*check_owner=*/false));
+  return (cache)->Stats();
 }
 
 ArenaStats KvStore::Stats() const {

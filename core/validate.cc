@@ -115,8 +115,8 @@ absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, 
                             spec.head_dim, "] with q_heads a multiple of num_kv_heads=", kv,
                             ", at most ", limits.max_group, "x"));
   }
-  absl::StatusOr<int64_t> n = CheckTensor(op, "q", q, spec.dtype, q_heads, spec.head_dim, limits);
-  if (!n.ok()) return n.status();
+  KVARENA_ASSIGN_OR_RETURN(int64_t n,
+                           CheckTensor(op, "q", q, spec.dtype, q_heads, spec.head_dim, limits));
   if (out_bytes != q.bytes || out == nullptr) {
     return Bad(absl::StrCat(op, ": out has ", out_bytes, " bytes but q needs ", q.bytes));
   }

@@ -1,14 +1,15 @@
 #include "daemon/attach.h"
 
+#include <grpcpp/server_context.h>
+
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include <grpcpp/server_context.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/refusal.h"
+#include "core/status_macros.h"
 #include "daemon/status.h"
 #include "proto/wire.h"
 
@@ -19,8 +20,7 @@ namespace {
 // and the fd socket included).
 absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const SessionAttachment& a,
                                              const AttachHub::Options& options) {
-  absl::StatusOr<std::vector<RegionInfo>> regions = store.SessionRegions(a.session_id);
-  if (!regions.ok()) return regions.status();
+  KVARENA_ASSIGN_OR_RETURN(std::vector<RegionInfo> regions, store.SessionRegions(a.session_id));
   v1::AttachEvent event;
   event.set_session_id(a.session_id);
   event.set_resume_token(a.resume_token);
@@ -28,7 +28,7 @@ absl::StatusOr<v1::AttachEvent> RegionsEvent(const KvStore& store, const Session
   event.set_resumed(a.resumed);
   event.set_daemon_incarnation(options.incarnation);
   event.set_fd_socket(options.fd_socket);
-  for (const RegionInfo& r : *regions) ToProto(r, event.add_regions());
+  for (const RegionInfo& r : regions) ToProto(r, event.add_regions());
   return event;
 }
 

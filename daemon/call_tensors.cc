@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "proto/wire.h"
 
 namespace kvarena {
@@ -18,10 +19,9 @@ absl::StatusOr<ResolvedSlice> CallTensors::Resolve(absl::string_view field,
 absl::StatusOr<TensorArg> CallTensors::In(absl::string_view field, const v1::Tensor& t) {
   TensorArg arg = FromProto(t);  // inline bytes, or none
   if (t.payload_case() == v1::Tensor::kShared) {
-    absl::StatusOr<ResolvedSlice> r = Resolve(field, t.shared());
-    if (!r.ok()) return r.status();
-    arg.data = r->data;
-    arg.bytes = r->bytes;
+    KVARENA_ASSIGN_OR_RETURN(ResolvedSlice r, Resolve(field, t.shared()));
+    arg.data = r.data;
+    arg.bytes = r.bytes;
   }
   return arg;
 }
@@ -36,11 +36,10 @@ absl::StatusOr<void*> CallTensors::Out(const v1::AttendRequest& req, const Tenso
     *bytes = data->size();
     return data->data();
   }
-  absl::StatusOr<ResolvedSlice> r = Resolve("attend: out", req.out());
-  if (!r.ok()) return r.status();
+  KVARENA_ASSIGN_OR_RETURN(ResolvedSlice r, Resolve("attend: out", req.out()));
   *reply->mutable_shared() = req.out();
-  *bytes = r->bytes;
-  return r->data;
+  *bytes = r.bytes;
+  return r.data;
 }
 
 }  // namespace kvarena

@@ -26,15 +26,11 @@ absl::StatusOr<int> SpecField(absl::string_view field, uint64_t value, int lo, i
 
 absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
   CacheSpec s;
-  absl::StatusOr<int> v = SpecField("num_layers", p.num_layers(), 1, kMaxLayers);
-  if (!v.ok()) return v.status();
-  s.num_layers = *v;
-  if (v = SpecField("num_kv_heads", p.num_kv_heads(), 1, kMaxKvHeads); !v.ok()) return v.status();
-  s.num_kv_heads = *v;
-  if (v = SpecField("head_dim", p.head_dim(), 1, kMaxHeadDim); !v.ok()) return v.status();
-  s.head_dim = *v;
-  if (v = SpecField("page_size", p.page_size(), 0, kMaxPageSize); !v.ok()) return v.status();
-  s.page_size = *v;
+  KVARENA_ASSIGN_OR_RETURN(s.num_layers, SpecField("num_layers", p.num_layers(), 1, kMaxLayers));
+  KVARENA_ASSIGN_OR_RETURN(s.num_kv_heads,
+                           SpecField("num_kv_heads", p.num_kv_heads(), 1, kMaxKvHeads));
+  KVARENA_ASSIGN_OR_RETURN(s.head_dim, SpecField("head_dim", p.head_dim(), 1, kMaxHeadDim));
+  KVARENA_ASSIGN_OR_RETURN(s.page_size, SpecField("page_size", p.page_size(), 0, kMaxPageSize));
   s.dtype = FromProto(p.dtype());
   s.layer_windows.reserve(size_t(p.layer_windows_size()));
   for (int i = 0; i < p.layer_windows_size(); ++i) {
@@ -46,9 +42,8 @@ absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
     }
     s.layer_windows.push_back(int(w));
   }
-  absl::StatusOr<int64_t> max_tokens = DecodeInt64("allocate", "spec.max_tokens", p.max_tokens());
-  if (!max_tokens.ok()) return max_tokens.status();
-  s.max_tokens = *max_tokens;
+  KVARENA_ASSIGN_OR_RETURN(s.max_tokens,
+                           DecodeInt64("allocate", "spec.max_tokens", p.max_tokens()));
   s.prefix_namespace = p.prefix_namespace();  // core bounds its length
   return s;
 }
@@ -79,7 +74,7 @@ absl::StatusOr<std::vector<CacheTokens>> DecodeItems(
   for (int i = 0; i < items.size(); ++i) {
     absl::StatusOr<int64_t> tokens =
         DecodeInt64(op, absl::StrCat("items[", i, "].tokens"), items[i].tokens());
-    if (!tokens.ok()) return tokens.status();
+    KVARENA_RETURN_IF_ERROR(tokens.status());
     out.push_back(CacheTokens{items[i].cache_id(), *tokens});
   }
   return out;

@@ -27,18 +27,15 @@ absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, const Tena
                                         CallTensors* tensors) {
   AttendArgs args;
   args.cache_id = scope.CacheIn(req.cache_id());
-  absl::StatusOr<int> layer = DecodeLayer("attend", req.layer());
-  if (!layer.ok()) return layer.status();
-  args.layer = *layer;
-  absl::StatusOr<int64_t> pos = DecodeInt64("attend", "pos", req.pos());
-  if (!pos.ok()) return pos.status();
-  args.pos = *pos;
+  KVARENA_ASSIGN_OR_RETURN(int layer, DecodeLayer("attend", req.layer()));
+  args.layer = layer;
+  KVARENA_ASSIGN_OR_RETURN(int64_t pos, DecodeInt64("attend", "pos", req.pos()));
+  args.pos = pos;
   for (auto [field, from, to] : {std::tuple("attend: q", &req.q(), &args.q),
                                  std::tuple("attend: k", &req.k(), &args.k),
                                  std::tuple("attend: v", &req.v(), &args.v)}) {
-    absl::StatusOr<TensorArg> t = tensors->In(field, *from);
-    if (!t.ok()) return t.status();
-    *to = *std::move(t);
+    KVARENA_ASSIGN_OR_RETURN(TensorArg t, tensors->In(field, *from));
+    *to = std::move(t);
   }
   args.scale = req.scale();
   args.window = req.window();
@@ -79,13 +76,12 @@ absl::Status Requests::Allocate(S caller, const v1::AllocateRequest& req,
                                 v1::AllocateResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("allocate"));
-  absl::StatusOr<CacheSpec> spec = DecodeSpec(req.spec());
-  if (!spec.ok()) return spec.status();
-  spec->prefix_namespace = scope.NamespaceIn(spec->prefix_namespace);
+  KVARENA_ASSIGN_OR_RETURN(CacheSpec spec, DecodeSpec(req.spec()));
+  spec.prefix_namespace = scope.NamespaceIn(spec.prefix_namespace);
   AllocateOptions options;
   options.prompt_tokens.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
   absl::StatusOr<CacheInfo> info = store_->Allocate(
-      SessionOf(caller, scope), *spec, NewCacheId(scope, req.cache_id()), options, scope.owner());
+      SessionOf(caller, scope), spec, NewCacheId(scope, req.cache_id()), options, scope.owner());
   return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 
@@ -93,9 +89,9 @@ absl::Status Requests::SetTokens(S caller, const v1::SetTokensRequest& req,
                                  v1::SetTokensResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("set_tokens"));
-  absl::StatusOr<int64_t> first_pos = DecodeInt64("set_tokens", "first_pos", req.first_pos());
-  if (!first_pos.ok()) return first_pos.status();
-  SetTokensArgs args{scope.CacheIn(req.cache_id()), *first_pos,
+  KVARENA_ASSIGN_OR_RETURN(int64_t first_pos,
+                           DecodeInt64("set_tokens", "first_pos", req.first_pos()));
+  SetTokensArgs args{scope.CacheIn(req.cache_id()), first_pos,
                      std::vector<int32_t>(req.token_ids().begin(), req.token_ids().end())};
   absl::StatusOr<CacheInfo> info = store_->SetTokens(SessionOf(caller, scope), args);
   return ReplyCache(scope, std::move(info), resp->mutable_cache());
@@ -112,18 +108,14 @@ absl::Status Requests::Fork(S caller, const v1::ForkRequest& req, v1::ForkRespon
 absl::Status Requests::Append(S caller, const v1::AppendRequest& req, v1::AppendResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("append"));
-  absl::StatusOr<int> layer = DecodeLayer("append", req.layer());
-  if (!layer.ok()) return layer.status();
-  absl::StatusOr<int64_t> pos = DecodeInt64("append", "pos", req.pos());
-  if (!pos.ok()) return pos.status();
+  KVARENA_ASSIGN_OR_RETURN(int layer, DecodeLayer("append", req.layer()));
+  KVARENA_ASSIGN_OR_RETURN(int64_t pos, DecodeInt64("append", "pos", req.pos()));
   const std::string session = SessionOf(caller, scope);
   CallTensors tensors(store_, session);
-  absl::StatusOr<TensorArg> k = tensors.In("append: k", req.k());
-  if (!k.ok()) return k.status();
-  absl::StatusOr<TensorArg> v = tensors.In("append: v", req.v());
-  if (!v.ok()) return v.status();
+  KVARENA_ASSIGN_OR_RETURN(TensorArg k, tensors.In("append: k", req.k()));
+  KVARENA_ASSIGN_OR_RETURN(TensorArg v, tensors.In("append: v", req.v()));
   absl::StatusOr<AppendResult> r =
-      store_->Append(session, scope.CacheIn(req.cache_id()), *layer, *pos, *k, *v);
+      store_->Append(session, scope.CacheIn(req.cache_id()), layer, pos, k, v);
   if (!r.ok()) return scope.Out(r.status());
   resp->set_layer_len(static_cast<uint64_t>(r->layer_len));
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
@@ -136,12 +128,10 @@ absl::Status Requests::Attend(S caller, const v1::AttendRequest& req, v1::Attend
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("attend"));
   const std::string session = SessionOf(caller, scope);
   CallTensors tensors(store_, session);
-  absl::StatusOr<AttendArgs> args = DecodeAttend(req, scope, &tensors);
-  if (!args.ok()) return args.status();
+  KVARENA_ASSIGN_OR_RETURN(AttendArgs args, DecodeAttend(req, scope, &tensors));
   size_t out_bytes = 0;
-  absl::StatusOr<void*> out = tensors.Out(req, args->q, resp->mutable_out(), &out_bytes);
-  if (!out.ok()) return out.status();
-  absl::StatusOr<AttendResult> r = store_->Attend(session, *args, *out, out_bytes, stop);
+  KVARENA_ASSIGN_OR_RETURN(void* out, tensors.Out(req, args.q, resp->mutable_out(), &out_bytes));
+  absl::StatusOr<AttendResult> r = store_->Attend(session, args, out, out_bytes, stop);
   if (!r.ok()) return scope.Out(r.status());
   resp->set_seq_len(static_cast<uint64_t>(r->seq_len));
   return absl::OkStatus();
@@ -176,10 +166,9 @@ absl::Status Requests::Release(S caller, const v1::ReleaseRequest& req, v1::Rele
 absl::Status Requests::Reserve(S caller, const v1::ReserveRequest& req, v1::ReserveResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("reserve"));
-  absl::StatusOr<std::vector<CacheTokens>> items = DecodeItems("reserve", req.items());
-  if (!items.ok()) return items.status();
+  KVARENA_ASSIGN_OR_RETURN(std::vector<CacheTokens> items, DecodeItems("reserve", req.items()));
   absl::StatusOr<std::vector<ReserveResult>> r =
-      store_->Reserve(SessionOf(caller, scope), ScopeItems(scope, *std::move(items)));
+      store_->Reserve(SessionOf(caller, scope), ScopeItems(scope, std::move(items)));
   if (!r.ok()) return scope.Out(r.status());
   for (ReserveResult& res : *r) {
     res.cache_id = scope.Out(res.cache_id);
@@ -191,10 +180,9 @@ absl::Status Requests::Reserve(S caller, const v1::ReserveRequest& req, v1::Rese
 absl::Status Requests::Commit(S caller, const v1::CommitRequest& req, v1::CommitResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("commit"));
-  absl::StatusOr<std::vector<CacheTokens>> items = DecodeItems("commit", req.items());
-  if (!items.ok()) return items.status();
+  KVARENA_ASSIGN_OR_RETURN(std::vector<CacheTokens> items, DecodeItems("commit", req.items()));
   absl::StatusOr<std::vector<CacheInfo>> r =
-      store_->Commit(SessionOf(caller, scope), ScopeItems(scope, *std::move(items)));
+      store_->Commit(SessionOf(caller, scope), ScopeItems(scope, std::move(items)));
   if (!r.ok()) return scope.Out(r.status());
   for (CacheInfo& info : *r) {
     scope.Out(&info);
@@ -207,13 +195,10 @@ absl::Status Requests::GetKv(S caller, const v1::GetKvRequest& req, v1::GetKvRes
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("get_kv"));  // the operator sees no tenant's K/V
   absl::StatusOr<int> layer = DecodeLayer("get_kv", req.layer());
-  if (!layer.ok()) return layer.status();
+  KVARENA_RETURN_IF_ERROR(layer.status());
   GetKvRange range;
-  absl::StatusOr<int64_t> v = DecodeInt64("get_kv", "from_pos", req.from_pos());
-  if (!v.ok()) return v.status();
-  range.from_pos = *v;
-  if (v = DecodeInt64("get_kv", "max_tokens", req.max_tokens()); !v.ok()) return v.status();
-  range.max_tokens = *v;
+  KVARENA_ASSIGN_OR_RETURN(range.from_pos, DecodeInt64("get_kv", "from_pos", req.from_pos()));
+  KVARENA_ASSIGN_OR_RETURN(range.max_tokens, DecodeInt64("get_kv", "max_tokens", req.max_tokens()));
   absl::StatusOr<GetKvResult> r =
       store_->GetKv(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), *layer, range);
   if (!r.ok()) return scope.Out(r.status());
@@ -258,12 +243,11 @@ absl::Status Requests::ListCaches(S caller, const v1::ListCachesRequest& req,
                                   v1::ListCachesResponse* resp) {
   const TenantScope scope(caller.tenant);
   const bool all_names = SeesAllNames(caller);
-  absl::StatusOr<std::string> after = DecodePageToken(req.page_token());
-  if (!after.ok()) return after.status();
+  KVARENA_ASSIGN_OR_RETURN(std::string after, DecodePageToken(req.page_token()));
   // Pages go in core's id order, and the token names a core id. A tenant's ids are
   // contiguous there (they share its prefix): its pages start at the prefix and end with
   // the first id that is not its own.
-  std::string cursor = *after;
+  std::string cursor = after;
   if (!scope.sees_all()) cursor = std::max(cursor, scope.CacheIn(""));
   const KvStore::CachePage page = store_->ListCaches(cursor, DecodePageSize(req.page_size()));
   bool more = page.more;

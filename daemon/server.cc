@@ -78,9 +78,8 @@ absl::StatusOr<SocketAccess> UnixSocketAccess(const DaemonOptions& options) {
   KVARENA_RETURN_IF_ERROR(CheckSocketMode(options.socket_mode));
   SocketAccess access{options.socket_mode, std::nullopt};
   if (!options.socket_group.empty()) {
-    absl::StatusOr<gid_t> gid = LookupGroup(options.socket_group);
-    if (!gid.ok()) return gid.status();
-    access.group = *gid;
+    KVARENA_ASSIGN_OR_RETURN(gid_t gid, LookupGroup(options.socket_group));
+    access.group = gid;
   }
   return access;
 }
@@ -89,9 +88,9 @@ absl::StatusOr<SocketAccess> UnixSocketAccess(const DaemonOptions& options) {
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
   std::unique_ptr<Daemon> d(new Daemon(options));
-  absl::StatusOr<std::vector<ListenAddress>> addresses = ParseListenAddresses(options.listen);
-  if (!addresses.ok()) return addresses.status();
-  d->addresses_ = std::move(*addresses);
+  KVARENA_ASSIGN_OR_RETURN(std::vector<ListenAddress> addresses,
+                           ParseListenAddresses(options.listen));
+  d->addresses_ = std::move(addresses);
   if (options.max_message_bytes < (uint64_t{1} << 16) || options.max_message_bytes > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=", options.max_message_bytes,
                                                    " must be in [64Ki, 1Gi]"));
@@ -125,13 +124,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::InvalidArgumentError(
         "--metrics_address is empty; give an IP address such as 127.0.0.1");
   }
-  absl::StatusOr<SocketAccess> access = UnixSocketAccess(options);
-  if (!access.ok()) return access.status();
+  KVARENA_ASSIGN_OR_RETURN(SocketAccess access, UnixSocketAccess(options));
   const bool has_tcp = std::any_of(d->addresses_.begin(), d->addresses_.end(),
                                    [](const ListenAddress& a) { return a.unix_path.empty(); });
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials =
       TcpServerCredentials(options.tcp, has_tcp);
-  if (!tcp_credentials.ok()) return tcp_credentials.status();
+  KVARENA_RETURN_IF_ERROR(tcp_credentials.status());
   if (has_tcp) d->tcp_security_ = absl::StrCat(" tcp=", TcpSecurityName(options.tcp));
   if (!options.tenants_file.empty()) {
     // One token check per call: the tenants' tokens replace the shared one, and cross the
@@ -146,19 +144,17 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
           "--tenants_file with a HOST:PORT listener needs --tls_cert and --tls_key: tenants' "
           "bearer tokens must not cross the network in plaintext");
     }
-    absl::StatusOr<Tenants> tenants = Tenants::Load(options.tenants_file);
-    if (!tenants.ok()) return tenants.status();
-    d->tenants_ = std::make_unique<Tenants>(*std::move(tenants));
+    KVARENA_ASSIGN_OR_RETURN(Tenants tenants, Tenants::Load(options.tenants_file));
+    d->tenants_ = std::make_unique<Tenants>(std::move(tenants));
     absl::StrAppend(&d->tcp_security_, " tenants=", d->tenants_->all().size());
   }
 
-  absl::StatusOr<ServingBackend> backend = MakeServingBackend(options.backend);
-  if (!backend.ok()) return backend.status();
+  KVARENA_ASSIGN_OR_RETURN(ServingBackend backend, MakeServingBackend(options.backend));
   StoreOptions store_options;
   store_options.arena_bytes = options.arena_bytes;
   store_options.default_page_size = options.page_size;
   store_options.num_threads = options.num_threads;
-  store_options.kernels = std::move(backend->kernels);
+  store_options.kernels = std::move(backend.kernels);
   store_options.scratch_bytes = options.scratch_bytes;
   store_options.metadata_bytes = options.metadata_bytes;
   store_options.prefix_event_bytes = options.event_log_bytes;
@@ -188,8 +184,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (self->events_ != nullptr) self->events_->EventsRecorded();
   };
   absl::StatusOr<std::unique_ptr<KvStore>> store =
-      KvStore::Create(store_options, std::move(backend->backend));
-  if (!store.ok()) return store.status();
+      KvStore::Create(store_options, std::move(backend.backend));
+  KVARENA_RETURN_IF_ERROR(store.status());
   d->store_ = std::move(*store);
   const std::string fd_path = FdSocketPath(options.fd_socket, d->addresses_);
   const uint64_t incarnation = NewIncarnation();
@@ -209,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_address, options.metrics_port,
                              MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_});
-    if (!metrics.ok()) return metrics.status();
+    KVARENA_RETURN_IF_ERROR(metrics.status());
     d->metrics_ = std::move(*metrics);
   }
 
@@ -222,7 +218,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     fd_options.max_connections = options.max_fd_connections;
     fd_options.idle_timeout = options.fd_idle_timeout;
     fd_options.request_timeout = options.fd_request_timeout;
-    fd_options.access = *access;
+    fd_options.access = access;
     fd_options.allowed_uids = options.allowed_uids;
     fd_options.metrics = &d->fd_metrics_;
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
@@ -249,7 +245,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     // Accepted by kvarenad itself, which learns each peer's uid (daemon/unix_listener.h).
     absl::StatusOr<std::unique_ptr<UnixListener>> listener =
-        UnixListener::Bind(a.unix_path, *access, &d->peer_uids_);
+        UnixListener::Bind(a.unix_path, access, &d->peer_uids_);
     if (!listener.ok()) return Annotated(listener.status(), absl::StrCat("--listen=", a.uri, ": "));
     d->unix_listeners_.push_back(*std::move(listener));
   }

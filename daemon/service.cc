@@ -10,6 +10,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "daemon/bearer_token.h"
 #include "daemon/status.h"
 #include "kernels/stop_token.h"
@@ -95,9 +96,9 @@ absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBas
   const std::string peer = ctx->peer();
   caller.unix_socket = absl::StartsWith(peer, "fd:") || absl::StartsWith(peer, "unix:");
   if (tenants_ == nullptr) return caller;
-  absl::StatusOr<const Tenant*> tenant = tenants_->Authenticate(MetadataOf(ctx, kAuthorizationMetadataKey));
-  if (!tenant.ok()) return tenant.status();
-  caller.tenant = *tenant;
+  KVARENA_ASSIGN_OR_RETURN(const Tenant* tenant,
+                           tenants_->Authenticate(MetadataOf(ctx, kAuthorizationMetadataKey)));
+  caller.tenant = tenant;
   return caller;
 }
 

@@ -28,10 +28,9 @@ absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::stri
 // The file's contents when they hold a PEM block whose label ends with `label`.
 absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path,
                                     absl::string_view label) {
-  absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
-  if (!pem.ok()) return pem.status();
-  if (!absl::StrContains(*pem, "-----BEGIN ") ||
-      !absl::StrContains(*pem, absl::StrCat(label, "-----"))) {
+  KVARENA_ASSIGN_OR_RETURN(std::string pem, ReadFlagFile(flag, path));
+  if (!absl::StrContains(pem, "-----BEGIN ") ||
+      !absl::StrContains(pem, absl::StrCat(label, "-----"))) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, "=", path, " holds no PEM ", label, " block"));
   }
@@ -75,24 +74,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpServerCredentials(
   KVARENA_RETURN_IF_ERROR(CheckCombination(options, has_tcp));
   if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
 
-  absl::StatusOr<std::string> cert = ReadPem("tls_cert", options.tls_cert, "CERTIFICATE");
-  if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key = ReadPem("tls_key", options.tls_key, "PRIVATE KEY");
-  if (!key.ok()) return key.status();
+  KVARENA_ASSIGN_OR_RETURN(std::string cert, ReadPem("tls_cert", options.tls_cert, "CERTIFICATE"));
+  KVARENA_ASSIGN_OR_RETURN(std::string key, ReadPem("tls_key", options.tls_key, "PRIVATE KEY"));
   grpc::SslServerCredentialsOptions ssl(
       options.tls_client_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                     : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   if (!options.tls_client_ca.empty()) {
-    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca", options.tls_client_ca, "CERTIFICATE");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_root_certs = *std::move(ca);
+    KVARENA_ASSIGN_OR_RETURN(std::string ca,
+                             ReadPem("tls_client_ca", options.tls_client_ca, "CERTIFICATE"));
+    ssl.pem_root_certs = std::move(ca);
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::string> token =
         ReadBearerTokenFile("--auth_token_file", options.auth_token_file);
-    if (!token.ok()) return token.status();
+    KVARENA_RETURN_IF_ERROR(token.status());
     creds->SetAuthMetadataProcessor(std::make_shared<BearerTokenProcessor>(*token));
   }
   return creds;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/small_file.h"
+#include "core/status_macros.h"
 #include "daemon/bearer_token.h"
 
 namespace kvarena {
@@ -79,9 +80,9 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
             "' (role=operator, max_sessions=N, max_caches=N, max_pages=N with N > 0)"));
       }
     }
-    absl::StatusOr<std::string> token = read_token(absl::StrCat(where, ": token file"), std::string(words[1]));
-    if (!token.ok()) return token.status();
-    tenant.token = *std::move(token);
+    KVARENA_ASSIGN_OR_RETURN(
+        std::string token, read_token(absl::StrCat(where, ": token file"), std::string(words[1])));
+    tenant.token = std::move(token);
     if (!names.insert(tenant.name).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": tenant '", tenant.name, "' is listed twice"));
     }

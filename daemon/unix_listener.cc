@@ -1,6 +1,8 @@
 #include "daemon/unix_listener.h"
 
 #include <fcntl.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,13 +12,11 @@
 #include <exception>
 #include <iostream>
 
-#include <grpcpp/server.h>
-#include <grpcpp/server_posix.h>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "arena/fd_passing.h"
+#include "core/status_macros.h"
 #include "daemon/listen.h"
 
 namespace kvarena {
@@ -47,9 +47,8 @@ std::optional<uid_t> PeerUids::Find(absl::string_view peer) const {
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::string& path,
                                                                   const SocketAccess& access,
                                                                   PeerUids* uids) {
-  absl::StatusOr<int> fd = ListenUnix(path, access);
-  if (!fd.ok()) return fd.status();
-  std::unique_ptr<UnixListener> listener(new UnixListener(path, *fd, uids));
+  KVARENA_ASSIGN_OR_RETURN(int fd, ListenUnix(path, access));
+  std::unique_ptr<UnixListener> listener(new UnixListener(path, fd, uids));
   if (pipe2(listener->stop_pipe_, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }

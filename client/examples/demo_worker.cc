@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
 
@@ -51,19 +52,16 @@ std::string Bytes(uint64_t b) {
 }
 
 absl::Status Show(const char* phase, Client& client, const GenericKvCacheHandle& cache) {
-  auto p = cache.page_stats();
-  if (!p.ok()) return p.status();
-  auto a = client.Stats();
-  if (!a.ok()) return a.status();
+  KVARENA_ASSIGN_OR_RETURN(auto p, cache.page_stats());
+  KVARENA_ASSIGN_OR_RETURN(auto a, client.Stats());
   std::printf("[%-8s] cache %s: %" PRId64 " tokens, %" PRId64 " pages (%s), layers %" PRId64
               "/%" PRId64 " materialized, %" PRId64 " sliding, %" PRIu64 " pages evicted\n",
-              phase, cache.cache_id().c_str(), p->seq_len, p->pages_used,
-              Bytes(p->bytes_used).c_str(), p->layers_materialized, p->layers_total,
-              p->layers_sliding, p->pages_evicted);
+              phase, cache.cache_id().c_str(), p.seq_len, p.pages_used, Bytes(p.bytes_used).c_str(),
+              p.layers_materialized, p.layers_total, p.layers_sliding, p.pages_evicted);
   std::printf("%11s arena: %" PRId64 " of %" PRId64 " pages used, %" PRId64 " caches, %" PRId64
               " sessions, %s committed\n",
-              "", a->pages.pages_used, a->pages.num_pages, a->num_caches, a->num_sessions,
-              Bytes(a->bytes_committed).c_str());
+              "", a.pages.pages_used, a.pages.num_pages, a.num_caches, a.num_sessions,
+              Bytes(a.bytes_committed).c_str());
   return absl::OkStatus();
 }
 
@@ -71,8 +69,7 @@ absl::Status Show(const char* phase, Client& client, const GenericKvCacheHandle&
 absl::Status Run(GenericKvCacheHandle& cache, std::mt19937& rng, int64_t n) {
   for (int layer = 0; layer < cache.num_layers(); ++layer) {
     Tensor q(rng, kQHeads, n), k(rng, kKvHeads, n), v(rng, kKvHeads, n);
-    auto out = cache.attention(layer, q.arg, k.arg, v.arg);
-    if (!out.ok()) return out.status();
+    KVARENA_ASSIGN_OR_RETURN(auto out, cache.attention(layer, q.arg, k.arg, v.arg));
   }
   return absl::OkStatus();
 }
@@ -95,9 +92,8 @@ absl::Status BatchDecode(Client& client, std::mt19937& rng, int steps) {
   constexpr int kBatch = 4;
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
   for (int b = 0; b < kBatch; ++b) {
-    auto c = client.Allocate(DemoSpec());
-    if (!c.ok()) return c.status();
-    caches.push_back(*c);
+    KVARENA_ASSIGN_OR_RETURN(auto c, client.Allocate(DemoSpec()));
+    caches.push_back(c);
   }
   auto batch = DecodeBatch::Create(caches);
   if (absl::IsFailedPrecondition(batch.status())) {
@@ -133,65 +129,59 @@ absl::Status KeepOne(const std::string& address, std::mt19937& rng) {
   ClientOptions options;
   options.attach = false;  // no session: the cache outlives this process
   options.client_name = "kvarena-demo-keep";
-  auto client = Client::Connect(address, options);
-  if (!client.ok()) return client.status();
-  auto cache = (*client)->Allocate(DemoSpec(), "kvarena-demo");
+  KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(address, options));
+  auto cache = (client)->Allocate(DemoSpec(), "kvarena-demo");
   if (cache.status().code() == absl::StatusCode::kAlreadyExists) {  // from an earlier run
-    if (auto s = (*client)->Release("kvarena-demo"); !s.ok()) return s;
-    cache = (*client)->Allocate(DemoSpec(), "kvarena-demo");
+    if (auto s = (client)->Release("kvarena-demo"); !s.ok()) return s;
+    cache = (client)->Allocate(DemoSpec(), "kvarena-demo");
   }
-  if (!cache.ok()) return cache.status();
+  KVARENA_RETURN_IF_ERROR(cache.status());
   if (auto s = Run(**cache, rng, 48); !s.ok()) return s;
-  return Show("kept", **client, **cache);
+  return Show("kept", *client, **cache);
 }
 
 absl::Status Demo() {
   const std::string address = absl::GetFlag(FLAGS_address);
   ClientOptions options;
   options.client_name = "kvarena-demo";
-  auto client = Client::Connect(address, options);
-  if (!client.ok()) return client.status();
+  KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(address, options));
   std::printf("connected to %s, session %s\n", address.c_str(),
-              SessionIdForLog((*client)->session_id()).c_str());
+              SessionIdForLog((client)->session_id()).c_str());
 
-  auto cache = (*client)->Allocate(DemoSpec());
-  if (!cache.ok()) return cache.status();
-  GenericKvCacheHandle& c = **cache;
+  KVARENA_ASSIGN_OR_RETURN(auto cache, (client)->Allocate(DemoSpec()));
+  GenericKvCacheHandle& c = *cache;
   std::printf("allocated cache %s: %d layers, %d kv heads, head_dim %d, %s, page_size %d, "
               "device %s, windows [%s]\n",
               c.cache_id().c_str(), c.num_layers(), c.num_kv_heads(), c.head_dim(),
               DTypeName(c.dtype()), c.page_size(), c.device().c_str(),
               absl::StrJoin(c.layer_windows(), ",").c_str());
-  if (auto s = Show("empty", **client, c); !s.ok()) return s;
+  if (auto s = Show("empty", *client, c); !s.ok()) return s;
 
   std::mt19937 rng(7);
   if (auto s = Run(c, rng, absl::GetFlag(FLAGS_prefill)); !s.ok()) return s;
-  if (auto s = Show("prefill", **client, c); !s.ok()) return s;
+  if (auto s = Show("prefill", *client, c); !s.ok()) return s;
 
   for (int i = 0; i < absl::GetFlag(FLAGS_decode); ++i) {
     if (auto s = Run(c, rng, 1); !s.ok()) return s;
   }
-  if (auto s = Show("decode", **client, c); !s.ok()) return s;
+  if (auto s = Show("decode", *client, c); !s.ok()) return s;
 
   auto popped = c.popn(3);  // a rejected 3-token speculative draft
-  if (!popped.ok()) return popped.status();
+  KVARENA_RETURN_IF_ERROR(popped.status());
   std::printf("popn(3): popped %" PRId64 "%s\n", popped->popped,
               popped->refusal.empty() ? "" : absl::StrCat(" (", popped->refusal, ")").c_str());
-  if (auto s = Show("popn", **client, c); !s.ok()) return s;
+  if (auto s = Show("popn", *client, c); !s.ok()) return s;
 
-  auto table = c.block_table(3);
-  if (!table.ok()) return table.status();
-  auto kv = c.get_kv(3);
-  if (!kv.ok()) return kv.status();
-  std::printf("layer 3 (window %d): block table [%s], get_kv holds positions %" PRId64
-              "..%" PRId64 "\n",
-              kWindow, absl::StrJoin(*table, ",").c_str(), kv->first_pos,
-              kv->first_pos + kv->k.shape[2] - 1);
+  KVARENA_ASSIGN_OR_RETURN(auto table, c.block_table(3));
+  KVARENA_ASSIGN_OR_RETURN(auto kv, c.get_kv(3));
+  std::printf(
+      "layer 3 (window %d): block table [%s], get_kv holds positions %" PRId64 "..%" PRId64 "\n",
+      kWindow, absl::StrJoin(table, ",").c_str(), kv.first_pos, kv.first_pos + kv.k.shape[2] - 1);
 
   if (auto s = c.release(); !s.ok()) return s;
   std::printf("released %s (is_valid=%s)\n", c.cache_id().c_str(), c.is_valid() ? "true" : "false");
 
-  if (auto s = BatchDecode(**client, rng, absl::GetFlag(FLAGS_decode)); !s.ok()) return s;
+  if (auto s = BatchDecode(*client, rng, absl::GetFlag(FLAGS_decode)); !s.ok()) return s;
 
   if (absl::GetFlag(FLAGS_keep)) {
     if (auto s = KeepOne(address, rng); !s.ok()) return s;

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kvarena/decode_batch.h"
 #include "tests/mp/reference.h"
 
@@ -99,12 +100,13 @@ inline absl::Status CheckBatchKv(const std::vector<std::shared_ptr<GenericKvCach
                                  const std::vector<std::vector<KvHistory>>& history) {
   for (size_t b = 0; b < caches.size(); ++b) {
     for (int layer = 0; layer < caches[b]->num_layers(); ++layer) {
-      auto kv = caches[b]->get_kv(layer);
-      if (!kv.ok()) return kv.status();
+      KVARENA_ASSIGN_OR_RETURN(auto kv, caches[b]->get_kv(layer));
       const KvHistory& h = history[b][size_t(layer)];
       const std::string what = absl::StrCat("cache ", b, " layer ", layer);
-      if (absl::Status s = CompareExact(what + " K", kv->k, h.HeadMajor(0, kv->first_pos)); !s.ok()) return s;
-      if (absl::Status s = CompareExact(what + " V", kv->v, h.HeadMajor(1, kv->first_pos)); !s.ok()) return s;
+      if (absl::Status s = CompareExact(what + " K", kv.k, h.HeadMajor(0, kv.first_pos)); !s.ok())
+        return s;
+      if (absl::Status s = CompareExact(what + " V", kv.v, h.HeadMajor(1, kv.first_pos)); !s.ok())
+        return s;
     }
   }
   return absl::OkStatus();

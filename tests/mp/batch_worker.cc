@@ -15,6 +15,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
 #include "tests/mp/batch_reference.h"
@@ -33,8 +34,7 @@ absl::Status Run() {
   ClientOptions options;
   options.client_name = "kvarena_batch_worker";
   options.num_threads = 1;
-  auto client = Client::Connect(absl::GetFlag(FLAGS_address), options);
-  if (!client.ok()) return client.status();
+  KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(absl::GetFlag(FLAGS_address), options));
   CacheSpec spec;
   spec.num_layers = 2;
   spec.num_kv_heads = 2;
@@ -46,26 +46,24 @@ absl::Status Run() {
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
   std::vector<std::vector<KvHistory>> history;
   for (int b = 0; b < absl::GetFlag(FLAGS_batch); ++b) {
-    auto h = (*client)->Allocate(spec);
-    if (!h.ok()) return h.status();
-    std::printf("allocated cache %s\n", (*h)->cache_id().c_str());
-    caches.push_back(*h);
+    KVARENA_ASSIGN_OR_RETURN(auto h, (client)->Allocate(spec));
+    std::printf("allocated cache %s\n", (h)->cache_id().c_str());
+    caches.push_back(h);
     history.emplace_back(2, KvHistory(2, spec.head_dim));
-    if (auto s = PrefillLocal(**h, history.back(), 3 * b, rng); !s.ok()) return s;
+    if (auto s = PrefillLocal(*h, history.back(), 3 * b, rng); !s.ok()) return s;
   }
   std::fflush(stdout);
-  auto batch = DecodeBatch::Create(caches);
-  if (!batch.ok()) return batch.status();
+  KVARENA_ASSIGN_OR_RETURN(auto batch, DecodeBatch::Create(caches));
   const int steps = absl::GetFlag(FLAGS_steps), every = std::max(1, absl::GetFlag(FLAGS_print_every));
   for (int step = 0; steps == 0 || step < steps; ++step) {
-    if (auto s = CheckedBatchStep(**batch, caches, history, rng, 8); !s.ok()) return s;
+    if (auto s = CheckedBatchStep(*batch, caches, history, rng, 8); !s.ok()) return s;
     if ((step + 1) % every == 0) {
       std::printf("decode step %d\n", step + 1);
       std::fflush(stdout);
     }
   }
   if (auto s = CheckBatchKv(caches, history); !s.ok()) return s;
-  const CallCounts calls = (*client)->call_counts();
+  const CallCounts calls = (client)->call_counts();
   std::printf("calls: reserve %lld commit %lld describe %lld\n", static_cast<long long>(calls.reserve),
               static_cast<long long>(calls.commit), static_cast<long long>(calls.describe));
   for (const auto& h : caches) {

@@ -31,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/mp/reference.h"
 
@@ -186,11 +187,12 @@ class Sequence {
   // Every layer's get_kv equals the model's K/V from its first_pos on, bit for bit.
   absl::Status CheckGetKv(const std::string& what) const {
     for (int l = 0; l < cache_->num_layers(); ++l) {
-      auto kv = cache_->get_kv(l);
-      if (!kv.ok()) return kv.status();
+      KVARENA_ASSIGN_OR_RETURN(auto kv, cache_->get_kv(l));
       const std::string at = absl::StrCat(what, " get_kv layer ", l);
-      WORKER_RETURN_IF_ERROR(testing::CompareExact(at + " k", kv->k, history_[size_t(l)].HeadMajor(0, kv->first_pos)));
-      WORKER_RETURN_IF_ERROR(testing::CompareExact(at + " v", kv->v, history_[size_t(l)].HeadMajor(1, kv->first_pos)));
+      WORKER_RETURN_IF_ERROR(
+          testing::CompareExact(at + " k", kv.k, history_[size_t(l)].HeadMajor(0, kv.first_pos)));
+      WORKER_RETURN_IF_ERROR(
+          testing::CompareExact(at + " v", kv.v, history_[size_t(l)].HeadMajor(1, kv.first_pos)));
     }
     return absl::OkStatus();
   }
@@ -206,8 +208,7 @@ absl::Status Run() {
   ClientOptions options;
   options.client_name = "kvarena_prefix_worker";
   options.num_threads = absl::GetFlag(FLAGS_num_threads);
-  auto client = Client::Connect(absl::GetFlag(FLAGS_address), options);
-  if (!client.ok()) return client.status();
+  KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(absl::GetFlag(FLAGS_address), options));
   CacheSpec spec;
   spec.num_layers = absl::GetFlag(FLAGS_layers);
   spec.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
@@ -220,13 +221,13 @@ absl::Status Run() {
   }
   const std::vector<int32_t> prompt = Prompt();
   const auto t0 = std::chrono::steady_clock::now();
-  auto cache = (*client)->Allocate(spec, "", AllocateOptions{prompt});
-  if (!cache.ok()) return cache.status();
+  KVARENA_ASSIGN_OR_RETURN(auto cache, (client)->Allocate(spec, "", AllocateOptions{prompt}));
   const double allocate_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  const int64_t cached = (*cache)->cached_tokens();
-  std::printf("allocated cached_tokens=%lld cache %s prompt %zu in %.2f ms\n", static_cast<long long>(cached),
-              (*cache)->cache_id().c_str(), prompt.size(), allocate_ms);
+  const int64_t cached = (cache)->cached_tokens();
+  std::printf("allocated cached_tokens=%lld cache %s prompt %zu in %.2f ms\n",
+              static_cast<long long>(cached), (cache)->cache_id().c_str(), prompt.size(),
+              allocate_ms);
   std::fflush(stdout);
   if (int want = absl::GetFlag(FLAGS_expect_cached); want >= 0 && cached != want) {
     return absl::InternalError(absl::StrCat("cached_tokens=", cached, ", want ", want));
@@ -237,7 +238,7 @@ absl::Status Run() {
     if (out == nullptr) return absl::InternalError(absl::StrCat("cannot write ", path));
   }
   const bool local = absl::GetFlag(FLAGS_local);
-  Sequence seq(*cache, prompt, out);
+  Sequence seq(cache, prompt, out);
   seq.Adopted(cached);  // the worker's reference, not timed
   const auto t1 = std::chrono::steady_clock::now();
   const int64_t split = absl::GetFlag(FLAGS_split_at);
@@ -251,10 +252,9 @@ absl::Status Run() {
   // Allocate, then the prompt up to its last output: the arena's part of time to first token.
   const double ms =
       allocate_ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
-  auto pages = (*cache)->pages_used();
-  if (!pages.ok()) return pages.status();
-  std::printf("prefill done: pages_used %lld, %lld positions computed, %.2f ms\n", static_cast<long long>(*pages),
-              static_cast<long long>(len - cached), ms);
+  KVARENA_ASSIGN_OR_RETURN(auto pages, (cache)->pages_used());
+  std::printf("prefill done: pages_used %lld, %lld positions computed, %.2f ms\n",
+              static_cast<long long>(pages), static_cast<long long>(len - cached), ms);
   std::fflush(stdout);
   WORKER_RETURN_IF_ERROR(seq.CheckGetKv("after the prompt"));  // the adopted prefix included
   if (absl::GetFlag(FLAGS_pause_after_prefill)) WaitForSigusr1("paused after prefill");
@@ -262,9 +262,8 @@ absl::Status Run() {
   const int decode = absl::GetFlag(FLAGS_decode);
   const int first = absl::GetFlag(FLAGS_decode_seed);
   if (absl::GetFlag(FLAGS_fork)) {
-    auto forked = (*cache)->fork();
-    if (!forked.ok()) return forked.status();
-    Sequence other(*forked, seq.tokens(), nullptr);
+    KVARENA_ASSIGN_OR_RETURN(auto forked, (cache)->fork());
+    Sequence other(forked, seq.tokens(), nullptr);
     other.Adopted(len);
     WORKER_RETURN_IF_ERROR(other.CheckGetKv("fork"));
     for (int s = 0; s < decode; ++s) {
@@ -274,17 +273,17 @@ absl::Status Run() {
     WORKER_RETURN_IF_ERROR(seq.CheckGetKv("original after fork"));
     WORKER_RETURN_IF_ERROR(other.CheckGetKv("fork"));
     // popn back into the shared prompt pages, then a different continuation: copy-on-write.
-    auto popped = other.cache().popn(decode + 5);
-    if (!popped.ok()) return popped.status();
-    if (popped->popped != decode + 5) return absl::InternalError(absl::StrCat("fork popn: ", popped->refusal));
+    KVARENA_ASSIGN_OR_RETURN(auto popped, other.cache().popn(decode + 5));
+    if (popped.popped != decode + 5)
+      return absl::InternalError(absl::StrCat("fork popn: ", popped.refusal));
     // The fork's model history is rebuilt from the model for what it keeps.
-    Sequence again(*forked, std::vector<int32_t>(prompt.begin(), prompt.end() - 5), nullptr);
+    Sequence again(forked, std::vector<int32_t>(prompt.begin(), prompt.end() - 5), nullptr);
     again.Adopted(len - 5);
     WORKER_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
     for (int s = 0; s < 7; ++s) WORKER_RETURN_IF_ERROR(again.Decode(first + 9000 + s, local));
     WORKER_RETURN_IF_ERROR(seq.CheckGetKv("original after the fork's popn"));
     WORKER_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
-    WORKER_RETURN_IF_ERROR((*forked)->release());
+    WORKER_RETURN_IF_ERROR((forked)->release());
     std::printf("fork ok\n");
     std::fflush(stdout);
   } else {
@@ -293,7 +292,7 @@ absl::Status Run() {
   WORKER_RETURN_IF_ERROR(seq.CheckGetKv("final"));
   if (out != nullptr) std::fclose(out);
   if (absl::GetFlag(FLAGS_hold)) WaitForSigusr1("holding");
-  return (*cache)->release();
+  return (cache)->release();
 }
 
 }  // namespace

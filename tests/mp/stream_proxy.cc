@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/status_macros.h"
 
 namespace kvarena::testing {
 namespace {
@@ -79,18 +80,17 @@ bool WriteAll(int fd, const char* data, size_t n) {
 
 absl::StatusOr<std::unique_ptr<StreamProxy>> StreamProxy::Start(const std::string& listen,
                                                                 const std::string& target) {
-  absl::StatusOr<SocketAddress> a = Parse(listen);
-  if (!a.ok()) return a.status();
-  const int fd = socket(a->family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  KVARENA_ASSIGN_OR_RETURN(SocketAddress a, Parse(listen));
+  const int fd = socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::Status(absl::ErrnoToStatusCode(errno), "socket");
-  if (bind(fd, reinterpret_cast<const sockaddr*>(&a->storage), a->size) != 0 ||
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.size) != 0 ||
       ::listen(fd, 64) != 0) {
     const int e = errno;
     close(fd);
     return absl::Status(absl::ErrnoToStatusCode(e), absl::StrCat("bind/listen ", listen));
   }
   std::string address = listen;
-  if (a->family == AF_INET) {
+  if (a.family == AF_INET) {
     sockaddr_in bound{};
     socklen_t len = sizeof(bound);
     getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);

@@ -43,6 +43,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/mp/reference.h"
 
@@ -115,9 +116,8 @@ class Worker {
                                                               pos, ": ", out.status().message()));
       }
       if (twin_ != nullptr) {
-        auto served = twin_->attention(layer, q.arg(), k.arg(), v.arg());
-        if (!served.ok()) return served.status();
-        if (served->data != out->data) {
+        KVARENA_ASSIGN_OR_RETURN(auto served, twin_->attention(layer, q.arg(), k.arg(), v.arg()));
+        if (served.data != out->data) {
           return absl::InternalError(absl::StrCat(what, " layer ", layer, " pos ", pos,
                                                   ": local and served outputs differ"));
         }
@@ -143,13 +143,12 @@ class Worker {
   // Every layer's get_kv equals what was sent, from its first_pos on.
   absl::Status CheckGetKv(const std::string& what) const {
     for (int layer = 0; layer < cache_->num_layers(); ++layer) {
-      auto kv = cache_->get_kv(layer);
-      if (!kv.ok()) return kv.status();
+      KVARENA_ASSIGN_OR_RETURN(auto kv, cache_->get_kv(layer));
       const std::string at = absl::StrCat(what, " get_kv layer ", layer);
       WORKER_RETURN_IF_ERROR(
-          testing::CompareExact(at + " k", kv->k, history_[layer].HeadMajor(0, kv->first_pos)));
+          testing::CompareExact(at + " k", kv.k, history_[layer].HeadMajor(0, kv.first_pos)));
       WORKER_RETURN_IF_ERROR(
-          testing::CompareExact(at + " v", kv->v, history_[layer].HeadMajor(1, kv->first_pos)));
+          testing::CompareExact(at + " v", kv.v, history_[layer].HeadMajor(1, kv.first_pos)));
     }
     return absl::OkStatus();
   }
@@ -158,18 +157,16 @@ class Worker {
   absl::Status CheckMapping() const {
     int64_t bytes = 0;
     for (int layer = 0; layer < cache_->num_layers(); ++layer) {
-      auto served = cache_->get_kv(layer);
-      if (!served.ok()) return served.status();
-      auto mapped = cache_->get_kv_local(layer);
-      if (!mapped.ok()) return mapped.status();
-      if (mapped->first_pos != served->first_pos || mapped->k.shape != served->k.shape ||
-          mapped->k.data != served->k.data || mapped->v.data != served->v.data) {
+      KVARENA_ASSIGN_OR_RETURN(auto served, cache_->get_kv(layer));
+      KVARENA_ASSIGN_OR_RETURN(auto mapped, cache_->get_kv_local(layer));
+      if (mapped.first_pos != served.first_pos || mapped.k.shape != served.k.shape ||
+          mapped.k.data != served.k.data || mapped.v.data != served.v.data) {
         return absl::InternalError(absl::StrCat(
-            "layer ", layer, ": K/V read through the mapping (first_pos ", mapped->first_pos,
-            ", ", mapped->k.data.size(), " bytes) differ from get_kv (first_pos ",
-            served->first_pos, ", ", served->k.data.size(), " bytes)"));
+            "layer ", layer, ": K/V read through the mapping (first_pos ", mapped.first_pos, ", ",
+            mapped.k.data.size(), " bytes) differ from get_kv (first_pos ", served.first_pos, ", ",
+            served.k.data.size(), " bytes)"));
       }
-      bytes += int64_t(mapped->k.data.size() + mapped->v.data.size());
+      bytes += int64_t(mapped.k.data.size() + mapped.v.data.size());
     }
     std::printf("mapping ok: %d layers, %lld K/V bytes read through the mapped pool on %s\n",
                 cache_->num_layers(), static_cast<long long>(bytes), cache_->device().c_str());
@@ -181,24 +178,22 @@ class Worker {
   absl::Status PopnAndReappend() {
     int64_t twin_popped = -1;
     if (twin_ != nullptr) {
-      auto t = twin_->popn(3);
-      if (!t.ok()) return t.status();
-      twin_popped = t->popped;
+      KVARENA_ASSIGN_OR_RETURN(auto t, twin_->popn(3));
+      twin_popped = t.popped;
     }
-    auto r = cache_->popn(3);
-    if (!r.ok()) return r.status();
-    if (twin_ != nullptr && twin_popped != r->popped) {
-      return absl::InternalError(absl::StrCat("popn(3): local path popped ", r->popped,
-                                              ", served twin ", twin_popped));
+    KVARENA_ASSIGN_OR_RETURN(auto r, cache_->popn(3));
+    if (twin_ != nullptr && twin_popped != r.popped) {
+      return absl::InternalError(
+          absl::StrCat("popn(3): local path popped ", r.popped, ", served twin ", twin_popped));
     }
-    if (r->popped != 3) {
+    if (r.popped != 3) {
       bool sliding = false;
       for (int w : cache_->layer_windows()) sliding |= w > 0;
-      if (r->popped == 0 && sliding) {  // allowed when a sliding layer evicted what it needs
-        std::printf("popn refused (sliding window): %s\n", r->refusal.c_str());
+      if (r.popped == 0 && sliding) {  // allowed when a sliding layer evicted what it needs
+        std::printf("popn refused (sliding window): %s\n", r.refusal.c_str());
         return absl::OkStatus();
       }
-      return absl::InternalError(absl::StrCat("popn(3) popped ", r->popped, ": ", r->refusal));
+      return absl::InternalError(absl::StrCat("popn(3) popped ", r.popped, ": ", r.refusal));
     }
     for (KvHistory& h : history_) h.Truncate(h.len() - 3);
     WORKER_RETURN_IF_ERROR(CheckLength("after popn"));
@@ -261,26 +256,24 @@ void PauseUntilSigusr1() {
 }
 
 absl::Status Run() {
-  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-  if (!dtype.ok()) return dtype.status();
+  KVARENA_ASSIGN_OR_RETURN(auto dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
   ClientOptions options;
   options.client_name = absl::StrCat("kvarena_worker-", absl::GetFlag(FLAGS_seed));
   options.num_threads = absl::GetFlag(FLAGS_num_threads);
-  auto client = Client::Connect(absl::GetFlag(FLAGS_address), options);
-  if (!client.ok()) return client.status();
+  KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(absl::GetFlag(FLAGS_address), options));
 
   CacheSpec spec;
   spec.num_layers = absl::GetFlag(FLAGS_layers);
   spec.num_kv_heads = absl::GetFlag(FLAGS_kv_heads);
   spec.head_dim = absl::GetFlag(FLAGS_head_dim);
-  spec.dtype = *dtype;
+  spec.dtype = dtype;
   spec.page_size = absl::GetFlag(FLAGS_page_size);
   if (const int w = absl::GetFlag(FLAGS_window); w > 0) {
     for (int l = 0; l < spec.num_layers; ++l) spec.layer_windows.push_back(l % 2 ? w : 0);
   }
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   for (int round = 0; round < rounds; ++round) {
-    WORKER_RETURN_IF_ERROR(RunRound(**client, spec, absl::GetFlag(FLAGS_seed) + round,
+    WORKER_RETURN_IF_ERROR(RunRound(*client, spec, absl::GetFlag(FLAGS_seed) + round,
                                     round == 0 && absl::GetFlag(FLAGS_pause_after_prefill)));
     if (rounds > 1) {
       std::printf("round %d/%d ok\n", round + 1, rounds);
@@ -292,27 +285,25 @@ absl::Status Run() {
 
 // One cache (and its twin with --local) from Allocate to release.
 absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool pause) {
-  auto cache = client.Allocate(spec);
-  if (!cache.ok()) return cache.status();
+  KVARENA_ASSIGN_OR_RETURN(auto cache, client.Allocate(spec));
   std::printf("allocated cache %s (session %s, device %s, page_size %d)\n",
-              (*cache)->cache_id().c_str(), SessionIdForLog(client.session_id()).c_str(),
-              (*cache)->device().c_str(), (*cache)->page_size());
+              (cache)->cache_id().c_str(), SessionIdForLog(client.session_id()).c_str(),
+              (cache)->device().c_str(), (cache)->page_size());
   std::fflush(stdout);
 
   const bool local = absl::GetFlag(FLAGS_local);
   std::shared_ptr<GenericKvCacheHandle> twin;
   if (local) {
-    auto t = client.Allocate(spec);
-    if (!t.ok()) return t.status();
-    twin = *t;
-    if (int ahead = absl::GetFlag(FLAGS_reserve_ahead); ahead > 0) (*cache)->set_reserve_ahead(ahead);
+    KVARENA_ASSIGN_OR_RETURN(auto t, client.Allocate(spec));
+    twin = t;
+    if (int ahead = absl::GetFlag(FLAGS_reserve_ahead); ahead > 0)
+      (cache)->set_reserve_ahead(ahead);
   }
-  Worker worker(*cache, absl::GetFlag(FLAGS_q_heads), seed, twin);
+  Worker worker(cache, absl::GetFlag(FLAGS_q_heads), seed, twin);
   WORKER_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
-  auto pages = (*cache)->pages_used();
-  if (!pages.ok()) return pages.status();
+  KVARENA_ASSIGN_OR_RETURN(auto pages, (cache)->pages_used());
   std::printf("prefill done: %d tokens, pages_used %lld\n", absl::GetFlag(FLAGS_prefill),
-              static_cast<long long>(*pages));
+              static_cast<long long>(pages));
   std::fflush(stdout);
   if (pause) PauseUntilSigusr1();
 
@@ -324,24 +315,23 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool
     if (step == decode / 2) WORKER_RETURN_IF_ERROR(worker.PopnAndReappend());
     if ((step + 1) % every == 0) {
       std::printf("decode step %d/%d seq_len %lld\n", step + 1, decode,
-                  static_cast<long long>((*cache)->num_tokens()));
+                  static_cast<long long>((cache)->num_tokens()));
       std::fflush(stdout);
     }
     if (int ms = absl::GetFlag(FLAGS_step_delay_ms); ms > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
   }
-  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(client, before_decode, decode, **cache));
+  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(client, before_decode, decode, *cache));
   WORKER_RETURN_IF_ERROR(worker.CheckGetKv("final"));
   if (absl::GetFlag(FLAGS_check_mapping)) WORKER_RETURN_IF_ERROR(worker.CheckMapping());
-  auto stats = (*cache)->stats();
-  if (!stats.ok()) return stats.status();
-  if (stats->seq_len != (*cache)->num_tokens()) {
-    return absl::InternalError(absl::StrCat("stats().seq_len = ", stats->seq_len,
-                                            ", num_tokens() = ", (*cache)->num_tokens()));
+  KVARENA_ASSIGN_OR_RETURN(auto stats, (cache)->stats());
+  if (stats.seq_len != (cache)->num_tokens()) {
+    return absl::InternalError(absl::StrCat("stats().seq_len = ", stats.seq_len,
+                                            ", num_tokens() = ", (cache)->num_tokens()));
   }
-  WORKER_RETURN_IF_ERROR((*cache)->release());
-  if ((*cache)->is_valid()) return absl::InternalError("is_valid() after release()");
+  WORKER_RETURN_IF_ERROR((cache)->release());
+  if ((cache)->is_valid()) return absl::InternalError("is_valid() after release()");
   if (twin != nullptr) WORKER_RETURN_IF_ERROR(twin->release());
   return absl::OkStatus();
 }

@@ -37,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/stress/actor.h"
 
@@ -135,10 +136,9 @@ absl::Status Finish(std::vector<std::unique_ptr<Actor>>& actors, bool hold, cons
   if (hold) {
     int caches = 0;
     for (auto& a : actors) {
-      auto lines = a->PageLines();
-      if (!lines.ok()) return lines.status();
-      for (const std::string& l : *lines) Print(l);
-      caches += int(lines->size());
+      KVARENA_ASSIGN_OR_RETURN(auto lines, a->PageLines());
+      for (const std::string& l : lines) Print(l);
+      caches += int(lines.size());
     }
     Print(absl::StrCat("holding ", caches, " caches (SIGUSR1 resumes)"));
     WaitForSigusr1();
@@ -260,7 +260,7 @@ absl::Status Survive(const std::shared_ptr<Client>& client, uint64_t seed) {
     absl::SleepFor(absl::Milliseconds(20));
     fresh = Connect();
   }
-  if (!fresh.ok()) return fresh.status();
+  KVARENA_RETURN_IF_ERROR(fresh.status());
   if ((*fresh)->session_id() == client->session_id()) {
     return absl::InternalError("the new daemon gave the old session id");
   }
@@ -271,14 +271,13 @@ absl::Status Survive(const std::shared_ptr<Client>& client, uint64_t seed) {
 }
 
 absl::Status Run() {
-  auto client = Connect();
-  if (!client.ok()) return client.status();
+  KVARENA_ASSIGN_OR_RETURN(auto client, Connect());
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode == "mixed") return Mixed(*client, seed);
-  if (mode == "fill") return Fill(*client, seed);
-  if (mode == "victim") Victim(*client, seed);
-  if (mode == "survive") return Survive(*client, seed);
+  if (mode == "mixed") return Mixed(client, seed);
+  if (mode == "fill") return Fill(client, seed);
+  if (mode == "victim") Victim(client, seed);
+  if (mode == "survive") return Survive(client, seed);
   return absl::InvalidArgumentError(absl::StrCat("--mode=", mode, " is not a mode"));
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/piece_page.h"
 #include "arena/region.h"
+#include "core/status_macros.h"
 
 namespace kvarena::testing {
 
@@ -66,9 +67,8 @@ class FakePiecesBackend final : public Backend {
 
   std::string name() const override { return "fake_pieces"; }
   absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes, const std::string& label) override {
-    absl::StatusOr<std::unique_ptr<Region>> memory = host_->Reserve(bytes, label);
-    if (!memory.ok()) return memory.status();
-    return std::make_unique<FakePiecesRegion>(*std::move(memory), num_pieces_, fds_created_);
+    KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<Region> memory, host_->Reserve(bytes, label));
+    return std::make_unique<FakePiecesRegion>(std::move(memory), num_pieces_, fds_created_);
   }
 
  private:

@@ -8,6 +8,7 @@
 // Waits for the daemon to act are bounded generously (kBound) as a failure guard; no
 // test asserts how long anything took.
 #include <dirent.h>
+#include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -26,11 +27,10 @@
 #include <utility>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/time/clock.h"
 #include "arena/fd_passing.h"
 #include "client/region_client.h"
+#include "core/status_macros.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "kvarena/v1/kvarena.pb.h"
@@ -102,11 +102,10 @@ class FdLimitsTest : public ::testing::Test {
   // The daemon's reply to a ListRegions on sock, whatever its code.
   static absl::StatusOr<v1::FdReply> Answer(int sock, const std::string& session) {
     if (absl::Status s = SendMessage(sock, ListRegionsRequest(session)); !s.ok()) return s;
-    absl::StatusOr<Message> m = RecvMessage(sock);
-    if (!m.ok()) return m.status();
-    for (int fd : m->fds) close(fd);
+    KVARENA_ASSIGN_OR_RETURN(Message m, RecvMessage(sock));
+    for (int fd : m.fds) close(fd);
     v1::FdReply reply;
-    if (!reply.ParseFromString(m->bytes)) return absl::InternalError("reply does not parse");
+    if (!reply.ParseFromString(m.bytes)) return absl::InternalError("reply does not parse");
     return reply;
   }
   // True once the daemon has closed its end of sock (within kBound). Reads nothing, so
