@@ -3,6 +3,7 @@
 import ctypes
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -112,12 +113,29 @@ def test_unavailable_without_a_daemon(tmp_path):
     assert isinstance(e.value, ConnectionError)
 
 
+def wait_until_stopped(pid):
+    """Returns once every thread of pid is stopped (state T in /proc): kill() returns
+    before a busy process's threads have all taken the SIGSTOP."""
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass  # a thread that ended
+        if states and all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.01)
+
+
 def test_deadline_exceeded_when_the_daemon_stops_answering():
     d = Daemon()
     try:
         client = kvarena.connect(d.address, attach=False, call_timeout=0.3)
         assert client.health() == "SERVING"
         d.proc.send_signal(signal.SIGSTOP)  # connected, but nobody answers
+        wait_until_stopped(d.proc.pid)
         try:
             with pytest.raises(kvarena.DeadlineExceeded) as e:
                 client.stats()
