@@ -125,6 +125,7 @@ py::dict ToDict(const PoolStats& s) {
   d["chunk_bytes"] = s.chunk_bytes;
   d["bytes_committed"] = s.bytes_committed;
   d["num_caches"] = s.num_caches;
+  d["owner"] = s.owner;  // the pool's tenant; "" without --tenants_file
   return d;
 }
 

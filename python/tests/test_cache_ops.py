@@ -42,6 +42,7 @@ def test_cache_operations(address, seed):
     stats = client.stats()
     assert stats["pages"]["forks"] >= 1 and stats["backend"] == "host"
     assert stats["pools"] and "page_bytes" in stats["pools"][0]
+    assert stats["pools"][0]["owner"] == ""  # no --tenants_file: no tenant owns a pool
     cache.release()
     fork.release()
     assert not cache.is_valid
