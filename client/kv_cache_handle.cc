@@ -127,7 +127,7 @@ absl::StatusOr<LayerPages> GenericKvCacheHandle::Pages(const char* op, int layer
   if (limit_ >= 0 && lp.len > limit_) {
     lp.len = std::max(limit_, lp.first_pos);
     const int64_t ps = page_size();
-    const int64_t blocks = (lp.len - lp.first_pos + ps - 1) / ps;
+    const int64_t blocks = PagesCovering(lp.first_pos, lp.len, ps);
     if (int64_t(lp.page_ids.size()) > blocks) lp.page_ids.resize(blocks);
   }
   return lp;
@@ -155,7 +155,7 @@ absl::StatusOr<KvCacheRef> GenericKvCacheHandle::View(KvCacheRef::Part part, int
   ref.len = lp.len;
   // Only the blocks holding tokens: a layer may keep more in reserve past len.
   const int64_t ps = ref.layout.page_size;
-  const int64_t blocks = ref.len > ref.first_pos ? (ref.len - ref.first_pos + ps - 1) / ps : 0;
+  const int64_t blocks = PagesCovering(ref.first_pos, ref.len, ps);
   if (int64_t(lp.page_ids.size()) > blocks) lp.page_ids.resize(size_t(blocks));
   ref.page_ids = std::move(lp.page_ids);
   return ref;

@@ -25,7 +25,7 @@ using client_internal::Transport;
 
 namespace {
 
-int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t RoundUp(int64_t x, int64_t m) { return CeilDiv(x, m) * m; }
 
 using HandleTokens = std::vector<std::pair<GenericKvCacheHandle*, int64_t>>;
 
@@ -312,7 +312,7 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   p.num_q_heads = int(q->shape[1]);
   p.q_pos = pos;
   p.n = n;
-  p.scale = opts.scale > 0 ? float(opts.scale) : 1.0f / std::sqrt(float(head_dim()));
+  p.scale = opts.scale > 0 ? float(opts.scale) : DefaultScale(head_dim());
   p.window = EffectiveWindow(spec.layer_windows[size_t(layer)], opts.window);
   if (auto s = kernels->PagedAttention(view, p, q->data, out->data.data()); !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));

@@ -37,7 +37,7 @@ absl::StatusOr<LocalLayerTable> GenericKvCacheHandle::local_table(int layer) con
     const int64_t bound = std::max(limit_, t.first_pos);
     t.len = std::min(t.len, bound);
     t.written = std::min(t.written, bound);
-    const size_t blocks = size_t((bound - t.first_pos + ps - 1) / ps);
+    const size_t blocks = size_t(PagesCovering(t.first_pos, bound, ps));
     if (t.page_ids.size() > blocks) t.page_ids.resize(blocks);
   }
   t.reserved_until = t.first_pos + int64_t(t.page_ids.size()) * ps;

@@ -3,9 +3,6 @@
 #include <algorithm>
 
 namespace kvarena {
-namespace {
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
 
 int64_t LayerTable::BlocksMissing(int64_t end, int page_size) const {
   return std::max<int64_t>(0, CeilDiv(end, page_size) - first_block_ - num_blocks());

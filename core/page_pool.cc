@@ -190,7 +190,7 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
   int64_t reclaim = 0;
   const int64_t missing = n - FreeCommittedLocked();
   if (missing > 0) {
-    const int64_t chunks = (missing + pages_per_chunk_ - 1) / pages_per_chunk_;
+    const int64_t chunks = CeilDiv(missing, pages_per_chunk_);
     if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
       // The budget falls short: commit the chunks it still covers, reclaim cached pages
       // for the rest — or, when they are too few, refuse having changed nothing.
@@ -335,7 +335,7 @@ size_t PagePool::BudgetShortfall(int64_t n) const {
   absl::MutexLock lock(&mu_);
   const int64_t missing = n - FreeCommittedLocked() - cache_->size();
   if (missing <= 0) return 0;
-  const size_t need = size_t((missing + pages_per_chunk_ - 1) / pages_per_chunk_) * chunk_bytes_;
+  const size_t need = size_t(CeilDiv(missing, pages_per_chunk_)) * chunk_bytes_;
   const size_t available = budget_->available();
   return need > available ? need - available : 0;
 }

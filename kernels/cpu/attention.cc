@@ -43,8 +43,6 @@ constexpr int64_t kMinSplitTokens = 256;  // shortest key range worth its own sp
 constexpr int kUnitsPerThread = 4;        // slack for load balance
 constexpr int kTilesPerPoll = 64;         // a running unit polls params.stop this often
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 struct Plan {
   int group = 1;      // q heads per kv head
   int64_t block = 1;  // queries per query block

@@ -2,13 +2,9 @@
 
 #include <algorithm>
 
+#include "kernels/paged_kv.h"
+
 namespace kvarena::gpu {
-namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-}  // namespace
-
 AttentionPlan PlanAttention(const AttentionShape& shape, int64_t cta_slots) {
   AttentionPlan plan;
   const int group = shape.num_kv_heads > 0 ? shape.num_q_heads / shape.num_kv_heads : 1;

@@ -13,6 +13,7 @@
 #ifndef KVARENA_CLIENT_INCLUDE_KVARENA_PAGED_KV_H_
 #define KVARENA_CLIENT_INCLUDE_KVARENA_PAGED_KV_H_
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -41,6 +42,18 @@ inline const char* DTypeName(DType t) {
   }
   return "unspecified";
 }
+
+// ceil(a / b), for a >= 0 and b > 0: pages for a count of tokens, tiles, chunks.
+constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The pages of page_size tokens that positions [first_pos, end) take, counted from the
+// page-aligned first_pos of a block table: 0 when end <= first_pos.
+constexpr int64_t PagesCovering(int64_t first_pos, int64_t end, int64_t page_size) {
+  return end > first_pos ? CeilDiv(end - first_pos, page_size) : 0;
+}
+
+// Attention's softmax scale when the caller gives none (scale <= 0): 1 / sqrt(head_dim).
+inline float DefaultScale(int head_dim) { return 1.0f / std::sqrt(float(head_dim)); }
 
 // The geometry shared by every page of one pool.
 struct PageLayout {
