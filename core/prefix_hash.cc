@@ -6,16 +6,10 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_format.h"
+#include "core/little_endian.h"
 
 namespace kvarena {
 namespace {
-
-void PutU32(std::string* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(char((v >> (8 * i)) & 0xff));
-}
-void PutU64(std::string* out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out->push_back(char((v >> (8 * i)) & 0xff));
-}
 
 Hash128 Xxh128(const std::string& bytes) {
   const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
