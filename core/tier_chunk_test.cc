@@ -40,15 +40,6 @@ ChunkIdentity MakeIdentity(PageLayout layout, int num_layers, int chunk_pages, u
   return id;
 }
 
-PageLayout Layout(DType dtype, int page_size, int heads, int head_dim) {
-  PageLayout l;
-  l.dtype = dtype;
-  l.page_size = page_size;
-  l.num_kv_heads = heads;
-  l.head_dim = head_dim;
-  return l;
-}
-
 // The bytes of page `block` of `layer`: every byte names its (layer, block, offset).
 std::string PageFill(const ChunkIdentity& id, int layer, int block) {
   std::string p(id.layout.PageBytes(), '\0');
@@ -82,7 +73,7 @@ size_t FirstPageOffset(const ChunkIdentity& id) {
 
 class TierChunkTest : public ::testing::Test {
  protected:
-  ChunkIdentity id_ = MakeIdentity(Layout(DType::kFloat16, 4, 2, 8), 3, 2, 1);
+  ChunkIdentity id_ = MakeIdentity(PageLayout{DType::kFloat16, 4, 2, 8}, 3, 2, 1);
   std::vector<int32_t> first_page_ = {0, 1, 2};  // full, a sliding tail, none
 };
 
@@ -94,12 +85,12 @@ TEST_F(TierChunkTest, RoundTripsEveryGeometryAndFirstPageMix) {
     std::vector<int32_t> first_page;
   };
   const std::vector<Case> cases = {
-      {Layout(DType::kFloat32, 1, 1, 1), 1, 1, {0}},
-      {Layout(DType::kFloat16, 4, 2, 8), 3, 2, {0, 1, 2}},
-      {Layout(DType::kBFloat16, 16, 4, 16), 4, 3, {0, 0, 0, 0}},
-      {Layout(DType::kBFloat16, 16, 4, 16), 4, 3, {3, 0, 2, 1}},
-      {Layout(DType::kFloat32, 8, 1, 4), 2, 5, {5, 5}},  // no layer holds a page
-      {Layout(DType::kFloat16, 2, 3, 6), 5, 4, {0, 4, 1, 4, 3}},
+      {PageLayout{DType::kFloat32, 1, 1, 1}, 1, 1, {0}},
+      {PageLayout{DType::kFloat16, 4, 2, 8}, 3, 2, {0, 1, 2}},
+      {PageLayout{DType::kBFloat16, 16, 4, 16}, 4, 3, {0, 0, 0, 0}},
+      {PageLayout{DType::kBFloat16, 16, 4, 16}, 4, 3, {3, 0, 2, 1}},
+      {PageLayout{DType::kFloat32, 8, 1, 4}, 2, 5, {5, 5}},  // no layer holds a page
+      {PageLayout{DType::kFloat16, 2, 3, 6}, 5, 4, {0, 4, 1, 4, 3}},
   };
   for (const Case& c : cases) {
     const ChunkIdentity id = MakeIdentity(c.layout, c.num_layers, c.chunk_pages, 7);
@@ -223,7 +214,7 @@ TEST_F(TierChunkTest, EveryFlippedBitOfASmallChunkIsDataLoss) {
 }
 
 TEST_F(TierChunkTest, RandomFlippedBitsOfALargeChunkAreDataLoss) {
-  const ChunkIdentity id = MakeIdentity(Layout(DType::kFloat16, 16, 8, 64), 4, 4, 3);
+  const ChunkIdentity id = MakeIdentity(PageLayout{DType::kFloat16, 16, 8, 64}, 4, 4, 3);
   const std::string v = Encode(id, {0, 1, 2, 4});
   std::mt19937_64 rng(::kvarena::testing::TestSeed());
   for (int i = 0; i < 2000; ++i) {
