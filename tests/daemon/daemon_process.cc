@@ -11,7 +11,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -50,17 +49,6 @@ std::string ReadFile(const std::string& path) {
 }
 
 }  // namespace
-
-TempDir::TempDir() {
-  const char* tmp = getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/kvarenad_test.XXXXXX");
-  path_ = mkdtemp(templ.data()) != nullptr ? templ : "";
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-}
 
 int RunCommand(const std::vector<std::string>& argv, std::string* output) {
   TempDir dir;

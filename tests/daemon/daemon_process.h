@@ -17,21 +17,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
+#include "tests/support/temp_dir.h"
 
 namespace kvarena {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Runs `argv` to completion with stdout and stderr captured; returns the wait status.
 int RunCommand(const std::vector<std::string>& argv, std::string* output);
