@@ -1,0 +1,47 @@
+// The disk tier: chunks as files in a local directory, an LRU by bytes that survives a
+// restart (docs/tiers.md). Each chunk is one file, <dir>/<ab>/<key hex>.kvc
+// (tiers/chunk_files.h), written to a temporary name, fsync'd and renamed into place, so
+// a process killed mid-write leaves at worst a temporary file, which the next open
+// removes. At open the store indexes the chunk files it finds (recency from their
+// modification times, which Put and Get set) and trims them to the limit.
+//
+// Put drops least recently used files to make room (the disk is the lowest local tier:
+// nothing is handed on). Get returns a file's bytes as they are: verification is the
+// caller's, who Erases a bad one. A directory belongs to one store at a time: the open
+// store holds an flock on <dir>/LOCK.
+//
+// Thread-safe. Reads and writes of file contents happen outside the index lock; the
+// rename or unlink that changes which files exist happens under it, so the index and
+// the directory agree.
+#ifndef KVARENA_TIERS_DISK_STORE_H_
+#define KVARENA_TIERS_DISK_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/tier_store.h"
+
+namespace kvarena {
+
+// What OpenDiskStore found in the directory.
+struct DiskStoreOpenReport {
+  int64_t chunks = 0;              // chunk files indexed, after trimming
+  uint64_t bytes = 0;              // their bytes
+  int64_t temp_files_removed = 0;  // left by a write that never finished
+  int64_t foreign_files = 0;       // entries that are not chunk files: left alone
+  int64_t trimmed = 0;             // chunk files removed to fit bytes_limit
+};
+
+// A disk store over dir (created, with its parents, when missing) holding at most
+// bytes_limit bytes of chunk files (their sizes). Medium "disk". INVALID_ARGUMENT when
+// bytes_limit is 0, dir is empty or not a directory; FAILED_PRECONDITION when dir cannot
+// be made or read, or another open store holds it; each naming the path and the reason.
+absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
+                                                         uint64_t bytes_limit,
+                                                         DiskStoreOpenReport* report = nullptr);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_TIERS_DISK_STORE_H_

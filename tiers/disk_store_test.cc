@@ -1,0 +1,316 @@
+// The disk store (tiers/disk_store.h): one file per chunk, an LRU by bytes that survives a
+// reopen, atomic writes that leave nothing behind when they fail, and a directory it
+// shares with nothing but the files it can name.
+#include "tiers/disk_store.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/support/status_matchers.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/test_seed.h"
+#include "tiers/chunk_files.h"
+#include "tiers/store_test_util.h"
+
+namespace kvarena {
+namespace {
+
+using ::kvarena::testing::IsOk;
+using ::kvarena::testing::IsOkAndHolds;
+using ::kvarena::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+class DiskStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    Open(300);
+  }
+  void Open(uint64_t limit) {
+    store_.reset();  // the directory's lock goes with it
+    absl::StatusOr<std::unique_ptr<TierStore>> s = OpenDiskStore(dir_, limit, &report_);
+    ASSERT_THAT(s, IsOk());
+    store_ = std::move(s).value();
+  }
+  void Put(int i, size_t bytes, int version = 0) {
+    std::vector<EvictedChunk> evicted;
+    ASSERT_THAT(store_->Put(TestKey(i), TestValue(i, bytes, version), &evicted), IsOk());
+    EXPECT_THAT(evicted, IsEmpty());  // the lowest local tier hands nothing on
+  }
+  absl::StatusOr<std::string> Get(int i) { return store_->Get(TestKey(i), absl::InfiniteFuture()); }
+  std::string PathOf(int i) const {
+    return dir_ + "/" + FanOutName(TestKey(i)) + "/" + ChunkFileName(TestKey(i));
+  }
+  // The keys (of 0..15) whose chunk files exist.
+  std::vector<int> KeysOnDisk() const {
+    std::vector<int> keys;
+    for (int i = 0; i < 16; ++i) {
+      if (std::filesystem::exists(PathOf(i))) keys.push_back(i);
+    }
+    return keys;
+  }
+  // Every regular file under the directory but its LOCK, relative to it.
+  std::set<std::string> Files() const {
+    std::set<std::string> files;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_)) {
+      const std::string rel = std::filesystem::relative(e.path(), dir_).string();
+      if (e.is_regular_file() && rel != "LOCK") files.insert(rel);
+    }
+    return files;
+  }
+
+  TempDir tmp_;
+  const std::string dir_ = tmp_.path() + "/tiers/disk";  // made by the open, parents too
+  std::unique_ptr<TierStore> store_;
+  DiskStoreOpenReport report_;
+};
+
+TEST_F(DiskStoreTest, StoresEachChunkAsAFileNamedByItsKey) {
+  EXPECT_EQ(store_->medium(), "disk");
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kNotFound));
+  Put(1, 100);
+  Put(2, 50);
+  EXPECT_THAT(Get(1), IsOkAndHolds(TestValue(1, 100)));
+  EXPECT_TRUE(store_->Contains(TestKey(2)));
+  std::ifstream in(PathOf(1), std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), TestValue(1, 100));
+  EXPECT_EQ(Files(),
+            (std::set<std::string>{FanOutName(TestKey(1)) + "/" + ChunkFileName(TestKey(1)),
+                                   FanOutName(TestKey(2)) + "/" + ChunkFileName(TestKey(2))}));
+  EXPECT_EQ(ChunkFileName(TestKey(1)), TestKey(1).Hex() + ".kvc");
+  const TierUsage u = store_->Usage();
+  EXPECT_EQ(u.bytes_used, 150u);
+  EXPECT_EQ(u.bytes_limit, 300u);
+  EXPECT_EQ(u.chunks, 2);
+}
+
+TEST_F(DiskStoreTest, PutRemovesTheLeastRecentlyUsedFiles) {
+  Put(1, 100);
+  Put(2, 100);
+  Put(3, 100);
+  ASSERT_THAT(Get(1), IsOk());                // 2, 3, 1
+  EXPECT_TRUE(store_->Contains(TestKey(2)));  // Contains does not refresh
+  Put(4, 100);
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(1, 3, 4));
+  Put(5, 150);  // 3, 1, 4: two must go
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(4, 5));
+  EXPECT_EQ(store_->Usage().bytes_used, 250u);
+  EXPECT_EQ(store_->Usage().chunks, 2);
+}
+
+TEST_F(DiskStoreTest, PutReplacesAKeysFile) {
+  Put(1, 100);
+  Put(2, 100);
+  Put(1, 180, /*version=*/1);
+  EXPECT_THAT(Get(1), IsOkAndHolds(TestValue(1, 180, 1)));
+  EXPECT_EQ(store_->Usage().bytes_used, 280u);
+  EXPECT_EQ(store_->Usage().chunks, 2);
+  Put(3, 100);  // 2 is the oldest
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(1, 3));
+}
+
+TEST_F(DiskStoreTest, AValueBiggerThanTheLimitIsRefusedAndLeavesNoFile) {
+  EXPECT_THAT(store_->Put(TestKey(1), std::string(301, 'x'), nullptr),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("301 bytes exceeds the limit of 300")));
+  EXPECT_THAT(Files(), IsEmpty());
+}
+
+TEST_F(DiskStoreTest, EraseRemovesTheFile) {
+  Put(1, 100);
+  Put(2, 100);
+  store_->Erase(TestKey(1));
+  store_->Erase(TestKey(9));  // absent: nothing happens
+  EXPECT_FALSE(store_->Contains(TestKey(1)));
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(2));
+  EXPECT_EQ(store_->Usage().bytes_used, 100u);
+}
+
+TEST_F(DiskStoreTest, ACorruptFileIsReturnedAsItIsAndEraseRemovesIt) {
+  Put(1, 100);
+  Put(2, 100);
+  std::string bad = TestValue(1, 100).substr(0, 40);
+  bad[7] ^= 0x10;
+  WriteFile(PathOf(1), bad);               // truncated and a bit flipped, behind the store's back
+  EXPECT_THAT(Get(1), IsOkAndHolds(bad));  // verification is the caller's
+  store_->Erase(TestKey(1));
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(2));
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(DiskStoreTest, AFileRemovedBehindTheStoreIsAMissAndLeavesTheIndex) {
+  Put(1, 100);
+  ASSERT_EQ(unlink(PathOf(1).c_str()), 0);
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kNotFound, HasSubstr(PathOf(1))));
+  EXPECT_FALSE(store_->Contains(TestKey(1)));
+  EXPECT_EQ(store_->Usage().bytes_used, 0u);
+}
+
+TEST_F(DiskStoreTest, ReopenFindsWhatWasStoredInItsRecencyOrder) {
+  Put(1, 100);
+  Put(2, 100);
+  Put(3, 100);
+  ASSERT_THAT(Get(1), IsOk());  // 2, 3, 1 — the order the files' times keep
+  Open(300);
+  EXPECT_EQ(report_.chunks, 3);
+  EXPECT_EQ(report_.bytes, 300u);
+  EXPECT_EQ(report_.trimmed, 0);
+  EXPECT_EQ(store_->Usage().chunks, 3);
+  EXPECT_THAT(Get(3), IsOkAndHolds(TestValue(3, 100)));  // 2, 1, 3
+  Put(4, 100);
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(1, 3, 4));
+  Put(5, 100);
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(3, 4, 5));
+}
+
+TEST_F(DiskStoreTest, ReopenTrimsToASmallerLimitOldestFirst) {
+  Put(1, 100);
+  Put(2, 100);
+  Put(3, 100);
+  ASSERT_THAT(Get(1), IsOk());  // 2, 3, 1
+  Open(150);
+  EXPECT_EQ(report_.trimmed, 2);
+  EXPECT_EQ(report_.chunks, 1);
+  EXPECT_THAT(KeysOnDisk(), ElementsAre(1));
+  EXPECT_EQ(store_->Usage().bytes_used, 100u);
+}
+
+TEST_F(DiskStoreTest, OpenRemovesTemporaryFilesAndLeavesForeignFilesAlone) {
+  Put(1, 100);
+  store_.reset();
+  const std::string fan_out = dir_ + "/" + FanOutName(TestKey(1));
+  const std::string temp = fan_out + "/" + TestKey(2).Hex() + ".kvc.tmp.4242.7";  // a killed write
+  WriteFile(temp, "half a chunk");
+  const std::vector<std::string> foreign = {
+      dir_ + "/README",                                     // not in a fan-out directory
+      dir_ + "/" + ChunkFileName(TestKey(3)),               // a chunk name at the top
+      fan_out + "/notes.txt",                               // not a chunk name
+      fan_out + "/" + ChunkFileName(TestKey(1)).substr(1),  // too short
+      fan_out + "/" + ChunkFileName(TestKey(2)) + ".bak",
+  };
+  for (const std::string& f : foreign) WriteFile(f, "x");
+  std::string upper = TestKey(4).Hex();
+  for (char& c : upper) c = char(toupper(c));
+  std::filesystem::create_directories(dir_ + "/" + FanOutName(TestKey(4)));
+  WriteFile(dir_ + "/" + FanOutName(TestKey(4)) + "/" + upper + ".kvc", "x");  // not lowercase
+  ASSERT_TRUE(std::filesystem::create_directories(dir_ + "/zz"));              // not hex
+  ASSERT_TRUE(std::filesystem::create_directories(dir_ + "/lost+found"));
+  Open(300);
+  EXPECT_EQ(report_.temp_files_removed, 1);
+  EXPECT_EQ(report_.foreign_files, 8);
+  EXPECT_EQ(report_.chunks, 1);
+  EXPECT_FALSE(std::filesystem::exists(temp));
+  for (const std::string& f : foreign) EXPECT_TRUE(std::filesystem::exists(f)) << f;
+  EXPECT_THAT(Get(1), IsOkAndHolds(TestValue(1, 100)));
+  EXPECT_EQ(store_->Usage().bytes_used, 100u);
+}
+
+TEST_F(DiskStoreTest, AChunkFileInTheWrongFanOutDirectoryIsForeign) {
+  store_.reset();
+  std::string other = FanOutName(TestKey(1)) == "ff" ? "00" : "ff";
+  ASSERT_TRUE(std::filesystem::create_directories(dir_ + "/" + other));
+  WriteFile(dir_ + "/" + other + "/" + ChunkFileName(TestKey(1)), "x");
+  Open(300);
+  EXPECT_EQ(report_.foreign_files, 1);
+  EXPECT_EQ(report_.chunks, 0);
+}
+
+TEST_F(DiskStoreTest, ADirectoryHasOneStoreAtATime) {
+  EXPECT_THAT(OpenDiskStore(dir_, 300), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                 AllOf(HasSubstr(dir_), HasSubstr("LOCK"))));
+  store_.reset();
+  EXPECT_THAT(OpenDiskStore(dir_, 300), IsOk());
+}
+
+TEST_F(DiskStoreTest, OpenRefusesWhatCannotBeADirectory) {
+  EXPECT_THAT(OpenDiskStore(dir_ + "/x", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes_limit is 0")));
+  EXPECT_THAT(OpenDiskStore("", 300), StatusIs(absl::StatusCode::kInvalidArgument));
+  const std::string file = tmp_.path() + "/a-file";
+  WriteFile(file, "x");
+  EXPECT_THAT(OpenDiskStore(file, 300),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(file), HasSubstr("Not a directory"))));
+  EXPECT_THAT(OpenDiskStore(file + "/sub", 300),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(file + "/sub"), HasSubstr("Not a directory"))));
+}
+
+TEST_F(DiskStoreTest, OpenOfADirectoryThatCannotBeMadeIsFailedPrecondition) {
+  // procfs makes no directories, for root either.
+  EXPECT_THAT(
+      OpenDiskStore("/proc/self/kvarena-tiers", 300),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("/proc/self/kvarena-tiers")));
+  if (geteuid() == 0) return;  // root writes into any directory
+  const std::string locked = tmp_.path() + "/locked";
+  ASSERT_EQ(mkdir(locked.c_str(), 0500), 0);
+  EXPECT_THAT(OpenDiskStore(locked + "/disk", 300),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(locked + "/disk"), HasSubstr("Permission denied"))));
+}
+
+// A write the file system refuses (here EFBIG: a file-size limit, set in a child process
+// so this one keeps none) is RESOURCE_EXHAUSTED, and leaves neither the chunk nor its
+// temporary file.
+TEST_F(DiskStoreTest, AFailedWriteIsResourceExhaustedAndLeavesNoFile) {
+  Put(1, 100);
+  store_.reset();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit = {64, 64};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    absl::StatusOr<std::unique_ptr<TierStore>> store = OpenDiskStore(dir_, 300);
+    if (!store.ok()) _exit(3);
+    const absl::Status s = (*store)->Put(TestKey(2), TestValue(2, 200), nullptr);
+    std::fprintf(stderr, "child: Put: %s\n", s.ToString().c_str());
+    if (!absl::IsResourceExhausted(s)) _exit(4);
+    if (s.message().find(dir_) == absl::string_view::npos) _exit(5);
+    if ((*store)->Contains(TestKey(2)) || !(*store)->Contains(TestKey(1))) _exit(6);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "wait status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's check that failed (see its stderr)";
+  EXPECT_EQ(Files(),
+            (std::set<std::string>{FanOutName(TestKey(1)) + "/" + ChunkFileName(TestKey(1))}));
+  Open(300);
+  EXPECT_EQ(report_.temp_files_removed, 0);
+  EXPECT_EQ(report_.chunks, 1);
+}
+
+TEST_F(DiskStoreTest, ConcurrentGetsAndPutsSeeOnlyWholeFiles) {
+  Open(4000);  // about a third of the 64 stress values
+  const uint32_t seed = ::kvarena::testing::TestSeed();
+  RunConcurrentStress(store_.get(), seed, 4, 64, 500);
+  EXPECT_EQ(int64_t(Files().size()), store_->Usage().chunks);
+  Open(4000);  // and the files are what the index said
+  EXPECT_EQ(report_.chunks, int64_t(Files().size()));
+  EXPECT_EQ(report_.temp_files_removed, 0);
+  RunConcurrentStress(store_.get(), seed + 1000, 2, 64, 100);
+}
+
+}  // namespace
+}  // namespace kvarena
