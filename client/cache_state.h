@@ -32,6 +32,7 @@ struct CacheState {
     layer_lens.resize(info.spec.num_layers, 0);
     seq_len = info.seq_len;
     cached_tokens = info.cached_tokens;
+    tier_loaded_tokens = info.tier_loaded_tokens;
   }
   // Just allocated: no tokens, no pages, and the table knows it.
   void MarkEmpty() {
@@ -75,7 +76,9 @@ struct CacheState {
     absl::MutexLock lock(&mu);
     for (int64_t& len : layer_lens) len = std::max<int64_t>(0, len - n);
     seq_len = new_seq_len;
-    cached_tokens = std::min(cached_tokens, new_seq_len);
+    const int64_t cut = cached_tokens - std::min(cached_tokens, new_seq_len);
+    cached_tokens -= cut;
+    tier_loaded_tokens = std::max<int64_t>(0, tier_loaded_tokens - cut);  // the tail of cached
   }
   int64_t LayerLen(int layer) const {
     absl::MutexLock lock(&mu);
@@ -90,6 +93,7 @@ struct CacheState {
   std::vector<int64_t> layer_lens ABSL_GUARDED_BY(mu);
   int64_t seq_len ABSL_GUARDED_BY(mu) = 0;
   int64_t cached_tokens ABSL_GUARDED_BY(mu) = 0;
+  int64_t tier_loaded_tokens ABSL_GUARDED_BY(mu) = 0;
   LocalTable table ABSL_GUARDED_BY(mu);
   int64_t reserve_ahead ABSL_GUARDED_BY(mu);  // tokens a Reserve RPC asks for at least
   // The pool as mapped here and the kernels for it, once looked up (kernels is stored

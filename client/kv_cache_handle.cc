@@ -273,6 +273,11 @@ int64_t GenericKvCacheHandle::cached_tokens() const {
   return state_->cached_tokens;
 }
 
+int64_t GenericKvCacheHandle::tier_loaded_tokens() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->tier_loaded_tokens;
+}
+
 absl::Status GenericKvCacheHandle::set_tokens(int64_t first_pos, const std::vector<int32_t>& token_ids) {
   if (auto s = CheckUsable("set_tokens"); !s.ok()) return s;
   // Pages this declaration completes become readable by other caches (as at commit).

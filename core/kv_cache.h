@@ -41,6 +41,7 @@
 #include "core/page_pool.h"
 #include "core/prefix_hash.h"
 #include "core/quota.h"
+#include "core/tier_set.h"
 #include "core/types.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
@@ -80,6 +81,7 @@ struct CacheContext {
   // enough budget back to try again.
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
   int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
+  TierSet* tiers = nullptr;    // the tiers below the arena, if any (core/tier_set.h)
   ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
 };
 
@@ -101,6 +103,9 @@ struct CachePrefix {
   uint64_t cow_copies = 0;
   uint64_t requested = 0;  // this cache's lookup, at start
   uint64_t hit = 0;
+  // Where the positions loaded from the tiers begin (-1: none were): cached positions
+  // from here on came from a tier (CacheInfo.tier_loaded_tokens).
+  int64_t tier_from = -1;
 };
 
 class KvCache {
@@ -216,6 +221,18 @@ class KvCache {
   // Every held page, deepest block first across layers (release order).
   std::vector<int32_t> TailFirstLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool sharing() const { return !spec_.prefix_namespace.empty(); }
+  // Prefix adoption at start (kv_cache_tiers.cc). The identities of the tier chunks past
+  // an arena hit of `blocks` pages, up to max_adopt pages (none without tiers).
+  std::vector<ChunkIdentity> TierChunksLocked(int64_t blocks, int64_t max_adopt) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the arena's hit (pages adopted and charged) and what the tiers found for
+  // `wanted`: the longest run of pages every layer needs, loading the tiers' part into new
+  // pages that are registered (or adopted, when another cache registered them meanwhile),
+  // giving back arena pages a longer hit no longer needs. A tier part the quota or the
+  // arena cannot take is left out (a miss).
+  void AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt, const std::vector<ChunkIdentity>& wanted,
+                      const std::vector<std::shared_ptr<const LoadedChunk>>& loaded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PrefixQuery QueryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The metadata bytes of n declared tokens: the ids, two hashes per full page and, when
   // sharing, the chain's link to each page's index node.

@@ -104,34 +104,38 @@ void KvCache::RegisterLocked(int layer) {
 }
 
 absl::Status KvCache::StartWithPrompt(const std::vector<int32_t>& prompt) {
-  absl::MutexLock lock(&mu_);
-  if (prompt.empty()) return absl::OkStatus();
-  KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("allocate", int64_t(prompt.size())));
-  DeclareLocked(prompt, 0);
-  if (!sharing()) return absl::OkStatus();
-  prefix_.requested = prompt.size();
-  ctx_.counters->prefix_lookups += 1;
-  ctx_.counters->prefix_requested_tokens += prompt.size();
-  const int64_t page = spec_.page_size;
-  PrefixQuery q = QueryLocked();
-  // Leave the last prompt position to compute: its output is what the worker samples from.
-  q.max_adopt = (int64_t(prompt.size()) - 1) / page;
-  if (spec_.max_tokens > 0) q.max_adopt = std::min(q.max_adopt, spec_.max_tokens / page);
-  Quota* quota = ctx_.quota.get();
-  q.charge = [quota](int64_t n) { return quota->TryChargePages(n); };
   PrefixHit hit;
-  ctx_.pool->AdoptPrefix(q, &prefix_.chain, &hit);
-  if (hit.blocks == 0) return absl::OkStatus();
-  for (int l = 0; l < spec_.num_layers; ++l) {
-    const std::vector<int32_t>& ids = hit.pages[size_t(l)];
-    layers_[size_t(l)].Adopt(hit.first_block[size_t(l)], ids.data(), int64_t(ids.size()), hit.blocks * page);
-    prefix_.reg_next[size_t(l)] = hit.blocks;
+  int64_t max_adopt = 0;
+  std::vector<ChunkIdentity> wanted;
+  {
+    absl::MutexLock lock(&mu_);
+    if (prompt.empty()) return absl::OkStatus();
+    KVARENA_RETURN_IF_ERROR(ChargeDeclaredLocked("allocate", int64_t(prompt.size())));
+    DeclareLocked(prompt, 0);
+    if (!sharing()) return absl::OkStatus();
+    prefix_.requested = prompt.size();
+    ctx_.counters->prefix_lookups += 1;
+    ctx_.counters->prefix_requested_tokens += prompt.size();
+    const int64_t page = spec_.page_size;
+    PrefixQuery q = QueryLocked();
+    // Leave the last prompt position to compute: its output is what the worker samples from.
+    q.max_adopt = (int64_t(prompt.size()) - 1) / page;
+    if (spec_.max_tokens > 0) q.max_adopt = std::min(q.max_adopt, spec_.max_tokens / page);
+    max_adopt = q.max_adopt;
+    Quota* quota = ctx_.quota.get();
+    q.charge = [quota](int64_t n) { return quota->TryChargePages(n); };
+    ctx_.pool->AdoptPrefix(q, &prefix_.chain, &hit);
+    wanted = TierChunksLocked(hit.blocks, max_adopt);
+    if (wanted.empty()) {
+      AdoptHitLocked(hit, max_adopt, {}, {});
+      return absl::OkStatus();
+    }
   }
-  pages_held_ += hit.pages_adopted;
-  prefix_.cached_tokens = hit.blocks * page;
-  prefix_.hit = uint64_t(prefix_.cached_tokens);
-  ctx_.counters->prefix_hit_tokens += uint64_t(prefix_.cached_tokens);
-  PublishLocked(0, 0);
+  // The tiers are read with no lock held (the cache is not visible to anyone yet).
+  std::vector<std::shared_ptr<const LoadedChunk>> loaded =
+      ctx_.tiers->Lookup(wanted, absl::Now() + ctx_.tiers->options().timeout);
+  absl::MutexLock lock(&mu_);
+  AdoptHitLocked(hit, max_adopt, wanted, loaded);
   return absl::OkStatus();
 }
 

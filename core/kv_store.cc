@@ -51,6 +51,7 @@ CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shar
   ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return pools.TrimOthers(p, n); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
   ctx.metadata = &metadata;
+  ctx.tiers = options.tiers.get();
   return ctx;
 }
 
@@ -120,9 +121,16 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
 KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 KvStore::~KvStore() {
-  // Caches return their pages before the pools go.
-  absl::MutexLock lock(&impl_->mu);
-  impl_->caches.clear();
+  {
+    // Caches return their pages before the pools go.
+    absl::MutexLock lock(&impl_->mu);
+    impl_->caches.clear();
+  }
+  if (TierSet* tiers = impl_->options.tiers.get(); tiers != nullptr) {
+    impl_->pools.Clear();  // what the pools cached goes down to the tiers
+    tiers->Flush();
+    tiers->SetEvents(nullptr);
+  }
 }
 
 absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const CacheSpec& spec,

@@ -43,6 +43,8 @@
 
 namespace kvarena {
 
+class TierSet;
+
 // What one owner's caches may hold together; 0: no bound. Refusals are RESOURCE_EXHAUSTED
 // naming the owner as "tenant 'NAME'" and the bound (max_caches, max_pages).
 struct OwnerBounds {
@@ -103,6 +105,11 @@ struct StoreOptions {
   // changed: it may only schedule work (the daemon pokes its WatchEvents streams) and must
   // not call the store.
   std::function<void()> on_prefix_events;
+
+  // The tiers below the arena (core/tier_set.h, docs/tiers.md); null: none. The store
+  // feeds them the chunks its pools evict (and, write-through, the full ones), reads them
+  // for a prompt's prefix past the arena's hit, and gives them its event log.
+  std::shared_ptr<TierSet> tiers;
 
   // Tests only: keep this many bits of each page hash (fewer force collisions, which the
   // token-id check must catch). 128: the whole hash.

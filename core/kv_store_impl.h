@@ -28,6 +28,7 @@
 #include "core/pool_set.h"
 #include "core/quota.h"
 #include "core/session_table.h"
+#include "core/tier_set.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
 
@@ -50,6 +51,9 @@ struct KvStore::Impl {
         pools(backend.get(), &budget, o.max_pools, o.empty_chunks_kept, &pool_counters) {
     pool_counters.events = &events;
     pool_counters.metadata = &metadata;
+    pool_counters.tiers = o.tiers.get();
+    pool_counters.kernels = kernels.get();
+    if (o.tiers) o.tiers->SetEvents(&events);
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
   }
 

@@ -61,6 +61,7 @@ ArenaStats KvStore::Stats() const {
   s.sessions_reaped = c.sessions_reaped.load();
   s.caches_reaped_grace = c.caches_reaped_grace.load();
   s.caches_reaped_idle = c.caches_reaped_idle.load();
+  if (impl_->options.tiers) s.tiers = impl_->options.tiers->Stats();
   for (const PoolStats& p : s.pools) {
     t.pages_cached += p.pages_cached;
     t.pages_shared += p.pages_shared;

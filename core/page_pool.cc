@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
+#include "core/tier_set.h"
 
 namespace kvarena {
 namespace {
@@ -28,7 +30,8 @@ size_t ChunkBytesFor(size_t page_bytes) {
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const PageLayout& layout,
                                                            Backend* backend, ArenaBudget* budget,
                                                            int empty_chunks_kept,
-                                                           PoolCounters* counters) {
+                                                           PoolCounters* counters,
+                                                           std::string owner) {
   const size_t page_bytes = layout.PageBytes();
   const size_t chunk_bytes = ChunkBytesFor(page_bytes);
   // Page ids are int32 (the block-table format of FlashInfer and vLLM): a pool of tiny
@@ -45,12 +48,13 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
                                  absl::StrCat("kvarena-pool-", id));
   if (!region.ok()) return BackendRefusal(region.status());
   return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
-                                                chunk_bytes, empty_chunks_kept, counters));
+                                                chunk_bytes, empty_chunks_kept, counters,
+                                                std::move(owner)));
 }
 
 PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
                    ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept,
-                   PoolCounters* counters)
+                   PoolCounters* counters, std::string owner)
     : id_(id),
       layout_(layout),
       page_bytes_(layout.PageBytes()),
@@ -60,6 +64,7 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       region_(std::move(region)),
       budget_(budget),
       counters_(counters),
+      owner_(std::move(owner)),
       index_(counters != nullptr ? counters->metadata : nullptr),
       cache_(NewLruPageCache([this](int32_t page)
                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { EvictedLocked(page); })) {
@@ -72,6 +77,10 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
 
 PagePool::~PagePool() {
   absl::MutexLock lock(&mu_);
+  // The tiers keep what the pool cached (a restart on a disk tier serves it again).
+  if (TiersFor(PrefixIndex::kTierEvicted) != nullptr) {
+    for (int32_t page : cache_->EvictionOrder()) cache_->Evict(page);
+  }
   if (index_.registered() > 0 && counters_ != nullptr && counters_->events != nullptr) {
     PrefixEvent e;
     e.kind = PrefixEvent::Kind::kAllCleared;
@@ -284,14 +293,20 @@ void PagePool::UnparkLocked(int32_t id) {
 }
 
 void PagePool::EvictedLocked(int32_t page) {
-  if (counters_ != nullptr && counters_->events != nullptr) {
-    auto [hash, layer] = index_.KeyOfPage(page);
-    PrefixEvent e;
-    e.kind = PrefixEvent::Kind::kRemoved;
-    e.pool_id = id_;
-    e.layer = layer;
-    e.hash = hash;
-    counters_->events->Append(std::move(e));
+  const uint64_t node = index_.NodeOfPage(page);
+  PrefixEvent e;
+  e.kind = PrefixEvent::Kind::kRemoved;
+  e.pool_id = id_;
+  std::tie(e.hash, e.layer) = index_.KeyOfPage(page);
+  if (TiersFor(PrefixIndex::kTierEvicted) != nullptr && EndsChunkLocked(node) &&
+      (index_.TierFlagsOf(node) & PrefixIndex::kTierEvicted) == 0) {
+    std::vector<PrefixEvent> after;
+    after.push_back(std::move(e));
+    CaptureChunkLocked(node, PrefixIndex::kTierEvicted, std::move(after));
+  } else if (const Hash128* key = index_.TierKeyOf(node); key != nullptr && counters_->tiers != nullptr) {
+    counters_->tiers->RecordAfterWrite(*key, std::move(e));
+  } else {
+    RecordLocked(std::move(e));
   }
   index_.Unregister(page);
   --ChunkOf(page).cached;

@@ -23,6 +23,7 @@
 #ifndef KVARENA_CORE_PAGE_POOL_H_
 #define KVARENA_CORE_PAGE_POOL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -54,12 +55,24 @@ using ArenaBudget = ByteBudget;
 // kChunkGranularity, and a multiple of it when that costs no more than 16 granules.
 size_t ChunkBytesFor(size_t page_bytes);
 
+class KvKernels;
+class TierSet;
+
 // Arena-wide counts of what pools did for prefix reuse (owned by the store).
 struct PoolCounters {
   std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
   PrefixEventLog* events = nullptr;          // where pools record index changes, if anywhere
   ByteBudget* metadata = nullptr;  // charged with index nodes and committed chunks' page bookkeeping
+  TierSet* tiers = nullptr;        // the tiers below the arena, if any (core/tier_set.h)
+  KvKernels* kernels = nullptr;    // copies chunks' pages out to the tiers (with tiers)
 };
+
+// The first block a layer of window `window` (0: global) needs when the next position is
+// blocks * page_size: a query there sees keys in (p - window, p].
+inline int64_t FirstBlockNeeded(int window, int64_t blocks, int page_size) {
+  if (window == 0) return 0;
+  return std::max<int64_t>(0, blocks * page_size - window + 1) / page_size;
+}
 
 // A prefix to look up and adopt (AdoptPrefix), for a cache of num_layers layers.
 struct PrefixQuery {
@@ -110,7 +123,8 @@ class PagePool {
   static absl::StatusOr<std::unique_ptr<PagePool>> Create(uint64_t id, const PageLayout& layout,
                                                           Backend* backend, ArenaBudget* budget,
                                                           int empty_chunks_kept,
-                                                          PoolCounters* counters = nullptr);
+                                                          PoolCounters* counters = nullptr,
+                                                          std::string owner = "");
   ~PagePool();
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
@@ -170,6 +184,17 @@ class PagePool {
   void HoldChain(const PrefixChain& chain);
   int64_t pages_cached() const;
 
+  // --- tiers (core/tier_set.h; page_pool_tiers.cc) ---
+  // The tenant whose caches draw from the pool ("" without tenants): part of every chunk's
+  // identity, so no tier hands one tenant's K/V to another.
+  const std::string& owner() const { return owner_; }
+  // Pages a cache loaded from a tier (fresh: one reference each, written with the chunk's
+  // K/V of the node's tokens) become their node's page for their layer, recorded as
+  // BlockStored — unless the node names a page for that layer already (another cache
+  // loaded or computed it meanwhile): then that page is adopted (one reference) in its
+  // place and the fresh one freed. Each item's page becomes the page the caller holds.
+  void InstallLoaded(absl::Span<PageToRegister> pages);
+
   uint64_t id() const { return id_; }
   const PageLayout& layout() const { return layout_; }
   size_t page_bytes() const { return page_bytes_; }
@@ -209,7 +234,8 @@ class PagePool {
   };
 
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
-           ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept, PoolCounters* counters);
+           ArenaBudget* budget, size_t chunk_bytes, int empty_chunks_kept, PoolCounters* counters,
+           std::string owner);
 
   // Page bookkeeping charged to the metadata budget with each committed chunk: per page
   // its free-list entry, reference count and taken bit, and one cache's table slot.
@@ -238,6 +264,20 @@ class PagePool {
   // The page cache's eviction callback: page (registered) leaves the index, recorded as
   // BlockRemoved; it stays taken, for the caller of the eviction to reuse or free.
   void EvictedLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Indexes page as node's page for layer (false: the node names one already) and records
+  // BlockStored; a full chunk it completes goes to the write-through tiers.
+  bool RegisterLocked(uint64_t node, int layer, int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tiers, when they take chunks of this pool's kind (full / evicted), else null.
+  TierSet* TiersFor(uint8_t flag) const;
+  // Whether node is the last block of a chunk of the tiers'.
+  bool EndsChunkLocked(uint64_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands the chunk ending at node `last` to the tiers (once per flag: kTierFull for a full
+  // chunk just registered, kTierEvicted for one being evicted), each layer's pages from the
+  // first of the run ending at the chunk's last block that the index still holds. `after`
+  // (the eviction's BlockRemoved) is recorded once the tiers wrote it.
+  void CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordLocked(PrefixEvent e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -254,6 +294,7 @@ class PagePool {
   const std::unique_ptr<Region> region_;
   ArenaBudget* const budget_;
   PoolCounters* const counters_;
+  const std::string owner_;
 
   mutable absl::Mutex mu_;
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);

@@ -49,15 +49,11 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
   absl::MutexLock lock(&mu_);
   ExtendChainLocked(q, chain);
   const int64_t most = std::min<int64_t>(int64_t(chain->nodes.size()), q.max_adopt);
-  const int64_t page = q.page_size;
   auto has = [&](int64_t b, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return index_.PageOf(chain->nodes[size_t(b)], layer) >= 0;
   };
-  // The first block a layer needs when the next position is k * page_size.
-  auto first_needed = [&](int layer, int64_t k) -> int64_t {
-    const int w = q.layer_windows[size_t(layer)];
-    if (w == 0) return 0;
-    return std::max<int64_t>(0, k * page - w + 1) / page;
+  auto first_needed = [&](int layer, int64_t k) {
+    return FirstBlockNeeded(q.layer_windows[size_t(layer)], k, q.page_size);
   };
   // Global layers need every leading block: the shortest run bounds the hit.
   int64_t k = most;
@@ -101,20 +97,7 @@ void PagePool::AdoptPrefix(const PrefixQuery& q, PrefixChain* chain, PrefixHit* 
 int64_t PagePool::Register(absl::Span<const PageToRegister> pages) {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const PageToRegister& p : pages) {
-    if (!index_.Register(p.node, p.layer, p.page)) continue;
-    ++n;
-    if (counters_ == nullptr || counters_->events == nullptr) continue;
-    PrefixEvent e;
-    e.kind = PrefixEvent::Kind::kStored;
-    e.pool_id = id_;
-    e.layer = p.layer;
-    e.hash = index_.HashOf(p.node);
-    e.parent_hash = index_.ParentHashOf(p.node);
-    e.token_ids = index_.TokensOf(p.node);
-    e.prefix_namespace = index_.NamespaceOf(p.node);
-    counters_->events->Append(std::move(e));
-  }
+  for (const PageToRegister& p : pages) n += RegisterLocked(p.node, p.layer, p.page) ? 1 : 0;
   return n;
 }
 

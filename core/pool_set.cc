@@ -57,7 +57,7 @@ absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec
   PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
   const uint64_t id = next_id_;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
-      PagePool::Create(id, layout, backend_, budget_, empty_chunks_kept_, counters_);
+      PagePool::Create(id, layout, backend_, budget_, empty_chunks_kept_, counters_, owner);
   if (!pool.ok()) return Annotated(pool.status(), "allocate: ");
   ++next_id_;
   std::shared_ptr<PagePool> p = *std::move(pool);
@@ -185,6 +185,19 @@ absl::Status PoolSet::TEST_Audit() const {
     }
   }
   return absl::OkStatus();
+}
+
+void PoolSet::Clear() {
+  std::map<PoolKey, std::shared_ptr<PagePool>> by_key;
+  std::map<uint64_t, std::shared_ptr<PagePool>> by_id;
+  {
+    absl::MutexLock lock(&mu_);
+    by_key.swap(by_key_);
+    by_id.swap(by_id_);
+    caches_.clear();
+    owner_.clear();
+  }
+  // The pools go here, with no lock of the set held.
 }
 
 }  // namespace kvarena

@@ -74,6 +74,9 @@ class PoolSet {
   bool DropIfUnused(const PagePool* pool);
   // Drops every such pool; returns how many.
   int DropIdle();
+  // Drops every pool (the store going away): each is destroyed, its cached pages going
+  // down to the tiers, once no cache holds it.
+  void Clear();
 
   // When `pool` lacks budget for n pages: reclaims cached pages of the other pools until
   // that much went back — only if they can give it all, so a refusal changes nothing.

@@ -35,6 +35,9 @@ struct PrefixEvent {
   Hash128 parent_hash;            // stored: the page before it's (or the namespace root's)
   std::vector<int32_t> token_ids;  // stored: the page's token ids
   std::string prefix_namespace;    // stored: the namespace of the page's chain
+  // stored / removed: where the page is (or was) kept — "" for the arena (the daemon
+  // encodes its own medium, "cpu" or "cuda:0"), else a tier's: "host", "disk", "redis".
+  std::string medium;
 };
 
 class PrefixEventLog {

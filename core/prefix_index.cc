@@ -65,6 +65,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
   node.hash = h;
   node.parent = parent;
   node.root = At(parent).root;
+  node.block = At(parent).block + 1;
   node.tokens.assign(tokens, tokens + n);
   node.pages.assign(At(parent).pages.size(), -1);
   node.holds = 1;

@@ -72,6 +72,27 @@ class PrefixIndex {
   const std::vector<int32_t>& TokensOf(uint64_t node) const { return nodes_.at(node).tokens; }
   // The namespace of the root node descends from.
   const std::string& NamespaceOf(uint64_t node) const;
+  // The node's block index in its chain (0: the first page's node; -1: a root), its
+  // parent (kNoNode for a root) and how many layers its chain's caches have.
+  int64_t BlockOf(uint64_t node) const { return nodes_.at(node).block; }
+  uint64_t ParentOf(uint64_t node) const { return nodes_.at(node).parent; }
+  int NumLayersOf(uint64_t node) const { return int(nodes_.at(node).pages.size()); }
+  // Tiers (core/tier_set.h): the key of the last chunk holding this node that was handed
+  // to the tiers (null before any), and how it went — kTierFull (a write-through copy of
+  // the full chunk), kTierEvicted (written back on eviction) — so each is done once.
+  static constexpr uint8_t kTierFull = 1, kTierEvicted = 2;
+  const Hash128* TierKeyOf(uint64_t node) const {
+    const Node& n = nodes_.at(node);
+    return n.tier_flags != 0 ? &n.tier_key : nullptr;
+  }
+  uint8_t TierFlagsOf(uint64_t node) const { return nodes_.at(node).tier_flags; }
+  void MarkTiered(uint64_t node, const Hash128& key, uint8_t flag) {
+    Node& n = At(node);
+    n.tier_flags |= flag;
+    n.tier_key = key;
+  }
+  // The node a registered page belongs to. REQUIRES: IsRegistered(page).
+  uint64_t NodeOfPage(int32_t page) const { return pages_.at(page).node; }
   // The node's hash and the layer a registered page is indexed under.
   std::pair<Hash128, int> KeyOfPage(int32_t page) const;
   // Makes `page` node's page for layer. False (nothing changes) when the node already
@@ -102,8 +123,11 @@ class PrefixIndex {
     std::string root_key;         // roots only
     std::string prefix_namespace;  // roots only
     int64_t holds = 0;
+    int64_t block = -1;  // position in the chain; -1 for a root
     int32_t children = 0;
     int32_t num_pages = 0;
+    uint8_t tier_flags = 0;  // kTierFull | kTierEvicted
+    Hash128 tier_key;
   };
   struct PageEntry {
     uint64_t node = kNoNode;

@@ -248,4 +248,44 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
   return absl::OkStatus();
 }
 
+absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id, std::vector<int32_t>* first_page) {
+  Reader r(value);
+  absl::string_view magic;
+  KVARENA_RETURN_IF_ERROR(r.Bytes("magic", kMagic.size(), &magic));
+  if (magic != kMagic) {
+    return absl::DataLossError(absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
+  }
+  KVARENA_RETURN_IF_ERROR(r.ExpectU32("format version", kChunkFormatVersion));
+  uint32_t f[6] = {};
+  for (uint32_t& x : f) KVARENA_RETURN_IF_ERROR(r.U32("geometry", &x));
+  id->layout = PageLayout{DType(f[0]), int(f[1]), int(f[2]), int(f[3])};
+  id->num_layers = int32_t(f[4]);
+  id->chunk_pages = int32_t(f[5]);
+  uint64_t first_block = 0;
+  KVARENA_RETURN_IF_ERROR(r.U64("first_block", &first_block));
+  id->first_block = int64_t(first_block);
+  for (std::string* str : {&id->tenant, &id->prefix_namespace}) {
+    uint32_t len = 0;
+    absl::string_view b;
+    KVARENA_RETURN_IF_ERROR(r.U32("string length", &len));
+    KVARENA_RETURN_IF_ERROR(r.Bytes("string", len, &b));
+    str->assign(b.data(), b.size());
+  }
+  for (Hash128* h : {&id->parent_hash, &id->last_hash}) {
+    KVARENA_RETURN_IF_ERROR(r.U64("hash", &h->low));
+    KVARENA_RETURN_IF_ERROR(r.U64("hash", &h->high));
+  }
+  // Sizes come from the value: read the bytes (bounded by its size) before allocating.
+  absl::string_view tokens, firsts;
+  KVARENA_RETURN_IF_ERROR(r.Bytes("tokens", 4 * uint64_t(f[5]) * uint64_t(f[1]), &tokens));
+  KVARENA_RETURN_IF_ERROR(r.Bytes("first_page", 4 * uint64_t(f[4]), &firsts));
+  id->tokens.resize(tokens.size() / 4);
+  for (size_t i = 0; i < id->tokens.size(); ++i) id->tokens[i] = int32_t(LoadU32(tokens.data() + 4 * i));
+  first_page->resize(firsts.size() / 4);
+  for (size_t i = 0; i < first_page->size(); ++i) {
+    (*first_page)[i] = int32_t(std::min<uint32_t>(LoadU32(firsts.data() + 4 * i), f[5]));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvarena

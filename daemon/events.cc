@@ -108,7 +108,9 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
       }
       v1::KvEvent* p = response_.add_events();
       ToProto(e, p);
-      if (p->has_stored()) p->mutable_stored()->set_medium(hub_->medium_);
+      // The arena's events carry no medium of their own: it is this daemon's device.
+      if (p->has_stored() && e.medium.empty()) p->mutable_stored()->set_medium(hub_->medium_);
+      if (p->has_removed() && e.medium.empty()) p->mutable_removed()->set_medium(hub_->medium_);
     }
     response_.set_events_lost(lost);
     if (!events.empty()) {

@@ -127,6 +127,24 @@ ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "included: hundreds of instructions per lock where abseil is a debug build (as "
           "Debian's is), about a third of an empty RPC. For debugging; off by default.");
 
+ABSL_FLAG(kvarena::ByteSize, tier_host_bytes, kvarena::ByteSize{0},
+          "Host memory for the host tier below the arena: chunks of prefixes the arena evicted "
+          "(docs/tiers.md); 0 = no host tier.");
+ABSL_FLAG(std::string, tier_disk_dir, "",
+          "Directory of the disk tier: chunk files that outlive a restart; \"\" = no disk tier.");
+ABSL_FLAG(kvarena::ByteSize, tier_disk_bytes, kvarena::ByteSize{0},
+          "Bytes of chunk files the disk tier may keep in --tier_disk_dir (required with it).");
+ABSL_FLAG(int, tier_chunk_pages, 0,
+          "Pages of a prefix (every layer, K and V) per tier chunk; 0 = the fewest that make "
+          "256 KiB.");
+ABSL_FLAG(bool, tier_write_through, false,
+          "Copy each chunk to the tiers once it is full and registered, not only when the arena "
+          "evicts it.");
+ABSL_FLAG(absl::Duration, tier_timeout, absl::Milliseconds(200),
+          "How long one Allocate may spend reading the tiers; the rest of its prefix is a miss.");
+ABSL_FLAG(kvarena::ByteSize, tier_write_queue_bytes, kvarena::ByteSize{uint64_t{256} << 20},
+          "Chunks waiting to be written to the tiers; past it a write is dropped (counted).");
+
 namespace kvarena {
 
 void ConfigureFlagsUsage() {
@@ -191,6 +209,13 @@ DaemonOptions OptionsFromFlags() {
   o.fd_request_timeout = absl::GetFlag(FLAGS_fd_request_timeout);
   o.watcher_max_backlog = absl::GetFlag(FLAGS_watcher_max_backlog);
   o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);
+  o.tiers.host_bytes = absl::GetFlag(FLAGS_tier_host_bytes).bytes;
+  o.tiers.disk_dir = absl::GetFlag(FLAGS_tier_disk_dir);
+  o.tiers.disk_bytes = absl::GetFlag(FLAGS_tier_disk_bytes).bytes;
+  o.tiers.chunk_pages = absl::GetFlag(FLAGS_tier_chunk_pages);
+  o.tiers.write_through = absl::GetFlag(FLAGS_tier_write_through);
+  o.tiers.timeout = absl::GetFlag(FLAGS_tier_timeout);
+  o.tiers.write_queue_bytes = absl::GetFlag(FLAGS_tier_write_queue_bytes).bytes;
   return o;
 }
 

@@ -163,6 +163,24 @@ void AddSessionFamilies(const ArenaStats& s, std::vector<MetricFamily>* out) {
   out->push_back(std::move(reaped));
 }
 
+}  // namespace
+
+ClientMetric HistogramMetric(const LatencySnapshot& h, Labels labels) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  m.histogram.sample_count = h.count;
+  m.histogram.sample_sum = absl::ToDoubleSeconds(h.sum);
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < kLatencyBoundsNanos.size(); ++b) {
+    cumulative += h.buckets[b];
+    m.histogram.bucket.push_back({cumulative, double(kLatencyBoundsNanos[b]) / 1e9});
+  }
+  // The serializer adds le="+Inf" with sample_count, the sum of every bucket.
+  return m;
+}
+
+namespace {
+
 void AddRpcFamilies(const RpcMetrics& rpcs, std::vector<MetricFamily>* out) {
   MetricFamily calls = Family("kvarena_rpc_total",
                               "KvCacheService calls by method and status code (Attach when "
@@ -183,18 +201,7 @@ void AddRpcFamilies(const RpcMetrics& rpcs, std::vector<MetricFamily>* out) {
       const Labels labels = {{"method", RpcName(rpc)}, {"code", CodeName(c)}};
       if (const uint64_t n = rpcs.Calls(rpc, code); n != 0) Add(&calls, double(n), labels);
       const LatencySnapshot h = rpcs.Latency(rpc, code);
-      if (h.count == 0) continue;
-      ClientMetric m;
-      m.label = labels;
-      m.histogram.sample_count = h.count;
-      m.histogram.sample_sum = absl::ToDoubleSeconds(h.sum);
-      uint64_t cumulative = 0;
-      for (size_t b = 0; b < kLatencyBoundsNanos.size(); ++b) {
-        cumulative += h.buckets[b];
-        m.histogram.bucket.push_back({cumulative, double(kLatencyBoundsNanos[b]) / 1e9});
-      }
-      // The serializer adds le="+Inf" with sample_count, the sum of every bucket.
-      latency.metric.push_back(std::move(m));
+      if (h.count != 0) latency.metric.push_back(HistogramMetric(h, labels));
     }
     for (int reason = 0; reason < kNumRefusals; ++reason) {
       const uint64_t n = rpcs.Refusals(rpc, static_cast<Refusal>(reason));
@@ -253,6 +260,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricSources& sources) {
   AddRpcFamilies(*sources.rpcs, &out);
   AddFdFamilies(*sources.fd, &out);
   AddPrefixMetrics(s, &out);
+  AddTierMetrics(s.tiers, sources.tiers, &out);
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include "core/kv_store.h"
 #include "daemon/fd_metrics.h"
 #include "daemon/rpc_metrics.h"
+#include "daemon/tier_metrics.h"
 
 namespace prometheus {
 class Collectable;
@@ -32,6 +33,7 @@ struct MetricSources {
   const KvStore* store = nullptr;
   const RpcMetrics* rpcs = nullptr;
   const FdMetrics* fd = nullptr;
+  const TierLatency* tiers = nullptr;  // may be null: no tier latency histograms
 };
 
 // Every family a scrape returns: kvarena_pages_used, kvarena_pool_pages_used{dtype,...},

@@ -40,12 +40,25 @@ void RpcMetrics::Count(Rpc rpc, const absl::Status& status) {
   }
 }
 
-void RpcMetrics::RecordCall(Rpc rpc, const absl::Status& status, absl::Duration elapsed) {
+void LatencyHistogram::Record(absl::Duration elapsed) {
   const int64_t nanos = std::max<int64_t>(0, absl::ToInt64Nanoseconds(elapsed));
   const auto bound = std::lower_bound(kLatencyBoundsNanos.begin(), kLatencyBoundsNanos.end(), nanos);
-  Histogram& h = latency_[static_cast<int>(rpc)][CodeIndex(status.code())];
-  h.buckets[size_t(bound - kLatencyBoundsNanos.begin())].fetch_add(1, std::memory_order_relaxed);
-  h.sum_nanos.fetch_add(nanos, std::memory_order_relaxed);
+  buckets_[size_t(bound - kLatencyBoundsNanos.begin())].fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(nanos, std::memory_order_relaxed);
+}
+
+LatencySnapshot LatencyHistogram::Snapshot() const {
+  LatencySnapshot s;
+  for (size_t i = 0; i < s.buckets.size(); ++i) {
+    s.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
+    s.count += s.buckets[i];
+  }
+  s.sum = absl::Nanoseconds(sum_nanos_.load(std::memory_order_relaxed));
+  return s;
+}
+
+void RpcMetrics::RecordCall(Rpc rpc, const absl::Status& status, absl::Duration elapsed) {
+  latency_[static_cast<int>(rpc)][CodeIndex(status.code())].Record(elapsed);
   Count(rpc, status);
 }
 
@@ -56,14 +69,7 @@ uint64_t RpcMetrics::Calls(Rpc rpc, absl::StatusCode code) const {
 }
 
 LatencySnapshot RpcMetrics::Latency(Rpc rpc, absl::StatusCode code) const {
-  const Histogram& h = latency_[static_cast<int>(rpc)][CodeIndex(code)];
-  LatencySnapshot s;
-  for (size_t i = 0; i < s.buckets.size(); ++i) {
-    s.buckets[i] = h.buckets[i].load(std::memory_order_relaxed);
-    s.count += s.buckets[i];
-  }
-  s.sum = absl::Nanoseconds(h.sum_nanos.load(std::memory_order_relaxed));
-  return s;
+  return latency_[static_cast<int>(rpc)][CodeIndex(code)].Snapshot();
 }
 
 uint64_t RpcMetrics::Refusals(Rpc rpc, Refusal reason) const {

@@ -58,6 +58,17 @@ struct LatencySnapshot {
   absl::Duration sum;
 };
 
+// A latency histogram over kLatencyBoundsNanos, safe for concurrent use.
+class LatencyHistogram {
+ public:
+  void Record(absl::Duration elapsed);
+  LatencySnapshot Snapshot() const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kNumLatencyBuckets> buckets_{};
+  std::atomic<int64_t> sum_nanos_{0};
+};
+
 class RpcMetrics {
  public:
   RpcMetrics() = default;
@@ -74,16 +85,12 @@ class RpcMetrics {
   uint64_t Refusals(Rpc rpc, Refusal reason) const;
 
  private:
-  struct Histogram {
-    std::array<std::atomic<uint64_t>, kNumLatencyBuckets> buckets{};
-    std::atomic<int64_t> sum_nanos{0};
-  };
   // The code's index; UNKNOWN's for codes outside the canonical range.
   static int CodeIndex(absl::StatusCode code);
   void Count(Rpc rpc, const absl::Status& status);
 
   std::array<std::array<std::atomic<uint64_t>, kNumStatusCodes>, kNumRpcs> calls_{};
-  std::array<std::array<Histogram, kNumStatusCodes>, kNumRpcs> latency_{};
+  std::array<std::array<LatencyHistogram, kNumStatusCodes>, kNumRpcs> latency_{};
   std::array<std::array<std::atomic<uint64_t>, kNumRefusals>, kNumRpcs> refusals_{};
 };
 

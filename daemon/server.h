@@ -32,6 +32,7 @@
 #include "daemon/rpc_metrics.h"
 #include "daemon/service.h"
 #include "daemon/tcp_credentials.h"
+#include "daemon/tiers.h"
 #include "daemon/unix_listener.h"
 
 namespace kvarena {
@@ -83,6 +84,7 @@ struct DaemonOptions {
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
   absl::Duration fd_request_timeout =
       absl::Seconds(5);  // one fd-socket request, first byte to reply
+  TierFlags tiers;  // the tiers below the arena (daemon/tiers.h); none by default
 };
 
 class Daemon {
@@ -116,6 +118,7 @@ class Daemon {
   // outlive all four.
   RpcMetrics rpcs_;
   FdMetrics fd_metrics_;
+  TierLatency tier_latency_;  // the tiers' store calls, for metrics_
   // Before store_, so it outlives it: a pool the store destroys last still records an event.
   std::unique_ptr<EventsHub> events_;
   std::unique_ptr<KvStore> store_;

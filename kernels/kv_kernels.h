@@ -15,6 +15,7 @@
 #define KVARENA_KERNELS_KV_KERNELS_H_
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -50,6 +51,22 @@ class KvKernels {
   // page): copies[0..n), each src != dst, no dst written twice, as PageCopy says.
   virtual absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
                                  int64_t n) = 0;
+  // The tiers' copies (core/tier_set.h): whole pages ids[0..n) of the pool at pool_base
+  // to host memory `out` (n * PageBytes() bytes, in the order of ids), and back from `in`.
+  // Synchronous: the bytes are in place when they return. The default is for pools in
+  // host memory; a device's kernels copy on a stream of their own, never the caller's.
+  virtual absl::Status ReadPages(const PageLayout& layout, const uint8_t* pool_base,
+                                 const int32_t* ids, int64_t n, uint8_t* out) {
+    const size_t page = layout.PageBytes();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out + size_t(i) * page, pool_base + size_t(ids[i]) * page, page);
+    return absl::OkStatus();
+  }
+  virtual absl::Status WritePages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                                  int64_t n, const uint8_t* in) {
+    const size_t page = layout.PageBytes();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(pool_base + size_t(ids[i]) * page, in + size_t(i) * page, page);
+    return absl::OkStatus();
+  }
   // Returns once every operation these kernels started has finished with the pages it
   // touched (a no-op for synchronous kernels). Callers run it before they give pages back.
   virtual absl::Status Synchronize() { return absl::OkStatus(); }

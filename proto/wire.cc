@@ -60,6 +60,7 @@ CacheInfo FromProto(const v1::CacheInfo& p) {
   c.page_bytes = p.page_bytes();
   c.cached_tokens = static_cast<int64_t>(p.cached_tokens());
   c.tokens_known = static_cast<int64_t>(p.tokens_known());
+  c.tier_loaded_tokens = static_cast<int64_t>(p.tier_loaded_tokens());
   return c;
 }
 
@@ -73,6 +74,7 @@ void ToProto(const CacheInfo& c, v1::CacheInfo* p) {
   p->set_page_bytes(c.page_bytes);
   p->set_cached_tokens(static_cast<uint64_t>(c.cached_tokens));
   p->set_tokens_known(static_cast<uint64_t>(c.tokens_known));
+  p->set_tier_loaded_tokens(static_cast<uint64_t>(c.tier_loaded_tokens));
 }
 
 // A message without an inline payload decodes to data == nullptr, bytes == 0: "absent".
@@ -282,11 +284,13 @@ void ToProto(const PrefixEvent& e, v1::KvEvent* p) {
       s->mutable_token_ids()->Assign(e.token_ids.begin(), e.token_ids.end());
       s->set_num_tokens(static_cast<uint32_t>(e.token_ids.size()));
       s->set_prefix_namespace(e.prefix_namespace);
+      s->set_medium(e.medium);
       break;
     }
     case PrefixEvent::Kind::kRemoved:
       p->mutable_removed()->set_block_hash(HashBytes(e.hash));
       p->mutable_removed()->set_layer(static_cast<uint32_t>(e.layer));
+      p->mutable_removed()->set_medium(e.medium);
       break;
     case PrefixEvent::Kind::kAllCleared:
       p->mutable_all_cleared();
@@ -309,6 +313,22 @@ ArenaStats FromProto(const v1::StatsResponse& p) {
   s.metadata_bytes = p.metadata_bytes();
   s.metadata_bytes_used = p.metadata_bytes_used();
   s.event_log_bytes = p.event_log_bytes();
+  for (const v1::TierStats& t : p.tiers()) {
+    TierStats& o = s.tiers.emplace_back();
+    o.medium = t.medium();
+    o.bytes_used = t.bytes_used();
+    o.bytes_limit = t.bytes_limit();
+    o.chunks = static_cast<int64_t>(t.chunks());
+    o.up = t.up();
+    o.lookups = t.lookups();
+    o.hit_chunks = t.hit_chunks();
+    o.miss_chunks = t.miss_chunks();
+    o.loaded_tokens = t.loaded_tokens();
+    o.stored_chunks = t.stored_chunks();
+    o.dropped_writes = t.dropped_writes();
+    o.corrupt_chunks = t.corrupt_chunks();
+    o.errors = t.errors();
+  }
   return s;
 }
 
@@ -327,6 +347,23 @@ void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
   p->set_metadata_bytes(s.metadata_bytes);
   p->set_metadata_bytes_used(s.metadata_bytes_used);
   p->set_event_log_bytes(s.event_log_bytes);
+  p->clear_tiers();
+  for (const TierStats& t : s.tiers) {
+    v1::TierStats* o = p->add_tiers();
+    o->set_medium(t.medium);
+    o->set_bytes_used(t.bytes_used);
+    o->set_bytes_limit(t.bytes_limit);
+    o->set_chunks(static_cast<uint64_t>(t.chunks));
+    o->set_up(t.up);
+    o->set_lookups(t.lookups);
+    o->set_hit_chunks(t.hit_chunks);
+    o->set_miss_chunks(t.miss_chunks);
+    o->set_loaded_tokens(t.loaded_tokens);
+    o->set_stored_chunks(t.stored_chunks);
+    o->set_dropped_writes(t.dropped_writes);
+    o->set_corrupt_chunks(t.corrupt_chunks);
+    o->set_errors(t.errors);
+  }
 }
 
 }  // namespace kvarena

@@ -127,6 +127,40 @@ class CudaKvKernels final : public KvKernels {
     return call.Finish();
   }
 
+  // The tiers' copies: one cudaMemcpyAsync per run of consecutive page ids, on the call's
+  // own stream (never a caller's), synchronised before returning.
+  absl::Status ReadPages(const PageLayout& layout, const uint8_t* pool_base, const int32_t* ids,
+                         int64_t n, uint8_t* out) override {
+    return CopyPageRuns(layout, ids, n, "ReadPages", [&](int64_t i, size_t bytes, cudaStream_t s) {
+      const size_t page = layout.PageBytes();
+      return cudaMemcpyAsync(out + size_t(i) * page, pool_base + size_t(ids[i]) * page, bytes,
+                             cudaMemcpyDeviceToHost, s);
+    });
+  }
+
+  absl::Status WritePages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids, int64_t n,
+                          const uint8_t* in) override {
+    return CopyPageRuns(layout, ids, n, "WritePages", [&](int64_t i, size_t bytes, cudaStream_t s) {
+      const size_t page = layout.PageBytes();
+      return cudaMemcpyAsync(pool_base + size_t(ids[i]) * page, in + size_t(i) * page, bytes,
+                             cudaMemcpyHostToDevice, s);
+    });
+  }
+
+  // copy(i, bytes, stream) for each run [i, j) of consecutive ids.
+  template <typename Copy>
+  absl::Status CopyPageRuns(const PageLayout& layout, const int32_t* ids, int64_t n, const char* name,
+                            Copy copy) {
+    Call call(this, name);
+    for (int64_t i = 0; i < n;) {
+      int64_t j = i + 1;
+      while (j < n && ids[j] == ids[j - 1] + 1) ++j;
+      if (!call.Check(copy(i, size_t(j - i) * layout.PageBytes(), call.stream()), "cudaMemcpyAsync")) break;
+      i = j;
+    }
+    return call.Finish();
+  }
+
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
                         const void* v) override {
     Call call(this, "AppendKv");

@@ -102,6 +102,7 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       .def_property_readonly("num_tokens", &H::num_tokens)
       .def_property_readonly("seq_len", &H::seq_len)
       .def_property_readonly("cached_tokens", &H::cached_tokens)
+      .def_property_readonly("tier_loaded_tokens", &H::tier_loaded_tokens)
       .def_property_readonly("is_valid", &H::is_valid)
       .def("layer_len", &H::layer_len, py::arg("layer"))
       .def("refresh", [](H& h) { Blocking([&] { return h.refresh(); }); })

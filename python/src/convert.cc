@@ -153,6 +153,25 @@ py::dict ToDict(const ArenaStats& s) {
   d["sessions_reaped"] = s.sessions_reaped;
   d["caches_reaped_grace"] = s.caches_reaped_grace;
   d["caches_reaped_idle"] = s.caches_reaped_idle;
+  py::list tiers;
+  for (const TierStats& t : s.tiers) {
+    py::dict x;
+    x["medium"] = t.medium;
+    x["up"] = t.up;
+    x["bytes_used"] = t.bytes_used;
+    x["bytes_limit"] = t.bytes_limit;
+    x["chunks"] = t.chunks;
+    x["lookups"] = t.lookups;
+    x["hit_chunks"] = t.hit_chunks;
+    x["miss_chunks"] = t.miss_chunks;
+    x["loaded_tokens"] = t.loaded_tokens;
+    x["stored_chunks"] = t.stored_chunks;
+    x["dropped_writes"] = t.dropped_writes;
+    x["corrupt_chunks"] = t.corrupt_chunks;
+    x["errors"] = t.errors;
+    tiers.append(x);
+  }
+  d["tiers"] = tiers;
   return d;
 }
 
@@ -173,6 +192,7 @@ py::dict ToDict(const CacheInfo& info) {
   d["pool_id"] = info.pool_id;
   d["page_bytes"] = info.page_bytes;
   d["cached_tokens"] = info.cached_tokens;
+  d["tier_loaded_tokens"] = info.tier_loaded_tokens;
   d["tokens_known"] = info.tokens_known;
   return d;
 }

@@ -241,6 +241,8 @@ class GenericKvCacheHandle {
   // Leading positions filled from other caches' pages (CacheInfo.cached_tokens): the
   // prefix adopted at Allocate, every position for a fork; as this handle last saw.
   int64_t cached_tokens() const;
+  // Of cached_tokens, those loaded from the tiers below the arena (docs/tiers.md).
+  int64_t tier_loaded_tokens() const;
   // Declares the token ids of positions [first_pos, first_pos + token_ids.size()) — the
   // tokens a worker generated — so that a later prompt containing them finds their pages
   // (SetTokens). first_pos at most what the arena knows (tokens_known); ids of written

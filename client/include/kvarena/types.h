@@ -43,6 +43,9 @@ struct CacheInfo {
   // the prefix adopted at Allocate (a fork: every position of its source); popn and reset
   // lower it with seq_len.
   int64_t cached_tokens = 0;
+  // Of cached_tokens, those loaded from the tiers below the arena (docs/tiers.md) rather
+  // than adopted from pages still in it.
+  int64_t tier_loaded_tokens = 0;
   // Leading positions whose token ids are known (prompt_tokens, SetTokens).
   int64_t tokens_known = 0;
 };
@@ -180,6 +183,24 @@ struct PoolStats {
   std::string owner;  // the tenant whose caches draw from it (--tenants_file); "" without
 };
 
+// One tier below the arena (docs/tiers.md): what it holds now and its counts since the
+// daemon started. Chunks are the tiers' unit (several pages of every layer).
+struct TierStats {
+  std::string medium;  // "host", "disk", "redis"
+  uint64_t bytes_used = 0;
+  uint64_t bytes_limit = 0;  // 0: none of its own (a cluster's maxmemory)
+  int64_t chunks = 0;
+  bool up = true;               // false while the medium cannot be reached
+  uint64_t lookups = 0;         // chunks asked of it
+  uint64_t hit_chunks = 0;      // found and verified
+  uint64_t miss_chunks = 0;     // not held, unreadable or corrupt
+  uint64_t loaded_tokens = 0;   // positions caches took from its chunks
+  uint64_t stored_chunks = 0;   // written (a chunk it already held is not written again)
+  uint64_t dropped_writes = 0;  // a full write queue, or a chunk it could not fit
+  uint64_t corrupt_chunks = 0;  // read but failed verification (then dropped from it)
+  uint64_t errors = 0;          // reads and writes that failed
+};
+
 struct ArenaStats {
   PageStats pages;  // totals over every pool
   std::vector<PoolStats> pools;
@@ -206,6 +227,7 @@ struct ArenaStats {
   // past idle_ttl.
   uint64_t caches_reaped_grace = 0;
   uint64_t caches_reaped_idle = 0;
+  std::vector<TierStats> tiers;  // top (first looked up) to bottom; empty without tiers
 };
 
 }  // namespace kvarena

@@ -1,0 +1,123 @@
+// PagePool's side of the tiers (core/tier_set.h, docs/tiers.md): registering pages (and
+// handing a full chunk to the write-through tiers), capturing a chunk whose pages are
+// evicted (write-back), and installing pages a cache loaded from a tier.
+#include <utility>
+
+#include "core/page_pool.h"
+#include "core/tier_set.h"
+#include "kernels/kv_kernels.h"
+
+namespace kvarena {
+
+void PagePool::RecordLocked(PrefixEvent e) {
+  if (counters_ != nullptr && counters_->events != nullptr) counters_->events->Append(std::move(e));
+}
+
+bool PagePool::RegisterLocked(uint64_t node, int layer, int32_t page) {
+  if (!index_.Register(node, layer, page)) return false;
+  if (counters_ != nullptr && counters_->events != nullptr) {
+    PrefixEvent e;
+    e.kind = PrefixEvent::Kind::kStored;
+    e.pool_id = id_;
+    e.layer = layer;
+    e.hash = index_.HashOf(node);
+    e.parent_hash = index_.ParentHashOf(node);
+    e.token_ids = index_.TokensOf(node);
+    e.prefix_namespace = index_.NamespaceOf(node);
+    counters_->events->Append(std::move(e));
+  }
+  if (TiersFor(PrefixIndex::kTierFull) == nullptr || !EndsChunkLocked(node) ||
+      (index_.TierFlagsOf(node) & PrefixIndex::kTierFull) != 0) {
+    return true;
+  }
+  for (int l = 0; l < index_.NumLayersOf(node); ++l) {
+    if (index_.PageOf(node, l) < 0) return true;  // the chunk is full once every layer is
+  }
+  CaptureChunkLocked(node, PrefixIndex::kTierFull, {});
+  return true;
+}
+
+TierSet* PagePool::TiersFor(uint8_t flag) const {
+  if (counters_ == nullptr || counters_->tiers == nullptr || counters_->kernels == nullptr) return nullptr;
+  TierSet* tiers = counters_->tiers;
+  const bool takes = flag == PrefixIndex::kTierFull ? tiers->takes_full() : tiers->takes_evicted();
+  return takes ? tiers : nullptr;
+}
+
+bool PagePool::EndsChunkLocked(uint64_t node) const {
+  const int64_t block = index_.BlockOf(node);
+  if (block < 0) return false;
+  const int32_t pages = counters_->tiers->ChunkPagesFor(layout_, index_.NumLayersOf(node));
+  return (block + 1) % pages == 0;
+}
+
+void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after) {
+  TierSet* tiers = counters_->tiers;
+  const int num_layers = index_.NumLayersOf(last);
+  const int32_t chunk_pages = tiers->ChunkPagesFor(layout_, num_layers);
+  std::vector<uint64_t> nodes(static_cast<size_t>(chunk_pages));
+  uint64_t n = last;
+  for (int32_t i = chunk_pages - 1; i >= 0; --i) {
+    nodes[size_t(i)] = n;
+    n = index_.ParentOf(n);
+  }
+  ChunkWrite w;
+  w.first_page.assign(size_t(num_layers), chunk_pages);
+  std::vector<int32_t> ids;
+  for (int l = 0; l < num_layers; ++l) {
+    int32_t first = chunk_pages;
+    while (first > 0 && index_.PageOf(nodes[size_t(first - 1)], l) >= 0) --first;
+    w.first_page[size_t(l)] = first;
+    for (int32_t b = first; b < chunk_pages; ++b) ids.push_back(index_.PageOf(nodes[size_t(b)], l));
+  }
+  ChunkIdentity& id = w.id;
+  id.tenant = owner_;
+  id.prefix_namespace = index_.NamespaceOf(last);
+  id.layout = layout_;
+  id.num_layers = num_layers;
+  id.chunk_pages = chunk_pages;
+  id.first_block = index_.BlockOf(nodes[0]);
+  id.parent_hash = index_.ParentHashOf(nodes[0]);
+  id.last_hash = index_.HashOf(last);
+  id.tokens.reserve(size_t(chunk_pages) * size_t(layout_.page_size));
+  for (uint64_t node : nodes) {
+    const std::vector<int32_t>& t = index_.TokensOf(node);
+    id.tokens.insert(id.tokens.end(), t.begin(), t.end());
+  }
+  w.payload.resize(ids.size() * page_bytes_);
+  const bool copied =
+      !ids.empty() && counters_->kernels
+                          ->ReadPages(layout_, base(), ids.data(), int64_t(ids.size()),
+                                      reinterpret_cast<uint8_t*>(w.payload.data()))
+                          .ok();
+  if (!copied) {
+    for (PrefixEvent& e : after) RecordLocked(std::move(e));
+    return;
+  }
+  const ChunkKey key = id.key();
+  for (uint64_t node : nodes) index_.MarkTiered(node, key, flag);
+  w.pool_id = id_;
+  w.write_through = flag == PrefixIndex::kTierFull;
+  w.after = std::move(after);
+  tiers->Queue(std::move(w));
+}
+
+void PagePool::InstallLoaded(absl::Span<PageToRegister> pages) {
+  std::vector<int32_t> unused;
+  {
+    absl::MutexLock lock(&mu_);
+    for (PageToRegister& p : pages) {
+      if (RegisterLocked(p.node, p.layer, p.page)) continue;
+      // Another cache registered this block's page meanwhile: hold that one instead.
+      const int32_t existing = index_.PageOf(p.node, p.layer);
+      int32_t& refs = RefsLocked(existing);
+      if (refs == 0) UnparkLocked(existing);
+      if (++refs == 2) ++pages_shared_;
+      unused.push_back(p.page);
+      p.page = existing;
+    }
+  }
+  if (!unused.empty()) Free(unused);
+}
+
+}  // namespace kvarena

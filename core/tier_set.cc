@@ -1,0 +1,307 @@
+#include "core/tier_set.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvarena {
+
+namespace {
+// How long the destructor lets queued writes finish before it drops them.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(5);
+}  // namespace
+
+TierSet::TierSet(std::vector<TierEntry> stores, TierOptions options, PrefixEventLog* events)
+    : stores_(std::move(stores)),
+      options_(std::move(options)),
+      events_(events),
+      takes_evicted_(std::any_of(stores_.begin(), stores_.end(),
+                                 [](const TierEntry& e) { return !e.write_through; })),
+      takes_full_(std::any_of(stores_.begin(), stores_.end(),
+                              [](const TierEntry& e) { return e.write_through; })) {
+  for (size_t i = 0; i < stores_.size(); ++i) counters_.push_back(std::make_unique<Counters>());
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+TierSet::~TierSet() {
+  {
+    absl::MutexLock lock(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty(); };
+    mu_.AwaitWithTimeout(absl::Condition(&drained), kDrainTimeout);
+    for (ChunkWrite& w : queue_) {
+      for (size_t i = 0; i < stores_.size(); ++i) counters_[i]->dropped_writes += 1;
+      for (PrefixEvent& e : w.after) {
+        if (PrefixEventLog* log = events_.load(); log != nullptr) log->Append(std::move(e));
+      }
+    }
+    queue_.clear();
+    stop_ = true;
+  }
+  writer_.join();
+}
+
+int32_t TierSet::ChunkPagesFor(const PageLayout& layout, int num_layers) const {
+  if (options_.chunk_pages > 0) return options_.chunk_pages;
+  return DefaultChunkPages(layout.PageBytes(), num_layers);
+}
+
+bool TierSet::Queue(ChunkWrite w) {
+  const ChunkKey key = w.id.key();
+  const size_t bytes = w.payload.size();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stop_ && queued_bytes_ + bytes <= options_.write_queue_bytes) {
+      queued_bytes_ += bytes;
+      ++pending_[key];
+      ++queued_total_;
+      queue_.push_back(std::move(w));
+      return true;
+    }
+  }
+  for (size_t i : Targets(w.write_through)) counters_[i]->dropped_writes += 1;
+  if (PrefixEventLog* log = events_.load(); log != nullptr) {
+    for (PrefixEvent& e : w.after) log->Append(std::move(e));
+  }
+  return false;
+}
+
+void TierSet::RecordAfterWrite(const ChunkKey& key, PrefixEvent e) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_.contains(key)) {
+      waiting_events_[key].push_back(std::move(e));
+      return;
+    }
+  }
+  if (PrefixEventLog* log = events_.load(); log != nullptr) log->Append(std::move(e));
+}
+
+void TierSet::WriterLoop() {
+  for (;;) {
+    ChunkWrite w;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stop_
+      w = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const size_t bytes = w.payload.size();
+    const ChunkKey key = w.id.key();
+    Write(w);
+    std::vector<PrefixEvent> waiting;
+    {
+      absl::MutexLock lock(&mu_);
+      queued_bytes_ -= bytes;
+      ++written_total_;
+      if (--pending_[key] == 0) {
+        pending_.erase(key);
+        auto it = waiting_events_.find(key);
+        if (it != waiting_events_.end()) {
+          waiting = std::move(it->second);
+          waiting_events_.erase(it);
+        }
+      }
+    }
+    if (PrefixEventLog* log = events_.load(); log != nullptr) {
+      for (PrefixEvent& e : w.after) log->Append(std::move(e));
+      for (PrefixEvent& e : waiting) log->Append(std::move(e));
+    }
+  }
+}
+
+void TierSet::Write(ChunkWrite& w) {
+  const ChunkKey key = w.id.key();
+  const std::string value = EncodeChunk(w.id, w.first_page, w.payload);
+  w.payload.clear();
+  w.payload.shrink_to_fit();
+  for (size_t i : Targets(w.write_through)) PutInto(i, key, value, w.pool_id);
+}
+
+std::vector<size_t> TierSet::Targets(bool write_through) const {
+  // A full chunk goes to every write-through store; an evicted one to the first store
+  // that keeps evicted chunks (the ones below get it when that store evicts it).
+  std::vector<size_t> out;
+  for (size_t i = 0; i < stores_.size(); ++i) {
+    if (stores_[i].write_through != write_through) continue;
+    out.push_back(i);
+    if (!write_through) break;
+  }
+  return out;
+}
+
+void TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, uint64_t pool_id) {
+  TierStore& store = *stores_[i].store;
+  if (store.Contains(key)) return;  // content-addressed: it has these bytes already
+  std::vector<EvictedChunk> evicted;
+  const absl::Time start = absl::Now();
+  const absl::Status s = store.Put(key, value, &evicted);
+  Observe(i, /*write=*/true, start);
+  if (s.ok()) {
+    counters_[i]->stored_chunks += 1;
+    RecordChunkEvents(value, pool_id, store.medium(), /*stored=*/true);
+  } else if (absl::IsResourceExhausted(s)) {
+    counters_[i]->dropped_writes += 1;
+  } else {
+    counters_[i]->errors += 1;
+  }
+  for (EvictedChunk& e : evicted) {
+    // Demoted to the next store that keeps evicted chunks; gone from this one.
+    for (size_t j = i + 1; j < stores_.size(); ++j) {
+      if (stores_[j].write_through) continue;
+      PutInto(j, e.key, e.value, pool_id);
+      break;
+    }
+    RecordChunkEvents(e.value, pool_id, store.medium(), /*stored=*/false);
+  }
+}
+
+void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id, const std::string& medium,
+                                bool stored) {
+  PrefixEventLog* log = events_.load();
+  if (log == nullptr) return;
+  ChunkIdentity id;
+  std::vector<int32_t> first_page;
+  if (!PeekChunk(value, &id, &first_page).ok()) return;
+  const int page = id.layout.page_size;
+  // The chained hash of each block of the chunk, from its parent's.
+  std::vector<Hash128> hashes(size_t(id.chunk_pages));
+  Hash128 parent = id.parent_hash;
+  for (int b = 0; b < id.chunk_pages; ++b) {
+    hashes[size_t(b)] = PrefixPageHash(parent, id.tokens.data() + size_t(b) * size_t(page), page);
+    parent = hashes[size_t(b)];
+  }
+  for (int l = 0; l < id.num_layers; ++l) {
+    for (int b = first_page[size_t(l)]; b < id.chunk_pages; ++b) {
+      PrefixEvent e;
+      e.kind = stored ? PrefixEvent::Kind::kStored : PrefixEvent::Kind::kRemoved;
+      e.pool_id = pool_id;
+      e.layer = l;
+      e.hash = hashes[size_t(b)];
+      e.medium = medium;
+      if (stored) {
+        e.parent_hash = b == 0 ? id.parent_hash : hashes[size_t(b - 1)];
+        e.token_ids.assign(id.tokens.begin() + size_t(b) * size_t(page),
+                           id.tokens.begin() + size_t(b + 1) * size_t(page));
+        e.prefix_namespace = id.prefix_namespace;
+      }
+      log->Append(std::move(e));
+    }
+  }
+}
+
+std::vector<std::shared_ptr<const LoadedChunk>> TierSet::Lookup(absl::Span<const ChunkIdentity> ids,
+                                                                absl::Time deadline) {
+  std::vector<std::shared_ptr<const LoadedChunk>> found;
+  for (const ChunkIdentity& id : ids) {
+    if (absl::Now() >= deadline) break;
+    std::shared_ptr<const LoadedChunk> c = Read(id, deadline);
+    if (c == nullptr) break;
+    found.push_back(std::move(c));
+  }
+  return found;
+}
+
+std::shared_ptr<const LoadedChunk> TierSet::Read(const ChunkIdentity& id, absl::Time deadline) {
+  const ChunkKey key = id.key();
+  std::shared_ptr<InFlight> flight;
+  bool leader = false;
+  {
+    absl::MutexLock lock(&flight_mu_);
+    auto [it, inserted] = in_flight_.try_emplace(key);
+    if (inserted) it->second = std::make_shared<InFlight>();
+    flight = it->second;
+    leader = inserted;
+  }
+  if (!leader) {
+    // Another lookup reads this chunk: wait for its answer. What it read was verified
+    // against its identity, which names the same bytes only when it equals ours.
+    if (!flight->done.WaitForNotificationWithDeadline(deadline)) return nullptr;
+    const std::shared_ptr<const LoadedChunk>& r = flight->result;
+    if (r == nullptr) return nullptr;
+    DecodedChunk again;
+    if (!DecodeChunk(r->value, id, &again).ok()) return ReadStores(id, deadline);
+    return r;
+  }
+  flight->result = ReadStores(id, deadline);
+  {
+    absl::MutexLock lock(&flight_mu_);
+    in_flight_.erase(key);
+  }
+  flight->done.Notify();
+  return flight->result;
+}
+
+std::shared_ptr<const LoadedChunk> TierSet::ReadStores(const ChunkIdentity& id, absl::Time deadline) {
+  const ChunkKey key = id.key();
+  for (size_t i = 0; i < stores_.size(); ++i) {
+    if (absl::Now() >= deadline) return nullptr;
+    Counters& c = *counters_[i];
+    c.lookups += 1;
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> value = stores_[i].store->Get(key, deadline);
+    Observe(i, /*write=*/false, start);
+    if (!value.ok()) {
+      if (absl::IsNotFound(value.status())) {
+        c.miss_chunks += 1;
+      } else {
+        c.errors += 1;
+        c.miss_chunks += 1;
+      }
+      continue;
+    }
+    auto loaded = std::make_shared<LoadedChunk>();
+    loaded->value = *std::move(value);
+    loaded->tier = int(i);
+    if (!DecodeChunk(loaded->value, id, &loaded->chunk).ok()) {
+      c.corrupt_chunks += 1;
+      c.miss_chunks += 1;
+      stores_[i].store->Erase(key);
+      continue;
+    }
+    c.hit_chunks += 1;
+    return loaded;
+  }
+  return nullptr;
+}
+
+void TierSet::CountLoaded(int tier, int64_t tokens) {
+  if (tier >= 0 && size_t(tier) < counters_.size()) counters_[size_t(tier)]->loaded_tokens += uint64_t(tokens);
+}
+
+void TierSet::Observe(size_t i, bool write, absl::Time start) {
+  if (options_.on_latency) options_.on_latency(stores_[i].store->medium(), write, absl::Now() - start);
+}
+
+std::vector<TierStats> TierSet::Stats() const {
+  std::vector<TierStats> out;
+  for (size_t i = 0; i < stores_.size(); ++i) {
+    const Counters& c = *counters_[i];
+    TierStats s;
+    const TierUsage usage = stores_[i].store->Usage();
+    s.medium = stores_[i].store->medium();
+    s.bytes_used = usage.bytes_used;
+    s.bytes_limit = usage.bytes_limit;
+    s.chunks = usage.chunks;
+    s.up = usage.up;
+    s.lookups = c.lookups;
+    s.hit_chunks = c.hit_chunks;
+    s.miss_chunks = c.miss_chunks;
+    s.loaded_tokens = c.loaded_tokens;
+    s.stored_chunks = c.stored_chunks;
+    s.dropped_writes = c.dropped_writes;
+    s.corrupt_chunks = c.corrupt_chunks;
+    s.errors = c.errors;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void TierSet::Flush() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t target = queued_total_;
+  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_total_ >= target; };
+  mu_.Await(absl::Condition(&done));
+}
+
+}  // namespace kvarena

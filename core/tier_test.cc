@@ -1,0 +1,339 @@
+// The tiers below the arena in one process (core/tier_set.h, docs/tiers.md): a prefix the
+// arena evicts goes down as chunks and comes back, bit for bit, into a new cache; what a
+// store hands back is verified first; events say where a page is. The stores here are an
+// in-memory map with knobs to fail (the real host and disk stores have their own tests in
+// tiers/, and tests/daemon/tiers_test.cc runs them in kvarenad).
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "core/prefix_fixture.h"
+#include "core/tier_set.h"
+
+namespace kvarena {
+namespace {
+
+// A TierStore over a std::map, unbounded unless `limit` is set (then LRU-free: a Put that
+// does not fit evicts the oldest key).
+class MapStore : public TierStore {
+ public:
+  explicit MapStore(std::string medium, uint64_t limit = 0) : medium_(std::move(medium)), limit_(limit) {}
+  std::string medium() const override { return medium_; }
+  absl::StatusOr<std::string> Get(const ChunkKey& key, absl::Time) override {
+    absl::MutexLock lock(&mu_);
+    ++gets_;
+    if (fail_) return absl::UnavailableError("map store: failing");
+    auto it = values_.find(key.Hex());
+    if (it == values_.end()) return absl::NotFoundError("map store: no such key");
+    return it->second;
+  }
+  bool Contains(const ChunkKey& key) override {
+    absl::MutexLock lock(&mu_);
+    return values_.contains(key.Hex());
+  }
+  absl::Status Put(const ChunkKey& key, absl::string_view value, std::vector<EvictedChunk>* evicted) override {
+    absl::MutexLock lock(&mu_);
+    if (fail_) return absl::UnavailableError("map store: failing");
+    if (limit_ > 0 && value.size() > limit_) return absl::ResourceExhaustedError("map store: too big");
+    while (limit_ > 0 && !order_.empty() && bytes_ + value.size() > limit_) {
+      const std::string old = order_.front();
+      order_.erase(order_.begin());
+      if (evicted != nullptr) evicted->push_back(EvictedChunk{keys_[old], values_[old]});
+      bytes_ -= values_[old].size();
+      values_.erase(old);
+    }
+    values_[key.Hex()] = std::string(value);
+    keys_[key.Hex()] = key;
+    order_.push_back(key.Hex());
+    bytes_ += value.size();
+    return absl::OkStatus();
+  }
+  void Erase(const ChunkKey& key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = values_.find(key.Hex());
+    if (it == values_.end()) return;
+    bytes_ -= it->second.size();
+    values_.erase(it);
+    order_.erase(std::find(order_.begin(), order_.end(), key.Hex()));
+  }
+  TierUsage Usage() const override {
+    absl::MutexLock lock(&mu_);
+    return TierUsage{bytes_, limit_, int64_t(values_.size()), !fail_};
+  }
+
+  size_t size() const {
+    absl::MutexLock lock(&mu_);
+    return values_.size();
+  }
+  int64_t gets() const {
+    absl::MutexLock lock(&mu_);
+    return gets_;
+  }
+  void set_fail(bool f) {
+    absl::MutexLock lock(&mu_);
+    fail_ = f;
+  }
+  // Applies f to every value (to corrupt them).
+  void Mutate(const std::function<void(std::string*)>& f) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [k, v] : values_) f(&v);
+  }
+  std::map<std::string, std::string> Values() const {
+    absl::MutexLock lock(&mu_);
+    return values_;
+  }
+  void Replace(std::map<std::string, std::string> values) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [k, v] : values) {
+      if (values_.contains(k)) values_[k] = v;
+    }
+  }
+
+ private:
+  const std::string medium_;
+  const uint64_t limit_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, ChunkKey> keys_;
+  std::vector<std::string> order_;
+  uint64_t bytes_ = 0;
+  int64_t gets_ = 0;
+  bool fail_ = false;
+};
+
+// One store, as a list for TierSet (an initializer list would copy its unique_ptr).
+std::vector<TierEntry> OneStore(std::string medium, bool write_through = false) {
+  std::vector<TierEntry> v;
+  v.push_back(TierEntry{std::make_unique<MapStore>(std::move(medium)), write_through});
+  return v;
+}
+
+// Page bytes: 2 (K, V) x 4 tokens x 2 heads x 8 dims x 4 bytes = 512; a chunk of 2 pages.
+constexpr int kChunkPages = 2;
+
+class TierTest : public PrefixTest {
+ protected:
+  void SetUp() override { Start(OneStore("host")); }
+
+  // A store whose arena holds `arena_pages` pages of the prefix geometry.
+  void Start(std::vector<TierEntry> stores, bool write_through = false) {
+    stores_.clear();
+    for (const TierEntry& e : stores) stores_.push_back(static_cast<MapStore*>(e.store.get()));
+    TierOptions t;
+    t.chunk_pages = kChunkPages;
+    t.write_through = write_through;
+    tiers_ = std::make_shared<TierSet>(std::move(stores), t);
+    StoreOptions o = Options(kChunkGranularity);  // one arena chunk: 4096 pages of 512 bytes
+    o.tiers = tiers_;
+    MakeStore(o);
+  }
+
+  // Computes `prompt` in a cache, releases it, then fills the arena with another
+  // namespace's pages so that the LRU evicts every page the prompt left cached.
+  void ComputeAndEvict(const std::vector<int32_t>& prompt) {
+    auto a = AllocPrompt(PrefixSpec("m", windows_), prompt);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_NO_FATAL_FAILURE(Compute(a->cache_id, prompt, 0));
+    for (int l = 0; l < kLayers; ++l) computed_[l] = Kv(a->cache_id, l);
+    ASSERT_TRUE(store_->Release("", a->cache_id).ok());
+    const std::string filler = Alloc(PrefixSpec("other"));
+    const int64_t pages = int64_t(kChunkGranularity / 512) / kLayers;
+    for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(AppendRandom(filler, l, pages * kPage).ok());
+    ASSERT_TRUE(store_->Release("", filler).ok());
+    tiers_->Flush();
+    ExpectInvariants();
+  }
+
+  std::vector<int> windows_;
+  std::shared_ptr<TierSet> tiers_;
+  std::vector<MapStore*> stores_;
+  std::string computed_[kLayers];
+};
+
+TEST_F(TierTest, APrefixTheArenaEvictedComesBackFromTheTierBitForBit) {
+  const std::vector<int32_t> prompt = Tokens(17);  // 4 full pages, 2 chunks
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  EXPECT_EQ(stores_[0]->size(), 2u);
+  auto b = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->cached_tokens, 16);
+  EXPECT_EQ(b->tier_loaded_tokens, 16);
+  // The loaded positions hold exactly what the first cache computed.
+  ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 16));
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), computed_[l]) << "layer " << l;
+  const std::vector<TierStats> st = store_->Stats().tiers;
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].medium, "host");
+  EXPECT_EQ(st[0].hit_chunks, 2u);
+  EXPECT_EQ(st[0].loaded_tokens, 16u);
+  EXPECT_EQ(st[0].stored_chunks, 2u);
+  ExpectInvariants();
+  // A third cache finds the pages the second loaded in the arena: no tier read.
+  auto c = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cached_tokens, 16);
+  EXPECT_EQ(c->tier_loaded_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].lookups, 3u);  // the first cache's miss, then 2 hits
+}
+
+TEST_F(TierTest, AnArenaHitIsExtendedByTheTiersPastIt) {
+  const std::vector<int32_t> prompt = Tokens(25);  // 6 pages, 3 chunks
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  // A cache that computes only the first chunk again leaves it in the arena.
+  const std::vector<int32_t> head(prompt.begin(), prompt.begin() + 9);
+  auto a = AllocPrompt(PrefixSpec("m"), head);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->tier_loaded_tokens, 8);
+  auto b = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->cached_tokens, 24);
+  EXPECT_EQ(b->tier_loaded_tokens, 16);
+  ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 24));
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), computed_[l]);
+  ExpectInvariants();
+}
+
+TEST_F(TierTest, ASlidingLayerTakesOnlyWhatItsWindowSees) {
+  windows_ = {0, 6};  // layer 1 sees 5 past tokens
+  const std::vector<int32_t> prompt = Tokens(17);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  auto b = AllocPrompt(PrefixSpec("m", windows_), prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->cached_tokens, 16);
+  EXPECT_EQ(b->tier_loaded_tokens, 16);
+  EXPECT_EQ(b->layer_first_pos[1], 8);  // position 16 sees (10, 16]: pages 2 and 3
+  ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 16));
+  // Attention at the next position equals a recompute's.
+  auto r = AllocPrompt(PrefixSpec("fresh", windows_), prompt);
+  ASSERT_TRUE(r.ok());
+  ASSERT_NO_FATAL_FAILURE(Compute(r->cache_id, prompt, 0));
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Attend(b->cache_id, l, 16, 1), Attend(r->cache_id, l, 16, 1));
+  ExpectInvariants();
+}
+
+TEST_F(TierTest, ACorruptOrSwappedChunkIsAMissCountedAndDropped) {
+  const std::vector<int32_t> prompt = Tokens(9);  // 2 pages: one chunk
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  const std::vector<int32_t> other = Tokens(9, 500);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(other));
+  ASSERT_EQ(stores_[0]->size(), 2u);
+  // Swap the two values: each key now holds the other prefix's chunk.
+  std::map<std::string, std::string> v = stores_[0]->Values(), swapped;
+  swapped[v.begin()->first] = std::next(v.begin())->second;
+  swapped[std::next(v.begin())->first] = v.begin()->second;
+  stores_[0]->Replace(swapped);
+  auto b = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->cached_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].corrupt_chunks, 1u);
+  EXPECT_EQ(stores_[0]->size(), 1u);  // dropped from the store
+  // Flip one payload byte of the other: its checksum fails.
+  stores_[0]->Mutate([](std::string* s) { (*s)[s->size() / 2] ^= 1; });
+  auto c = AllocPrompt(PrefixSpec("m"), other);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cached_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].corrupt_chunks, 2u);
+  ExpectInvariants();
+}
+
+TEST_F(TierTest, AFailingStoreIsAMissNeverAFailedAllocate) {
+  const std::vector<int32_t> prompt = Tokens(9);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  stores_[0]->set_fail(true);
+  auto b = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->cached_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].errors, 1u);
+  EXPECT_FALSE(store_->Stats().tiers[0].up);
+}
+
+TEST_F(TierTest, AnotherTenantsOrNamespacesChunkNeverHits) {
+  const std::vector<int32_t> prompt = Tokens(9);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  auto b = AllocPrompt(PrefixSpec("n"), prompt);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->cached_tokens, 0);
+  auto c = store_->Allocate("", PrefixSpec("m"), "", AllocateOptions{prompt}, "tenant-b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cached_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 0u);
+}
+
+TEST_F(TierTest, AHostTierThatOverflowsDemotesToTheNextTier) {
+  auto host = std::make_unique<MapStore>("host", 3000);  // one chunk of 2 x 2 pages + header
+  auto disk = std::make_unique<MapStore>("disk");
+  std::vector<TierEntry> stores;
+  stores.push_back(TierEntry{std::move(host), false});
+  stores.push_back(TierEntry{std::move(disk), false});
+  Start(std::move(stores));
+  const std::vector<int32_t> first = Tokens(9), second = Tokens(9, 500);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(first));
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(second));
+  EXPECT_EQ(stores_[0]->size(), 1u);
+  EXPECT_EQ(stores_[1]->size(), 1u);
+  auto b = AllocPrompt(PrefixSpec("m"), first);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->tier_loaded_tokens, 8);
+  const std::vector<TierStats> st = store_->Stats().tiers;
+  EXPECT_EQ(st[0].hit_chunks, 0u);
+  EXPECT_EQ(st[1].hit_chunks, 1u);
+  EXPECT_EQ(st[1].loaded_tokens, 8u);
+}
+
+TEST_F(TierTest, WriteThroughStoresAChunkOnceItIsFull) {
+  Start(OneStore("host", /*write_through=*/true), /*write_through=*/true);
+  const std::vector<int32_t> prompt = Tokens(9);
+  auto a = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(a.ok());
+  ASSERT_NO_FATAL_FAILURE(Compute(a->cache_id, prompt, 0));
+  tiers_->Flush();
+  EXPECT_EQ(stores_[0]->size(), 1u);  // no eviction needed
+  EXPECT_EQ(store_->Stats().tiers[0].stored_chunks, 1u);
+}
+
+TEST_F(TierTest, EventsSayWhereAPageIsAndNeverThatItIsGoneWhileATierHoldsIt) {
+  const std::vector<int32_t> prompt = Tokens(9);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  bool lost = false;
+  std::vector<PrefixEvent> events = store_->PrefixEvents(0, 100000, &lost);
+  ASSERT_FALSE(lost);
+  // Per (hash, layer): the seq of the arena's removal and of the host tier's store.
+  std::map<std::pair<std::string, int>, uint64_t> removed, host_stored;
+  for (const PrefixEvent& e : events) {
+    const auto key = std::make_pair(e.hash.Hex(), e.layer);
+    if (e.kind == PrefixEvent::Kind::kRemoved && e.medium.empty()) removed[key] = e.seq;
+    if (e.kind == PrefixEvent::Kind::kStored && e.medium == "host") host_stored[key] = e.seq;
+  }
+  ASSERT_EQ(host_stored.size(), size_t(2 * kLayers));
+  for (const auto& [key, seq] : host_stored) {
+    ASSERT_TRUE(removed.contains(key)) << key.first;
+    EXPECT_LT(seq, removed[key]) << "layer " << key.second;
+  }
+}
+
+TEST_F(TierTest, ManyCachesAdoptingOneChunkAtOnceShareOneCopy) {
+  const std::vector<int32_t> prompt = Tokens(9);
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  constexpr int kThreads = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&] {
+      AllocateOptions o;
+      o.prompt_tokens = prompt;
+      auto r = store_->Allocate("", PrefixSpec("m"), "", o);
+      if (r.ok() && r->cached_tokens == 8) ++ok;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kThreads);
+  // One copy of the two pages of each layer, shared by all.
+  EXPECT_EQ(store_->Stats().pages.pages_used, 2 * kLayers);
+  ExpectInvariants();
+}
+
+}  // namespace
+}  // namespace kvarena

@@ -1,0 +1,37 @@
+// The daemon's tiers below the arena (docs/tiers.md): the --tier_* flags and the TierSet
+// they make — a host tier (tiers/host_store.h), then a disk tier (tiers/disk_store.h).
+#ifndef KVARENA_DAEMON_TIERS_H_
+#define KVARENA_DAEMON_TIERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/tier_set.h"
+#include "daemon/tier_metrics.h"
+
+namespace kvarena {
+
+struct TierFlags {
+  uint64_t host_bytes = 0;    // --tier_host_bytes; 0: no host tier
+  std::string disk_dir;       // --tier_disk_dir; "": no disk tier
+  uint64_t disk_bytes = 0;    // --tier_disk_bytes (required with a disk dir)
+  int chunk_pages = 0;        // --tier_chunk_pages; 0: the fewest making >= 256 KiB
+  bool write_through = false;  // --tier_write_through
+  absl::Duration timeout = absl::Milliseconds(200);     // --tier_timeout
+  uint64_t write_queue_bytes = uint64_t{256} << 20;     // --tier_write_queue_bytes
+};
+
+// The tiers the flags ask for, top first; null when they ask for none. INVALID_ARGUMENT
+// naming the flag for a bad combination; what opening the disk directory refused.
+// latency (may be null) receives every store call's duration; it must outlive the set.
+absl::StatusOr<std::shared_ptr<TierSet>> MakeTiers(const TierFlags& flags, TierLatency* latency);
+
+// " tiers=host:1073741824,disk:/var/kvarena:10737418240" for the start line; "" for none.
+std::string DescribeTiers(const TierFlags& flags);
+
+}  // namespace kvarena
+
+#endif  // KVARENA_DAEMON_TIERS_H_
