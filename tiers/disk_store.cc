@@ -123,7 +123,9 @@ class DiskStore final : public TierStore {
       write = ++writes_;
     }
     const std::string fan_out = absl::StrCat(dir_, "/", FanOutName(key));
-    if (mkdir(fan_out.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (mkdir(fan_out.c_str(), 0755) == 0) {
+      SyncDir(dir_);  // the new directory's entry, so its files outlive a crash
+    } else if (errno != EEXIST) {
       return FileError(errno, "create directory", fan_out);
     }
     const std::string path = PathOf(key);

@@ -158,6 +158,15 @@ TEST_F(DiskStoreTest, ACorruptFileIsReturnedAsItIsAndEraseRemovesIt) {
   EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(DiskStoreTest, AFileGrownPastTheLimitIsDataLossAndNotRead) {
+  Put(1, 100);
+  WriteFile(PathOf(1), std::string(301, 'x'));  // no store of this limit wrote it
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kDataLoss,
+                               AllOf(HasSubstr(PathOf(1)), HasSubstr("301 bytes"))));
+  store_->Erase(TestKey(1));
+  EXPECT_THAT(KeysOnDisk(), IsEmpty());
+}
+
 TEST_F(DiskStoreTest, AFileRemovedBehindTheStoreIsAMissAndLeavesTheIndex) {
   Put(1, 100);
   ASSERT_EQ(unlink(PathOf(1).c_str()), 0);

@@ -15,12 +15,10 @@ namespace kvarena {
 namespace {
 
 // A value is shared so that Get copies it out after the lock is released, while a
-// concurrent Put may drop it from the index.
+// concurrent Put may drop it from the index. A Get takes its reference under the lock and
+// gives it back under the lock, so a Put that finds a dropped value's count at 1 under
+// the lock knows no Get reads it: that value is moved out, not copied.
 using Value = std::shared_ptr<std::string>;
-
-// The bytes of a value no longer in the index: moved when nobody else holds it (nobody
-// can take a new reference once it left the index), else copied.
-std::string Take(Value v) { return v.use_count() == 1 ? std::move(*v) : *v; }
 
 class HostStore final : public TierStore {
  public:
@@ -36,7 +34,12 @@ class HostStore final : public TierStore {
       if (e == nullptr) return absl::NotFoundError(absl::StrCat("host tier: no chunk ", key.Hex()));
       v = e->value;
     }
-    return *v;
+    std::string out = *v;
+    Value last;  // freed after the lock, when this Get held a dropped value's last reference
+    absl::MutexLock lock(&mu_);
+    if (v.use_count() == 1) last = std::move(v);
+    v.reset();
+    return out;
   }
 
   bool Contains(const ChunkKey& key) override {
@@ -54,15 +57,18 @@ class HostStore final : public TierStore {
     Value v = std::make_shared<std::string>(value);  // the copy, before the lock
     std::optional<LruIndex<Value>::Entry> replaced;  // released after the lock
     std::vector<LruIndex<Value>::Entry> dropped;
+    std::vector<bool> unshared;  // per dropped value: no Get holds it
     {
       absl::MutexLock lock(&mu_);
       replaced = index_.Erase(key);
       index_.MakeRoom(value.size(), limit_, &dropped);
       index_.Insert(key, std::move(v), value.size());
+      for (const LruIndex<Value>::Entry& e : dropped) unshared.push_back(e.value.use_count() == 1);
     }
     if (evicted != nullptr) {
-      for (LruIndex<Value>::Entry& e : dropped) {
-        evicted->push_back(EvictedChunk{e.key, Take(std::move(e.value))});
+      for (size_t i = 0; i < dropped.size(); ++i) {
+        Value& d = dropped[i].value;
+        evicted->push_back(EvictedChunk{dropped[i].key, unshared[i] ? std::move(*d) : *d});
       }
     }
     return absl::OkStatus();
