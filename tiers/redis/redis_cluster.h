@@ -69,8 +69,10 @@ class RedisCluster {
   // False when the map came from a non-cluster Redis.
   bool cluster_mode() const;
   RedisCounterValues counters() const { return counters_.Values(); }
-  // The most recent failure's message ("" when none yet).
+  // The most recent failure's message ("" when none yet); NoteError records one seen by a
+  // caller (a reply of the wrong type).
   std::string last_error() const;
+  void NoteError(const absl::Status& status);
   // Test hooks: the node the map names for key ("" without a map), and its breaker.
   std::string TEST_NodeForKey(absl::string_view key) const;
   bool TEST_BreakerOpen(const std::string& address) const;
@@ -90,7 +92,6 @@ class RedisCluster {
   absl::StatusOr<std::shared_ptr<const SlotMap>> LoadMapFrom(const RedisAddress& address);
   void ApplyMoved(int slot, const RedisAddress& owner);
   void RequestRefresh();
-  void NoteError(const absl::Status& status);
   void RefreshLoop();
   // Sends one node's share of the pending commands; fills `results` or re-queues in `next`.
   void RunOnNode(const RedisAddress& address, std::vector<Pending>& batch,

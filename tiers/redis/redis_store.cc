@@ -29,9 +29,12 @@ const char* TypeName(RedisReply::Type type) {
   return "unknown";
 }
 
-absl::Status Unexpected(absl::string_view command, const std::string& key, const RedisReply& r) {
-  return absl::InternalError(absl::StrCat("redis ", command, " ", key, ": unexpected ",
-                                          TypeName(r.type), " reply"));
+absl::Status Unexpected(RedisCluster& cluster, absl::string_view command, const std::string& key,
+                        const RedisReply& r) {
+  absl::Status status = absl::InternalError(
+      absl::StrCat("redis ", command, " ", key, ": unexpected ", TypeName(r.type), " reply"));
+  cluster.NoteError(status);
+  return status;
 }
 
 absl::Status CheckPositive(absl::string_view field, absl::Duration d) {
@@ -102,7 +105,7 @@ absl::StatusOr<std::string> RedisStore::Get(const ChunkKey& key, absl::Time dead
     Forget(key);  // evicted or expired by Redis, or never stored
     return absl::NotFoundError(absl::StrCat("redis GET ", k, ": no such key"));
   }
-  if (reply.type != RedisReply::Type::kString) return Unexpected("GET", k, reply);
+  if (reply.type != RedisReply::Type::kString) return Unexpected(*cluster_, "GET", k, reply);
   Remember(key, reply.str.size());
   return std::move(reply.str);
 }
@@ -119,7 +122,7 @@ absl::Status RedisStore::Put(const ChunkKey& key, absl::string_view value,
   const std::string k = RedisKey(key);
   const absl::Time deadline = absl::Now() + options_.command_timeout;
   KVARENA_ASSIGN_OR_RETURN(RedisReply exists, cluster_->Run({k, {"EXISTS", k}}, deadline));
-  if (exists.type != RedisReply::Type::kInteger) return Unexpected("EXISTS", k, exists);
+  if (exists.type != RedisReply::Type::kInteger) return Unexpected(*cluster_, "EXISTS", k, exists);
   if (exists.integer == 1) {  // content-addressed: the same key holds the same chunk
     already_present_.fetch_add(1, std::memory_order_relaxed);
     Remember(key, value.size());
@@ -133,7 +136,7 @@ absl::Status RedisStore::Put(const ChunkKey& key, absl::string_view value,
   KVARENA_ASSIGN_OR_RETURN(RedisReply reply,
                            cluster_->Run({k, std::move(set)}, absl::Now() + options_.command_timeout));
   if (reply.type != RedisReply::Type::kStatus || reply.str != "OK") {
-    return Unexpected("SET", k, reply);
+    return Unexpected(*cluster_, "SET", k, reply);
   }
   Remember(key, value.size());
   return absl::OkStatus();
