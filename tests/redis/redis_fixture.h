@@ -58,7 +58,6 @@ class RedisStoreTest : public ::testing::Test {
     return std::stoi(node.substr(node.rfind(':') + 1));
   }
 
-
  protected:
   std::unique_ptr<RedisTestCluster> cluster_;
 };

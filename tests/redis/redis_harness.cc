@@ -104,10 +104,7 @@ absl::StatusOr<std::unique_ptr<RedisTestCluster>> RedisTestCluster::Start(
   }
   std::unique_ptr<RedisTestCluster> c(new RedisTestCluster());
   c->cli_password_ = options.cli_password;
-  const char* tmp = getenv("TMPDIR");
-  std::string templ = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/kvarena_redis.XXXXXX");
-  if (mkdtemp(templ.data()) == nullptr) return absl::InternalError("mkdtemp failed");
-  c->dir_ = templ;
+  if (c->dir_.path().empty()) return absl::InternalError("no temporary directory");
   c->ports_ = options.ports;
   std::set<int> taken(c->ports_.begin(), c->ports_.end());
   while (int(c->ports_.size()) < count) {
@@ -132,21 +129,25 @@ absl::StatusOr<std::unique_ptr<RedisTestCluster>> RedisTestCluster::Start(
 }
 
 RedisTestCluster::~RedisTestCluster() {
-  servers_.clear();  // SIGKILL and reap each (Subprocess's destructor)
-  std::error_code ec;
-  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  servers_.clear();  // SIGKILL and reap each (Subprocess's destructor), then dir_ goes
 }
 
 absl::Status RedisTestCluster::StartServer(int port, const RedisTestClusterOptions& options) {
-  const std::string dir = absl::StrCat(dir_, "/", port);
+  const std::string dir = absl::StrCat(dir_.path(), "/", port);
   std::filesystem::create_directories(dir);
   std::vector<std::string> argv = {FindProgram("redis-server"),
-                                   "--port", absl::StrCat(port),
-                                   "--bind", "127.0.0.1",
-                                   "--dir", dir,
-                                   "--save", "",
-                                   "--appendonly", "no",
-                                   "--protected-mode", "no"};
+                                   "--port",
+                                   absl::StrCat(port),
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--dir",
+                                   dir,
+                                   "--save",
+                                   "",
+                                   "--appendonly",
+                                   "no",
+                                   "--protected-mode",
+                                   "no"};
   if (options.cluster) {
     argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                              "--cluster-node-timeout", "1000",
@@ -169,9 +170,8 @@ absl::Status RedisTestCluster::StartServer(int port, const RedisTestClusterOptio
 }
 
 std::string RedisTestCluster::Seeds() const {
-  return absl::StrJoin(ports_, ",", [](std::string* out, int port) {
-    absl::StrAppend(out, "127.0.0.1:", port);
-  });
+  return absl::StrJoin(
+      ports_, ",", [](std::string* out, int port) { absl::StrAppend(out, "127.0.0.1:", port); });
 }
 
 absl::StatusOr<std::string> RedisTestCluster::Cli(int port,
@@ -264,8 +264,8 @@ absl::Status RedisTestCluster::WaitReplicated(int primary_port, absl::Duration t
       return absl::OkStatus();
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("replica ", *replica, " of ", primary_port,
-                                                      " not caught up"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("replica ", *replica, " of ", primary_port, " not caught up"));
     }
     absl::SleepFor(absl::Milliseconds(50));
   }

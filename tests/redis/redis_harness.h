@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tests/mp/subprocess.h"
+#include "tests/support/temp_dir.h"
 
 namespace kvarena::testing {
 
@@ -70,7 +71,7 @@ class RedisTestCluster {
   absl::Status StartServer(int port, const RedisTestClusterOptions& options);
   absl::StatusOr<std::vector<std::vector<std::string>>> ClusterNodes(int port) const;
 
-  std::string dir_;
+  TempDir dir_;  // a directory per server under it
   std::vector<int> ports_;
   std::vector<std::unique_ptr<Subprocess>> servers_;  // by ports_ index
   std::vector<bool> killed_;

@@ -35,7 +35,7 @@ TEST_F(RedisStoreTest, SlotMigrationIsFollowedThroughAskAndMoved) {
   };
   auto migrate = [&](std::vector<uint64_t> which) {
     std::vector<std::string> args = {"MIGRATE", "127.0.0.1", std::to_string(target), "", "0",
-                                     "5000", "KEYS"};
+                                     "5000",    "KEYS"};
     for (uint64_t id : which) args.push_back(store->RedisKey(Key(id)));
     cli(source, args);
   };

@@ -19,8 +19,9 @@ TEST(RedisSlotTest, KeySlotsMatchRedis) {
   // CLUSTER KEYSLOT answers of redis-server 7.0.
   EXPECT_EQ(RedisKeySlot("foo"), 12182);
   EXPECT_EQ(RedisKeySlot("bar"), 5061);
-  EXPECT_EQ(RedisKeySlot("kva:{00000000000000000000000000000000}"), RedisKeySlot("0000000000000000"
-                                                                               "0000000000000000"));
+  EXPECT_EQ(RedisKeySlot("kva:{00000000000000000000000000000000}"),
+            RedisKeySlot("0000000000000000"
+                         "0000000000000000"));
 }
 
 TEST(RedisSlotTest, HashTagsAsTheSpecification) {
@@ -55,8 +56,8 @@ TEST(RedisStoreOptionsTest, InvalidOptionsAreRefusedByName) {
   };
   RedisStoreOptions base;
   base.seeds = "127.0.0.1:1";
-  std::vector<Case> cases = {{"seeds", base}, {"seeds", base}, {"key_prefix", base},
-                             {"key_prefix", base}, {"ttl", base}, {"command_timeout", base}};
+  std::vector<Case> cases = {{"seeds", base},      {"seeds", base}, {"key_prefix", base},
+                             {"key_prefix", base}, {"ttl", base},   {"command_timeout", base}};
   cases[0].options.seeds = "";
   cases[1].options.seeds = "127.0.0.1:1,nohost";
   cases[2].options.key_prefix = "";

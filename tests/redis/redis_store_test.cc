@@ -52,7 +52,8 @@ TEST_F(RedisStoreTest, PutGetAcrossManyKeysAndSlots) {
 
   // Many keys at once: one pipeline per node, answers in order.
   std::vector<RedisCommand> gets;
-  for (uint64_t id : ids) gets.push_back({store->RedisKey(Key(id)), {"GET", store->RedisKey(Key(id))}});
+  for (uint64_t id : ids)
+    gets.push_back({store->RedisKey(Key(id)), {"GET", store->RedisKey(Key(id))}});
   std::vector<absl::StatusOr<RedisReply>> replies = store->TEST_cluster().Run(gets, Deadline());
   ASSERT_EQ(replies.size(), ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -100,7 +101,8 @@ TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {
   ASSERT_THAT(store->Put(Key(1), Value(1), nullptr), IsOk());
   // Someone else overwrites the chunk: the store hands the bytes on as they are (the tier
   // manager's verification rejects them), and an empty value is a value too.
-  ASSERT_TRUE(cluster_->Cli(cluster_->ports()[0], {"SET", store->RedisKey(Key(1)), "garbage"}).ok());
+  ASSERT_TRUE(
+      cluster_->Cli(cluster_->ports()[0], {"SET", store->RedisKey(Key(1)), "garbage"}).ok());
   ASSERT_TRUE(cluster_->Cli(cluster_->ports()[0], {"SET", store->RedisKey(Key(2)), ""}).ok());
   EXPECT_EQ(store->Get(Key(1), Deadline()).value_or("<error>"), "garbage");
   EXPECT_EQ(store->Get(Key(2), Deadline()).value_or("<error>"), "");
@@ -164,7 +166,7 @@ TEST_F(RedisStoreTest, GarbageRepliesAreErrorsNeverCrashes) {
     absl::StatusCode get;
   };
   const Case cases[] = {
-      {":7\r\n", absl::StatusCode::kInternal},            // an integer where a string belongs
+      {":7\r\n", absl::StatusCode::kInternal},             // an integer where a string belongs
       {"*1\r\n$1\r\nx\r\n", absl::StatusCode::kInternal},  // an array
       {"%%garbage\r\n", absl::StatusCode::kUnavailable},   // not the protocol at all
       {"$99999999999\r\n", absl::StatusCode::kDeadlineExceeded},  // waits for 93 GiB
@@ -194,7 +196,8 @@ TEST_F(RedisStoreTest, UnreachableAtStartThenComesUp) {
   }
   RedisStoreOptions store_options = StoreOptions();
   for (int port : options.ports) {
-    store_options.seeds += (store_options.seeds.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(port));
+    store_options.seeds +=
+        (store_options.seeds.empty() ? "" : ",") + ("127.0.0.1:" + std::to_string(port));
   }
   std::unique_ptr<RedisStore> store = NewStore(store_options);
   ASSERT_NE(store, nullptr) << "an unreachable cluster does not stop the store";
@@ -220,8 +223,8 @@ TEST_F(RedisStoreTest, UnreachableAtStartThenComesUp) {
 
 TEST_F(RedisStoreTest, WrongPasswordIsAClearErrorNeverACrash) {
   RedisTestClusterOptions options = PlainRedis();
-  options.server_args = {"--requirepass", "right", "--user", "alice", "on", ">alicepw", "~kva:*",
-                         "+@all"};
+  options.server_args = {"--requirepass", "right",  "--user", "alice", "on",
+                         ">alicepw",      "~kva:*", "+@all"};
   options.cli_password = "right";
   ASSERT_NO_FATAL_FAILURE(StartCluster(options));
   struct Case {
@@ -230,9 +233,8 @@ TEST_F(RedisStoreTest, WrongPasswordIsAClearErrorNeverACrash) {
     const char* message;  // "" : works
   };
   const Case cases[] = {
-      {"", "wrong", "WRONGPASS"},        {"", "", "NOAUTH"},
-      {"alice", "wrong", "WRONGPASS"},   {"bob", "alicepw", "WRONGPASS"},
-      {"", "right", ""},                 {"alice", "alicepw", ""},
+      {"", "wrong", "WRONGPASS"},      {"", "", "NOAUTH"}, {"alice", "wrong", "WRONGPASS"},
+      {"bob", "alicepw", "WRONGPASS"}, {"", "right", ""},  {"alice", "alicepw", ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.user) + "/" + c.password);
@@ -247,8 +249,10 @@ TEST_F(RedisStoreTest, WrongPasswordIsAClearErrorNeverACrash) {
       continue;
     }
     EXPECT_FALSE(store->Usage().up);
-    EXPECT_THAT(store->Put(Key(7), Value(7), nullptr), StatusIs(absl::StatusCode::kUnavailable, HasSubstr(c.message)));
-    EXPECT_THAT(store->Get(Key(7), Deadline()), StatusIs(absl::StatusCode::kUnavailable, HasSubstr(c.message)));
+    EXPECT_THAT(store->Put(Key(7), Value(7), nullptr),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(c.message)));
+    EXPECT_THAT(store->Get(Key(7), Deadline()),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr(c.message)));
     EXPECT_THAT(store->last_error(), HasSubstr(c.message));
   }
 }

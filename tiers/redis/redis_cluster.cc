@@ -126,10 +126,10 @@ void RedisCluster::ApplyMoved(int slot, const RedisAddress& owner) {
   map_ = std::move(map);
 }
 
-std::vector<absl::StatusOr<RedisReply>> RedisCluster::Run(
-    const std::vector<RedisCommand>& commands, absl::Time deadline) {
-  std::vector<absl::StatusOr<RedisReply>> results(
-      commands.size(), absl::UnavailableError("redis: command not run"));
+std::vector<absl::StatusOr<RedisReply>> RedisCluster::Run(const std::vector<RedisCommand>& commands,
+                                                          absl::Time deadline) {
+  std::vector<absl::StatusOr<RedisReply>> results(commands.size(),
+                                                  absl::UnavailableError("redis: command not run"));
   std::vector<Pending> pending(commands.size());
   for (size_t i = 0; i < commands.size(); ++i) {
     pending[i].index = i;
@@ -143,9 +143,8 @@ std::vector<absl::StatusOr<RedisReply>> RedisCluster::Run(
       stop = absl::DeadlineExceededError("redis: deadline passed while redirected or backing off");
     } else if (map == nullptr) {
       RequestRefresh();
-      stop = absl::UnavailableError(
-          absl::StrCat("redis: no slot map (the cluster has not answered yet); last error: ",
-                       last_error()));
+      stop = absl::UnavailableError(absl::StrCat(
+          "redis: no slot map (the cluster has not answered yet); last error: ", last_error()));
     }
     if (!stop.ok()) {
       for (const Pending& p : pending) results[p.index] = stop;

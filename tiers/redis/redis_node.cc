@@ -110,10 +110,10 @@ void RedisNode::Close() {
 
 absl::Status RedisNode::BreakerStatus(absl::Time now) const {
   if (failures_ == 0 || now >= open_until_) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(
-      "redis node ", address_.ToString(), ": circuit breaker open for another ",
-      absl::FormatDuration(absl::Trunc(open_until_ - now, absl::Milliseconds(1))),
-      " after: ", last_error_));
+  return absl::UnavailableError(
+      absl::StrCat("redis node ", address_.ToString(), ": circuit breaker open for another ",
+                   absl::FormatDuration(absl::Trunc(open_until_ - now, absl::Milliseconds(1))),
+                   " after: ", last_error_));
 }
 
 bool RedisNode::BreakerOpen(absl::Time now) const {
@@ -138,8 +138,8 @@ absl::StatusOr<std::vector<RedisReply>> RedisNode::Run(const std::vector<RedisAr
     absl::Status breaker = BreakerStatus(absl::Now());
     const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
     if (breaker.ok() && !mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "redis node ", address_.ToString(), ": connection still busy at the deadline"));
+      return absl::DeadlineExceededError(absl::StrCat("redis node ", address_.ToString(),
+                                                      ": connection still busy at the deadline"));
     }
     if (breaker.ok()) breaker = BreakerStatus(absl::Now());  // a failure while we waited
     if (!breaker.ok()) {
@@ -164,7 +164,7 @@ absl::StatusOr<std::vector<RedisReply>> RedisNode::Run(const std::vector<RedisAr
 }
 
 absl::Status RedisNode::TransportError(absl::string_view what, int saved_errno) {
-  const std::string detail = ctx_ == nullptr ? "out of memory"
+  const std::string detail = ctx_ == nullptr  ? "out of memory"
                              : ctx_->err != 0 ? ctx_->errstr
                                               : "connection closed";
   Close();
@@ -193,10 +193,10 @@ absl::Status RedisNode::Connect(absl::Time deadline) {
     Close();
     transport_failed_ = true;
     RedisCounters::Add(counters_->errors);
-    return absl::UnauthenticatedError(absl::StrCat(
-        "redis node ", address_.ToString(), ": AUTH",
-        options_.user.empty() ? "" : absl::StrCat(" as user \"", options_.user, "\""),
-        " refused: ", reply[0].str));
+    return absl::UnauthenticatedError(
+        absl::StrCat("redis node ", address_.ToString(), ": AUTH",
+                     options_.user.empty() ? "" : absl::StrCat(" as user \"", options_.user, "\""),
+                     " refused: ", reply[0].str));
   }
   return absl::OkStatus();
 }

@@ -58,7 +58,7 @@ class RedisNode {
   absl::Status Connect(absl::Time deadline);  // REQUIRES: busy_ claimed
   absl::StatusOr<std::vector<RedisReply>> Exchange(const std::vector<RedisArgv>& commands,
                                                    absl::Time deadline);  // REQUIRES: busy_
-  absl::Status TransportError(absl::string_view what, int saved_errno);  // closes ctx_
+  absl::Status TransportError(absl::string_view what, int saved_errno);   // closes ctx_
   void Close();
   absl::Status BreakerStatus(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -42,7 +42,7 @@ struct RedisCounters {
   static void Add(std::atomic<int64_t>& c) { c.fetch_add(1, std::memory_order_relaxed); }
   RedisCounterValues Values() const {
     auto v = [](const std::atomic<int64_t>& c) { return c.load(std::memory_order_relaxed); };
-    return {v(moved), v(ask),           v(retries),       v(errors),
+    return {v(moved),    v(ask),           v(retries),       v(errors),
             v(timeouts), v(breaker_opens), v(breaker_skips), v(slot_refreshes)};
   }
 };

@@ -53,8 +53,8 @@ absl::StatusOr<std::shared_ptr<const RedisCluster::SlotMap>> RedisCluster::LoadM
     if (host.empty() || host == "?") host = address.host;  // endpoint unknown: the one asked
     if (start < 0 || end < start || end >= kRedisSlots || port < 1 || port > 65535 ||
         map->nodes.size() >= size_t(INT16_MAX)) {
-      return absl::InternalError(absl::StrCat(from, "slot range [", start, ", ", end,
-                                              "] on port ", port, " out of bounds"));
+      return absl::InternalError(absl::StrCat(from, "slot range [", start, ", ", end, "] on port ",
+                                              port, " out of bounds"));
     }
     const RedisAddress owner{host, int(port)};
     int16_t index = -1;
@@ -75,8 +75,10 @@ void RedisCluster::Refresh() {
   std::vector<RedisAddress> candidates;
   if (std::shared_ptr<const SlotMap> map = Map()) {
     for (const RedisAddress& a : map->nodes) {
-      if (Node(a)->healthy()) candidates.insert(candidates.begin(), a);
-      else candidates.push_back(a);
+      if (Node(a)->healthy())
+        candidates.insert(candidates.begin(), a);
+      else
+        candidates.push_back(a);
     }
   }
   candidates.insert(candidates.end(), options_.seeds.begin(), options_.seeds.end());

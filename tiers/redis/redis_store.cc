@@ -56,14 +56,13 @@ absl::StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(const RedisStoreO
     return absl::InvalidArgumentError(
         absl::StrCat("redis seeds=\"", options.seeds, "\": expected HOST:PORT[,HOST:PORT...]"));
   }
-  if (options.key_prefix.empty() ||
-      options.key_prefix.find_first_of("{}") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "redis key_prefix=\"", options.key_prefix, "\": must be non-empty, without '{' or '}'"));
+  if (options.key_prefix.empty() || options.key_prefix.find_first_of("{}") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("redis key_prefix=\"", options.key_prefix,
+                                                   "\": must be non-empty, without '{' or '}'"));
   }
   if (options.ttl < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "redis ttl=", absl::FormatDuration(options.ttl), ": must be 0 (none) or positive"));
+    return absl::InvalidArgumentError(absl::StrCat("redis ttl=", absl::FormatDuration(options.ttl),
+                                                   ": must be 0 (none) or positive"));
   }
   KVARENA_RETURN_IF_ERROR(CheckPositive("connect_timeout", options.connect_timeout));
   KVARENA_RETURN_IF_ERROR(CheckPositive("command_timeout", options.command_timeout));
@@ -133,8 +132,8 @@ absl::Status RedisStore::Put(const ChunkKey& key, absl::string_view value,
     set.push_back("PX");
     set.push_back(absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.ttl))));
   }
-  KVARENA_ASSIGN_OR_RETURN(RedisReply reply,
-                           cluster_->Run({k, std::move(set)}, absl::Now() + options_.command_timeout));
+  KVARENA_ASSIGN_OR_RETURN(
+      RedisReply reply, cluster_->Run({k, std::move(set)}, absl::Now() + options_.command_timeout));
   if (reply.type != RedisReply::Type::kStatus || reply.str != "OK") {
     return Unexpected(*cluster_, "SET", k, reply);
   }
