@@ -18,36 +18,45 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kDeadline = absl::Seconds(1);
 constexpr absl::Duration kMargin = absl::Seconds(2);  // a loaded 2-core machine
 
-// Puts keys 0..n-1; returns those the store routes to `port`'s node (others in *rest).
-std::vector<uint64_t> PutKeys(RedisStore& store, int n, int port, std::vector<uint64_t>* rest) {
-  std::vector<uint64_t> on_port;
+// The primary a failure test hits and the chunks on it.
+struct Victim {
+  int port = 0;
+  std::vector<uint64_t> keys;    // on the victim
+  std::vector<uint64_t> others;  // on the other primaries
+};
+
+// Takes the `which`-th primary as the victim and puts keys 0..n-1 through the store.
+void PutAndPickVictim(const RedisTestCluster& cluster, RedisStore& store, int which, int n,
+                      Victim* victim) {
+  absl::StatusOr<std::vector<int>> primaries = cluster.Primaries();
+  ASSERT_TRUE(primaries.ok()) << primaries.status();
+  ASSERT_GT(primaries->size(), size_t(which));
+  victim->port = (*primaries)[which];
   for (int i = 0; i < n; ++i) {
-    EXPECT_THAT(store.Put(RedisStoreTest::Key(i), RedisStoreTest::Value(i), nullptr), IsOk());
-    (RedisStoreTest::PortOf(store, RedisStoreTest::Key(i)) == port ? on_port : *rest).push_back(i);
+    ASSERT_THAT(store.Put(RedisStoreTest::Key(i), RedisStoreTest::Value(i), nullptr), IsOk());
+    const bool on_victim = RedisStoreTest::PortOf(store, RedisStoreTest::Key(i)) == victim->port;
+    (on_victim ? victim->keys : victim->others).push_back(i);
   }
-  return on_port;
+  ASSERT_GE(victim->keys.size(), 2u);
+  ASSERT_FALSE(victim->others.empty());
 }
 
 TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<RedisStore> store = NewStore(StoreOptions());
   ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::vector<int>> primaries = cluster_->Primaries();
-  ASSERT_TRUE(primaries.ok()) << primaries.status();
-  const int victim = (*primaries)[0];
-  std::vector<uint64_t> others;
-  const std::vector<uint64_t> victims = PutKeys(*store, 120, victim, &others);
-  ASSERT_FALSE(victims.empty());
-  ASSERT_THAT(cluster_->WaitReplicated(victim, absl::Seconds(10)), IsOk());
+  Victim v;
+  ASSERT_NO_FATAL_FAILURE(PutAndPickVictim(*cluster_, *store, 0, 120, &v));
+  ASSERT_THAT(cluster_->WaitReplicated(v.port, absl::Seconds(10)), IsOk());
 
-  cluster_->Signal(victim, SIGKILL);
+  cluster_->Signal(v.port, SIGKILL);
   const absl::Time killed = absl::Now();
   int misses = 0;
   bool all_hit = false;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (!all_hit && absl::Now() < give_up) {
     all_hit = true;
-    for (uint64_t id : victims) {
+    for (uint64_t id : v.keys) {
       const absl::Time start = absl::Now();
       absl::StatusOr<std::string> got = store->Get(Key(id), start + kDeadline);
       ASSERT_LT(absl::Now() - start, kDeadline + kMargin) << "a Get waited past its deadline";
@@ -60,7 +69,8 @@ TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
       EXPECT_EQ(*got, Value(id));
     }
     // The other primaries answer throughout.
-    EXPECT_EQ(store->Get(Key(others[0]), absl::Now() + kDeadline).value_or(""), Value(others[0]));
+    EXPECT_EQ(store->Get(Key(v.others[0]), absl::Now() + kDeadline).value_or(""),
+              Value(v.others[0]));
     if (!all_hit) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(all_hit) << "the replica never took over: " << store->last_error();
@@ -68,7 +78,7 @@ TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
             << " after its SIGKILL (" << misses << " rounds missed)" << std::endl;
   EXPECT_GT(misses, 0) << "the victim's keys missed while it was down";
   EXPECT_GE(store->cluster_counters().breaker_opens, 1);
-  for (uint64_t id : others) {
+  for (uint64_t id : v.others) {
     EXPECT_EQ(store->Get(Key(id), absl::Now() + kDeadline).value_or(""), Value(id));
   }
 }
@@ -79,17 +89,13 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   options.breaker_period = absl::Seconds(2);
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
-  absl::StatusOr<std::vector<int>> primaries = cluster_->Primaries();
-  ASSERT_TRUE(primaries.ok()) << primaries.status();
-  const int victim = (*primaries)[1];
-  std::vector<uint64_t> others;
-  const std::vector<uint64_t> victims = PutKeys(*store, 60, victim, &others);
-  ASSERT_GE(victims.size(), 2u);
-  const std::string victim_address = "127.0.0.1:" + std::to_string(victim);
+  Victim v;
+  ASSERT_NO_FATAL_FAILURE(PutAndPickVictim(*cluster_, *store, 1, 60, &v));
+  const std::string victim_address = "127.0.0.1:" + std::to_string(v.port);
 
-  cluster_->Signal(victim, SIGSTOP);
+  cluster_->Signal(v.port, SIGSTOP);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> first = store->Get(Key(victims[0]), start + kDeadline);
+  absl::StatusOr<std::string> first = store->Get(Key(v.keys[0]), start + kDeadline);
   EXPECT_LT(absl::Now() - start, kDeadline + kMargin);
   EXPECT_THAT(first, StatusIs(absl::StatusCode::kDeadlineExceeded));
   std::cout << "the Get of a stopped primary returned after "
@@ -101,7 +107,7 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
 
   // The breaker is open: the next Get of that node fails at once, without a timeout.
   const absl::Time second_start = absl::Now();
-  EXPECT_THAT(store->Get(Key(victims[1]), absl::Now() + kDeadline),
+  EXPECT_THAT(store->Get(Key(v.keys[1]), absl::Now() + kDeadline),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("circuit breaker open")));
   std::cout << "the next Get returned after " << absl::FormatDuration(absl::Now() - second_start)
             << std::endl;
@@ -109,20 +115,20 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   EXPECT_EQ(after_second.timeouts, after_first.timeouts);
   EXPECT_EQ(after_second.breaker_skips, after_first.breaker_skips + 1);
   EXPECT_TRUE(store->Usage().up) << "two primaries of three still answer";
-  EXPECT_EQ(store->Get(Key(others[0]), absl::Now() + kDeadline).value_or(""), Value(others[0]));
+  EXPECT_EQ(store->Get(Key(v.others[0]), absl::Now() + kDeadline).value_or(""), Value(v.others[0]));
 
   // Resumed: after the breaker period one probe goes through, and the keys hit again
   // (on the old primary, or through a MOVED to the replica that took over).
-  cluster_->Signal(victim, SIGCONT);
+  cluster_->Signal(v.port, SIGCONT);
   bool hit = false;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (!hit && absl::Now() < give_up) {
-    hit = store->Get(Key(victims[0]), absl::Now() + kDeadline).value_or("") == Value(victims[0]);
+    hit = store->Get(Key(v.keys[0]), absl::Now() + kDeadline).value_or("") == Value(v.keys[0]);
     if (!hit) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(hit) << store->last_error();
   EXPECT_FALSE(store->TEST_cluster().TEST_BreakerOpen(victim_address) &&
-               store->TEST_cluster().TEST_NodeForKey(store->RedisKey(Key(victims[0]))) ==
+               store->TEST_cluster().TEST_NodeForKey(store->RedisKey(Key(v.keys[0]))) ==
                    victim_address);
 }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <random>
 #include <set>
 #include <utility>
 
@@ -31,21 +32,6 @@ bool PortFree(int port) {
   const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
   return free;
-}
-
-int EphemeralPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 // The "ip:port@cport" field of a CLUSTER NODES line as its port.
@@ -74,9 +60,12 @@ bool RedisInstalled() {
 }
 
 int PickRedisPort() {
+  // Below Linux's ephemeral range (32768-60999), where connections' own ports come from.
+  static std::mt19937 rng{std::random_device{}()};
+  std::uniform_int_distribution<int> pick(12000, 22000);
   for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = EphemeralPort();
-    if (port > 0 && port + 10000 <= 65535 && PortFree(port + 10000)) return port;
+    const int port = pick(rng);
+    if (PortFree(port) && PortFree(port + 10000)) return port;
   }
   return 0;
 }
