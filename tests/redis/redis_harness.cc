@@ -101,8 +101,15 @@ absl::StatusOr<std::unique_ptr<RedisTestCluster>> RedisTestCluster::Start(
     if (port == 0) return absl::UnavailableError("no free loopback port pair");
     if (taken.insert(port).second) c->ports_.push_back(port);
   }
-  for (int port : c->ports_) {
+  for (int& port : c->ports_) {
     absl::Status s = c->StartServer(port, options);
+    // A picked port another process took meanwhile (ctest -j): another one.
+    for (int retry = 0; !s.ok() && options.ports.empty() && retry < 3; ++retry) {
+      const int other = PickRedisPort();
+      if (other == 0 || !taken.insert(other).second) continue;
+      port = other;
+      s = c->StartServer(port, options);
+    }
     if (!s.ok()) return s;
   }
   if (!options.cluster) return c;
