@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "tests/redis/redis_fixture.h"
 #include "tests/support/status_matchers.h"
@@ -50,15 +53,20 @@ TEST_F(RedisStoreTest, PutGetAcrossManyKeysAndSlots) {
   ASSERT_THAT(store->Put(Key(ids[0]), Value(ids[0], 100 + ids[0] % 2000), nullptr), IsOk());
   EXPECT_EQ(store->already_present(), 1);
 
-  // Many keys at once: one pipeline per node, answers in order.
-  std::vector<RedisCommand> gets;
-  for (uint64_t id : ids)
-    gets.push_back({store->RedisKey(Key(id)), {"GET", store->RedisKey(Key(id))}});
-  std::vector<absl::StatusOr<RedisReply>> replies = store->TEST_cluster().Run(gets, Deadline());
-  ASSERT_EQ(replies.size(), ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(replies[i].ok()) << replies[i].status();
-    EXPECT_EQ(replies[i]->str, Value(ids[i], 100 + ids[i] % 2000));
+  // Many keys at once: one pipeline per node, answers in order, a missing one in between.
+  std::vector<ChunkKey> keys;
+  for (uint64_t id : ids) keys.push_back(Key(id));
+  keys.insert(keys.begin() + 7, Key(~uint64_t{0}));
+  std::vector<absl::StatusOr<std::string>> values = store->GetMany(keys, Deadline());
+  ASSERT_EQ(values.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (i == 7) {
+      EXPECT_THAT(values[i], StatusIs(absl::StatusCode::kNotFound));
+      continue;
+    }
+    ASSERT_TRUE(values[i].ok()) << values[i].status();
+    const uint64_t id = ids[i < 7 ? i : i - 1];
+    EXPECT_EQ(*values[i], Value(id, 100 + id % 2000));
   }
 
   store->Erase(Key(ids[1]));
@@ -85,10 +93,22 @@ TEST_F(RedisStoreTest, PlainRedisServerWorks) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(*got, Value(i));
   }
-  absl::StatusOr<std::string> ttl =
-      cluster_->Cli(cluster_->ports()[0], {"PTTL", store->RedisKey(Key(3))});
-  ASSERT_TRUE(ttl.ok()) << ttl.status();
-  EXPECT_GT(std::stoll(*ttl), 0) << "SET carried PX";
+  // SET carried PX; a Get renews it (GETEX), and so does a Put of a chunk already there.
+  const int port = cluster_->ports()[0];
+  auto pttl = [&](uint64_t i) {
+    absl::StatusOr<std::string> ms = cluster_->Cli(port, {"PTTL", store->RedisKey(Key(i))});
+    EXPECT_TRUE(ms.ok()) << ms.status();
+    return ms.ok() ? std::stoll(*ms) : -3;
+  };
+  EXPECT_GT(pttl(3), 10000);
+  ASSERT_TRUE(cluster_->Cli(port, {"PEXPIRE", store->RedisKey(Key(3)), "5000"}).ok());
+  ASSERT_TRUE(cluster_->Cli(port, {"PEXPIRE", store->RedisKey(Key(4)), "5000"}).ok());
+  EXPECT_LE(pttl(3), 5000);
+  EXPECT_EQ(store->Get(Key(3), Deadline()).value_or("<error>"), Value(3));
+  EXPECT_GT(pttl(3), 10000);
+  ASSERT_THAT(store->Put(Key(4), Value(4), nullptr), IsOk());
+  EXPECT_EQ(store->already_present(), 1);
+  EXPECT_GT(pttl(4), 10000);
   EXPECT_TRUE(absl::StartsWith(store->RedisKey(Key(3)), "plain:{"));
   store->Erase(Key(3));
   EXPECT_THAT(store->Get(Key(3), Deadline()), StatusIs(absl::StatusCode::kNotFound));
@@ -112,11 +132,25 @@ TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {
               StatusIs(absl::StatusCode::kInternal, HasSubstr("WRONGTYPE")));
 }
 
-// A TCP server on loopback that answers every read with `reply`, except CLUSTER SLOTS,
-// which it answers as a non-cluster Redis does.
+// A TCP server on loopback that answers every command with `reply`, except CLUSTER SLOTS,
+// which it answers as a non-cluster Redis does, and ASKING (+OK).
 class GarbageServer {
  public:
-  explicit GarbageServer(std::string reply) : reply_(std::move(reply)) {
+  explicit GarbageServer(std::string reply) : reply_(std::move(reply)) { Listen(); }
+  ~GarbageServer() {
+    stop_ = true;
+    shutdown(fd_, SHUT_RDWR);
+    close(fd_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+  void set_reply(std::string reply) {
+    absl::MutexLock lock(&mu_);
+    reply_ = std::move(reply);
+  }
+
+ private:
+  void Listen() {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -128,32 +162,34 @@ class GarbageServer {
     listen(fd_, 8);
     thread_ = std::thread([this] { Serve(); });
   }
-  ~GarbageServer() {
-    stop_ = true;
-    shutdown(fd_, SHUT_RDWR);
-    close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-
- private:
   void Serve() {
     while (!stop_) {
       const int conn = accept(fd_, nullptr, nullptr);
       if (conn < 0) return;
       char buf[4096];
       for (ssize_t n; (n = read(conn, buf, sizeof buf)) > 0;) {
-        const std::string in(buf, size_t(n));
-        const std::string out = absl::StrContains(in, "SLOTS")
-                                    ? "-ERR This instance has cluster support disabled\r\n"
-                                    : reply_;
+        // One answer per command of the read (each starts "*<argc>\r\n"; the tests'
+        // arguments hold no '*').
+        std::string out;
+        for (absl::string_view command :
+             absl::StrSplit(absl::string_view(buf, size_t(n)), '*', absl::SkipEmpty())) {
+          if (absl::StrContains(command, "SLOTS")) {
+            out += "-ERR This instance has cluster support disabled\r\n";
+          } else if (absl::StrContains(command, "ASKING")) {
+            out += "+OK\r\n";
+          } else {
+            absl::MutexLock lock(&mu_);
+            out += reply_;
+          }
+        }
         if (write(conn, out.data(), out.size()) < 0) break;
       }
       close(conn);
     }
   }
 
-  std::string reply_;
+  absl::Mutex mu_;
+  std::string reply_ ABSL_GUARDED_BY(mu_);
   int fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -184,6 +220,40 @@ TEST_F(RedisStoreTest, GarbageRepliesAreErrorsNeverCrashes) {
     store->Erase(Key(1));
     EXPECT_FALSE(store->last_error().empty());
   }
+}
+
+TEST_F(RedisStoreTest, RedirectsAreBoundedAndRetriesEndAtTheDeadline) {
+  GarbageServer server("");
+  const std::string self = "127.0.0.1:" + std::to_string(server.port());
+  RedisStoreOptions options = StoreOptions();
+  options.seeds = self;
+  std::unique_ptr<RedisStore> store = NewStore(options);
+  ASSERT_NE(store, nullptr);
+
+  // A node that redirects forever: followed 5 times, then an error naming the last one.
+  for (const char* redirect : {"MOVED", "ASK"}) {
+    SCOPED_TRACE(redirect);
+    server.set_reply(absl::StrCat("-", redirect, " 42 ", self, "\r\n"));
+    EXPECT_THAT(store->Get(Key(1), Deadline()),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("more than 5 redirects")));
+  }
+  EXPECT_EQ(store->cluster_counters().moved, 5);
+  EXPECT_EQ(store->cluster_counters().ask, 5);
+
+  // Busy answers are backed off and retried until the deadline.
+  for (const char* busy : {"TRYAGAIN Multiple keys request during rehashing of slot",
+                           "CLUSTERDOWN The cluster is down", "LOADING Redis is loading"}) {
+    SCOPED_TRACE(busy);
+    server.set_reply(absl::StrCat("-", busy, "\r\n"));
+    const int64_t before = store->cluster_counters().retries;
+    EXPECT_THAT(store->Get(Key(1), absl::Now() + absl::Milliseconds(200)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded));
+    EXPECT_GE(store->cluster_counters().retries, before + 2);
+  }
+  // Other errors are the answer, not retried.
+  server.set_reply("-OOM command not allowed when used memory > 'maxmemory'.\r\n");
+  EXPECT_THAT(store->Put(Key(1), "v", nullptr), StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_THAT(store->last_error(), HasSubstr("OOM"));
 }
 
 TEST_F(RedisStoreTest, UnreachableAtStartThenComesUp) {

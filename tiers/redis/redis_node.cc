@@ -189,7 +189,7 @@ absl::Status RedisNode::Connect(absl::Time deadline) {
   auth.push_back(options_.password);
   const std::vector<RedisArgv> commands = {std::move(auth)};
   KVARENA_ASSIGN_OR_RETURN(std::vector<RedisReply> reply, Exchange(commands, deadline));
-  if (reply[0].type == RedisReply::Type::kError) {
+  if (reply[0].type != RedisReply::Type::kStatus || reply[0].str != "OK") {
     Close();
     transport_failed_ = true;
     RedisCounters::Add(counters_->errors);

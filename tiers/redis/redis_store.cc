@@ -97,16 +97,44 @@ void RedisStore::Forget(const ChunkKey& key) {
   sizes_.erase(it);
 }
 
-absl::StatusOr<std::string> RedisStore::Get(const ChunkKey& key, absl::Time deadline) {
-  const std::string k = RedisKey(key);
-  KVARENA_ASSIGN_OR_RETURN(RedisReply reply, cluster_->Run({k, {"GET", k}}, deadline));
-  if (reply.type == RedisReply::Type::kNil) {
+std::string RedisStore::TtlMillis() const {
+  return absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.ttl)));
+}
+
+absl::StatusOr<std::string> RedisStore::ValueOf(const ChunkKey& key, const std::string& k,
+                                                absl::StatusOr<RedisReply> reply) {
+  KVARENA_RETURN_IF_ERROR(reply.status());
+  if (reply->type == RedisReply::Type::kNil) {
     Forget(key);  // evicted or expired by Redis, or never stored
     return absl::NotFoundError(absl::StrCat("redis GET ", k, ": no such key"));
   }
-  if (reply.type != RedisReply::Type::kString) return Unexpected(*cluster_, "GET", k, reply);
-  Remember(key, reply.str.size());
-  return std::move(reply.str);
+  if (reply->type != RedisReply::Type::kString) return Unexpected(*cluster_, "GET", k, *reply);
+  Remember(key, reply->str.size());
+  return std::move(reply->str);
+}
+
+std::vector<absl::StatusOr<std::string>> RedisStore::GetMany(const std::vector<ChunkKey>& keys,
+                                                             absl::Time deadline) {
+  std::vector<RedisCommand> commands;
+  commands.reserve(keys.size());
+  for (const ChunkKey& key : keys) {
+    std::string k = RedisKey(key);
+    // With a ttl, a read renews it (GETEX): a chunk in use does not expire.
+    RedisArgv argv = options_.ttl > absl::ZeroDuration() ? RedisArgv{"GETEX", k, "PX", TtlMillis()}
+                                                         : RedisArgv{"GET", k};
+    commands.push_back({std::move(k), std::move(argv)});
+  }
+  std::vector<absl::StatusOr<RedisReply>> replies = cluster_->Run(commands, deadline);
+  std::vector<absl::StatusOr<std::string>> values;
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    values.push_back(ValueOf(keys[i], commands[i].key, std::move(replies[i])));
+  }
+  return values;
+}
+
+absl::StatusOr<std::string> RedisStore::Get(const ChunkKey& key, absl::Time deadline) {
+  return std::move(GetMany({key}, deadline)[0]);
 }
 
 bool RedisStore::Contains(const ChunkKey& key) {
@@ -120,17 +148,22 @@ absl::Status RedisStore::Put(const ChunkKey& key, absl::string_view value,
                              std::vector<EvictedChunk>* /*evicted: Redis evicts itself*/) {
   const std::string k = RedisKey(key);
   const absl::Time deadline = absl::Now() + options_.command_timeout;
-  KVARENA_ASSIGN_OR_RETURN(RedisReply exists, cluster_->Run({k, {"EXISTS", k}}, deadline));
-  if (exists.type != RedisReply::Type::kInteger) return Unexpected(*cluster_, "EXISTS", k, exists);
+  // Already there? With a ttl, PEXPIRE asks and renews it in one command.
+  const bool ttl = options_.ttl > absl::ZeroDuration();
+  RedisArgv check = ttl ? RedisArgv{"PEXPIRE", k, TtlMillis()} : RedisArgv{"EXISTS", k};
+  KVARENA_ASSIGN_OR_RETURN(RedisReply exists, cluster_->Run({k, std::move(check)}, deadline));
+  if (exists.type != RedisReply::Type::kInteger) {
+    return Unexpected(*cluster_, ttl ? "PEXPIRE" : "EXISTS", k, exists);
+  }
   if (exists.integer == 1) {  // content-addressed: the same key holds the same chunk
     already_present_.fetch_add(1, std::memory_order_relaxed);
     Remember(key, value.size());
     return absl::OkStatus();
   }
   RedisArgv set = {"SET", k, std::string(value)};
-  if (options_.ttl > absl::ZeroDuration()) {
+  if (ttl) {
     set.push_back("PX");
-    set.push_back(absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.ttl))));
+    set.push_back(TtlMillis());
   }
   KVARENA_ASSIGN_OR_RETURN(
       RedisReply reply, cluster_->Run({k, std::move(set)}, absl::Now() + options_.command_timeout));

@@ -3,7 +3,8 @@
 // the braces are a hash tag, so every key of one chunk lands in one slot. Values are opaque
 // bytes here; TierSet verifies what Get returns. Put is content-addressed: EXISTS first, and
 // a chunk Redis already has is not sent again (counted in already_present()). Redis makes
-// room itself (maxmemory with allkeys-lru, or the ttl): Put never hands evicted values on.
+// room itself (maxmemory with allkeys-lru, or the ttl, renewed by each Get and Put of the
+// chunk): Put never hands evicted values on.
 //
 // Thread-safety: safe for concurrent use; no lock of this store is held across a network
 // call (the cluster client's own locking is in redis_cluster.h).
@@ -46,7 +47,12 @@ class RedisStore : public TierStore {
   static absl::StatusOr<std::unique_ptr<RedisStore>> Create(const RedisStoreOptions& options);
 
   std::string medium() const override { return "redis"; }
+  // With a ttl, a Get renews the chunk's expiry (GETEX ... PX), as a Put of a chunk
+  // already there does (PEXPIRE).
   absl::StatusOr<std::string> Get(const ChunkKey& key, absl::Time deadline) override;
+  // Get of several chunks at once, pipelined per node: one result per key, in order.
+  std::vector<absl::StatusOr<std::string>> GetMany(const std::vector<ChunkKey>& keys,
+                                                   absl::Time deadline);
   bool Contains(const ChunkKey& key) override;
   absl::Status Put(const ChunkKey& key, absl::string_view value,
                    std::vector<EvictedChunk>* evicted) override;
@@ -64,6 +70,10 @@ class RedisStore : public TierStore {
 
  private:
   RedisStore(const RedisStoreOptions& options, std::unique_ptr<RedisCluster> cluster);
+  // A GET's reply as Get returns it (NOT_FOUND for nil; INTERNAL for a wrong type).
+  absl::StatusOr<std::string> ValueOf(const ChunkKey& key, const std::string& k,
+                                      absl::StatusOr<RedisReply> reply);
+  std::string TtlMillis() const;
   void Remember(const ChunkKey& key, uint64_t size);
   void Forget(const ChunkKey& key);
 
