@@ -132,5 +132,29 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
                    victim_address);
 }
 
+TEST_F(RedisStoreTest, EveryNodeBehindAnOpenBreakerIsDownUntilAProbeSucceeds) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
+  RedisStoreOptions options = StoreOptions();
+  options.breaker_period = absl::Seconds(2);  // outlasts the checks while it is open
+  std::unique_ptr<RedisStore> store = NewStore(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_THAT(store->Put(Key(1), Value(1), nullptr), IsOk());
+  ASSERT_TRUE(store->Usage().up);
+
+  const int port = cluster_->ports()[0];
+  cluster_->Signal(port, SIGSTOP);
+  EXPECT_THAT(store->Get(Key(1), absl::Now() + kDeadline),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(store->TEST_cluster().TEST_BreakerOpen("127.0.0.1:" + std::to_string(port)));
+  EXPECT_FALSE(store->Usage().up) << "the only node's breaker is open";
+
+  // Resumed: the background refresh probes the node once the breaker period is over.
+  cluster_->Signal(port, SIGCONT);
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!store->Usage().up && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(store->Usage().up) << store->last_error();
+  EXPECT_EQ(store->Get(Key(1), absl::Now() + kDeadline).value_or(""), Value(1));
+}
+
 }  // namespace
 }  // namespace kvarena::testing
