@@ -15,8 +15,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr absl::Duration kDeadline = absl::Seconds(1);
-constexpr absl::Duration kMargin = absl::Seconds(2);  // a loaded 2-core machine
+constexpr absl::Duration kDeadline = absl::Seconds(2);  // above command_timeout (1 s)
+constexpr absl::Duration kMargin = absl::Seconds(3);    // a loaded 2-core machine
 
 // The primary a failure test hits and the chunks on it.
 struct Victim {
@@ -99,7 +99,7 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   EXPECT_LT(absl::Now() - start, kDeadline + kMargin);
   EXPECT_THAT(first, StatusIs(absl::StatusCode::kDeadlineExceeded));
   std::cout << "the Get of a stopped primary returned after "
-            << absl::FormatDuration(absl::Now() - start) << " (command_timeout 300ms)" << std::endl;
+            << absl::FormatDuration(absl::Now() - start) << " (command_timeout 1s)" << std::endl;
   const RedisCounterValues after_first = store->cluster_counters();
   EXPECT_GE(after_first.timeouts, 1);
   EXPECT_GE(after_first.breaker_opens, 1);

@@ -32,8 +32,8 @@ class RedisStoreTest : public ::testing::Test {
   RedisStoreOptions StoreOptions() const {
     RedisStoreOptions o;
     if (cluster_ != nullptr) o.seeds = cluster_->Seeds();
-    o.connect_timeout = absl::Milliseconds(300);
-    o.command_timeout = absl::Milliseconds(300);
+    o.connect_timeout = absl::Seconds(1);  // generous: a loaded 2-core machine
+    o.command_timeout = absl::Seconds(1);
     o.breaker_period = absl::Milliseconds(200);
     return o;
   }
@@ -51,7 +51,7 @@ class RedisStoreTest : public ::testing::Test {
     for (size_t b = 0; b < size; ++b) v[b] = char((i * 131 + b * 7) % 251 * (b % 5 != 0));
     return v;
   }
-  static absl::Time Deadline() { return absl::Now() + absl::Seconds(1); }
+  static absl::Time Deadline() { return absl::Now() + absl::Seconds(3); }
   // The port of the node the store routes key to.
   static int PortOf(RedisStore& store, const ChunkKey& key) {
     const std::string node = store.TEST_cluster().TEST_NodeForKey(store.RedisKey(key));

@@ -196,7 +196,13 @@ class GarbageServer {
   std::thread thread_;
 };
 
-TEST_F(RedisStoreTest, GarbageRepliesAreErrorsNeverCrashes) {
+// Against GarbageServer: no redis-server needed.
+class ScriptedRedisTest : public RedisStoreTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(ScriptedRedisTest, GarbageRepliesAreErrorsNeverCrashes) {
   struct Case {
     const char* reply;
     absl::StatusCode get;
@@ -222,7 +228,7 @@ TEST_F(RedisStoreTest, GarbageRepliesAreErrorsNeverCrashes) {
   }
 }
 
-TEST_F(RedisStoreTest, RedirectsAreBoundedAndRetriesEndAtTheDeadline) {
+TEST_F(ScriptedRedisTest, RedirectsAreBoundedAndRetriesEndAtTheDeadline) {
   GarbageServer server("");
   const std::string self = "127.0.0.1:" + std::to_string(server.port());
   RedisStoreOptions options = StoreOptions();
@@ -246,7 +252,7 @@ TEST_F(RedisStoreTest, RedirectsAreBoundedAndRetriesEndAtTheDeadline) {
     SCOPED_TRACE(busy);
     server.set_reply(absl::StrCat("-", busy, "\r\n"));
     const int64_t before = store->cluster_counters().retries;
-    EXPECT_THAT(store->Get(Key(1), absl::Now() + absl::Milliseconds(200)),
+    EXPECT_THAT(store->Get(Key(1), absl::Now() + absl::Milliseconds(600)),
                 StatusIs(absl::StatusCode::kDeadlineExceeded));
     EXPECT_GE(store->cluster_counters().retries, before + 2);
   }
