@@ -48,9 +48,10 @@ struct RedisCommand {
 
 class RedisCluster {
  public:
-  // INVALID_ARGUMENT without seeds. An unreachable cluster is not an error: the client
-  // starts without a slot map (up() false, commands UNAVAILABLE) and loads one when the
-  // cluster answers.
+  // INVALID_ARGUMENT without seeds. Asks the seeds for a slot map before it returns (each
+  // seed once, bounded by the connect and command timeouts). An unreachable cluster is not
+  // an error: the client starts without a slot map (up() false, commands UNAVAILABLE) and
+  // the background refresher loads one when the cluster answers.
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
   ~RedisCluster();
   RedisCluster(const RedisCluster&) = delete;
