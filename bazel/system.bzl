@@ -1,7 +1,7 @@
 """kvarena_system: the Debian system libraries and tools as a Bazel repository.
 
 Nothing is downloaded. At fetch time this rule asks pkg-config for the exact flags of each
-library the CMake build links (find_package there, and xxhash by name), links protoc, grpc_cpp_plugin and the
+library the CMake build links (find_package there, and xxhash and hiredis by name), links protoc, grpc_cpp_plugin and the
 health proto from Debian's packages, and looks for nvcc the way the top-level
 CMakeLists.txt does. It writes:
 
@@ -39,6 +39,8 @@ _LIBS = {
     "absl_time": (["absl_time"], [], []),
     "protobuf": (["protobuf"], [], []),
     "xxhash": (["libxxhash"], [], []),
+    # the Redis tier's client (tiers/redis): Debian's hiredis 0.14
+    "hiredis": (["hiredis"], [], []),
     "grpc++": (["grpc++"], [], [":protobuf"]),
     # Debian ships no grpc++_reflection.pc: the library as gRPCTargets.cmake names it.
     "grpc++_reflection": ([], ["-lgrpc++_reflection"], [":grpc++"]),

@@ -13,7 +13,9 @@
 // 4. deploy/Dockerfile promises what the manifests assume (uid, binary paths).
 // 5. With the built binaries: kvarenad starts with each rendered daemon's exact args (paths
 //    moved to a temp dir; --socket_group set to this process's gid; --backend=cuda run as
-//    host, there being no GPU here; a free metrics port on loopback), each rendered probe
+//    host, there being no GPU here; a free metrics port on loopback; the Redis tier's seeds
+//    a loopback port nothing listens on, so the daemon must serve with the tier down, and
+//    its password file one in the temp dir), each rendered probe
 //    command passes against it, the sockets get the mode and group asked for, the metrics
 //    path answers, SIGTERM exits 0; an unknown flag makes kvarenad refuse to start;
 //    deploy/runtime-packages.sh names the packages of the binaries' libraries.
@@ -40,6 +42,8 @@ const kKustomizations = {
   'overlays/cpu': {form: 'sidecar', backend: 'host', overlay: true},
   'overlays/gpu': {form: 'sidecar', backend: 'cuda', overlay: true},
   'daemonset': {form: 'daemonset', backend: 'host', overlay: true},
+  'redis-tier/sidecar': {form: 'sidecar', backend: 'host', overlay: true, redis: true},
+  'redis-tier/daemonset': {form: 'daemonset', backend: 'host', overlay: true, redis: true},
   'monitoring': {form: 'monitoring'},
 };
 // Bounds that only guard against a hang; nothing waits for them to pass.
@@ -123,7 +127,7 @@ function daemonContainers(objects) {
 
 // ---- negative cases: each mutation must be reported by the check named ----
 
-function mutations(gpu, daemonset) {
+function mutations(gpu, daemonset, redis) {
   const dep = () => clone(gpu.find((o) => o.kind === 'Deployment'));
   const ds = () => clone(daemonset.find((o) => o.kind === 'DaemonSet'));
   const pod = (o) => o.spec.template.spec;
@@ -183,6 +187,18 @@ function mutations(gpu, daemonset) {
         const w = clone(daemonset.find((o) => o.kind === 'Deployment'));
         pod(w).volumes[0].hostPath.path = '/run/elsewhere';
         return [ds(), w];
+      }),
+    m('the Redis password Secret mounted into the worker too', 'redis-tier/sidecar', 'meant for kvarenad alone',
+      () => {
+        const o = clone(redis.find((x) => x.kind === 'Deployment'));
+        pod(o).containers[0].volumeMounts.push({name: 'redis-password', mountPath: '/etc/r', readOnly: true});
+        return o;
+      }),
+    m('a Redis password on the command line', 'redis-tier/sidecar', 'a Redis password on the command line',
+      () => {
+        const o = clone(redis.find((x) => x.kind === 'Deployment'));
+        kv(o).args.push('--tier_redis_password=secret');
+        return o;
       }),
   ];
 }
@@ -265,9 +281,14 @@ async function runRendered(owner, c, image, bins) {
   try {
     let d;
     let port;
+    const redisPassword = path.join(dir, 'redis-password');
+    fs.writeFileSync(redisPassword, 'not-the-real-one\n', {mode: 0o400});
     for (let attempt = 0; attempt < 3; attempt++) {  // the free port may be taken meanwhile
       port = await freePort();
+      const redisPort = await freePort();  // nothing listens: the tier is down, kvarenad serves
       const args = c.args.map((a) => {
+        if (a.startsWith('--tier_redis=')) return `--tier_redis=127.0.0.1:${redisPort}`;
+        if (a.startsWith('--tier_redis_password_file=')) return `--tier_redis_password_file=${redisPassword}`;
         if (a.startsWith('--socket_group=')) return `--socket_group=${process.getgid()}`;
         if (a === '--backend=cuda') return '--backend=host';
         if (a.startsWith('--metrics_port=')) return `--metrics_port=${port}`;
@@ -340,8 +361,8 @@ async function main() {
     });
   }
 
-  if (renders['overlays/gpu'] && renders.daemonset) {
-    for (const n of mutations(renders['overlays/gpu'], renders.daemonset)) {
+  if (renders['overlays/gpu'] && renders.daemonset && renders['redis-tier/sidecar']) {
+    for (const n of mutations(renders['overlays/gpu'], renders.daemonset, renders['redis-tier/sidecar'])) {
       await check(`negative: ${n.what} is rejected (${n.by})`, () => {
         const objects = [].concat(n.make());
         let errors;

@@ -2,7 +2,8 @@
 //
 // checkRender(objects, expect) returns every violation as a string ([] = all hold).
 // `expect` says what the kustomization is: {form: 'sidecar' | 'daemonset' | 'monitoring',
-// backend: 'host' | 'cuda', overlay: true when images must be set}. `image` gives what
+// backend: 'host' | 'cuda', overlay: true when images must be set, redis: true with the
+// Redis tier}. `image` gives what
 // deploy/Dockerfile promises: {uid, bin: {kvarenad, kvarena}} (the user the image runs as
 // and where it installs the two binaries).
 'use strict';
@@ -243,6 +244,34 @@ function checkDaemonSet(templates, expect, image, errors) {
   }
 }
 
+// With the Redis tier (expect.redis): kvarenad has seeds and reads its password from a file
+// of a Secret volume mounted read-only into kvarenad's container and no other; no password
+// on the command line (docs/redis-tier.md).
+function checkRedisTier(templates, errors) {
+  for (const t of templates) {
+    const pod = t.template.spec;
+    const daemon = allContainers(pod).find(({c}) => c.name === kDaemon);
+    if (!daemon) continue;
+    const at = `${t.owner} ${kDaemon}`;
+    const flags = parseArgs(daemon.c.args, at, []);
+    if (!flags.get('tier_redis')) errors.push(`${at}: no --tier_redis seeds`);
+    if (flags.has('tier_redis_password')) errors.push(`${at}: a Redis password on the command line`);
+    const file = flags.get('tier_redis_password_file') || '';
+    const mountOf = (c) => (c.volumeMounts || []).find((m) => file.startsWith(`${m.mountPath}/`));
+    const mount = mountOf(daemon.c);
+    const volume = mount && (pod.volumes || []).find((v) => v.name === mount.name);
+    if (!volume || !volume.secret || !mount.readOnly) {
+      errors.push(`${at}: --tier_redis_password_file must be in a Secret volume mounted read-only`);
+      continue;
+    }
+    for (const {c} of allContainers(pod)) {
+      if (c !== daemon.c && (c.volumeMounts || []).some((m) => m.name === mount.name)) {
+        errors.push(`${t.owner} ${c.name}: mounts the Redis password Secret meant for kvarenad alone`);
+      }
+    }
+  }
+}
+
 function checkRender(objects, expect, image) {
   const errors = [];
   const templates = podTemplates(objects);
@@ -261,6 +290,7 @@ function checkRender(objects, expect, image) {
   }
   if (expect.form === 'sidecar') checkSidecar(templates, expect, image, errors);
   if (expect.form === 'daemonset') checkDaemonSet(templates, expect, image, errors);
+  if (expect.redis) checkRedisTier(templates, errors);
   // A metrics Service selects the daemon's pods and targets its "metrics" port.
   for (const s of objects.filter((o) => o.kind === 'Service')) {
     const port = (s.spec.ports || []).find((p) => p.name === 'metrics');
