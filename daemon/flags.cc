@@ -142,6 +142,15 @@ ABSL_FLAG(bool, tier_write_through, false,
           "evicts it.");
 ABSL_FLAG(absl::Duration, tier_timeout, absl::Milliseconds(200),
           "How long one Allocate may spend reading the tiers; the rest of its prefix is a miss.");
+ABSL_FLAG(std::string, tier_redis, "",
+          "Seed nodes HOST:PORT[,HOST:PORT...] of a Redis Cluster (or one plain Redis) shared by "
+          "every node: the lowest tier, write-through (docs/redis-tier.md); \"\" = none.");
+ABSL_FLAG(std::string, tier_redis_user, "", "ACL user of --tier_redis (\"\": AUTH with the password alone).");
+ABSL_FLAG(std::string, tier_redis_password_file, "",
+          "File holding the password of --tier_redis (trailing whitespace dropped); \"\" = no AUTH.");
+ABSL_FLAG(std::string, tier_redis_key_prefix, "kva", "Prefix of every key the cluster tier writes.");
+ABSL_FLAG(absl::Duration, tier_redis_ttl, absl::ZeroDuration(),
+          "Expiry of a chunk in Redis, renewed when read; 0 = none (let maxmemory-policy evict).");
 ABSL_FLAG(kvarena::ByteSize, tier_write_queue_bytes, kvarena::ByteSize{uint64_t{256} << 20},
           "Chunks waiting to be written to the tiers; past it a write is dropped (counted).");
 
@@ -216,6 +225,11 @@ DaemonOptions OptionsFromFlags() {
   o.tiers.write_through = absl::GetFlag(FLAGS_tier_write_through);
   o.tiers.timeout = absl::GetFlag(FLAGS_tier_timeout);
   o.tiers.write_queue_bytes = absl::GetFlag(FLAGS_tier_write_queue_bytes).bytes;
+  o.tiers.redis = absl::GetFlag(FLAGS_tier_redis);
+  o.tiers.redis_user = absl::GetFlag(FLAGS_tier_redis_user);
+  o.tiers.redis_password_file = absl::GetFlag(FLAGS_tier_redis_password_file);
+  o.tiers.redis_key_prefix = absl::GetFlag(FLAGS_tier_redis_key_prefix);
+  o.tiers.redis_ttl = absl::GetFlag(FLAGS_tier_redis_ttl);
   return o;
 }
 

@@ -261,6 +261,7 @@ std::vector<MetricFamily> CollectMetrics(const MetricSources& sources) {
   AddFdFamilies(*sources.fd, &out);
   AddPrefixMetrics(s, &out);
   AddTierMetrics(s.tiers, sources.tiers, &out);
+  if (sources.redis != nullptr) AddRedisMetrics(sources.redis->cluster_counters(), &out);
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include "daemon/fd_metrics.h"
 #include "daemon/rpc_metrics.h"
 #include "daemon/tier_metrics.h"
+#include "tiers/redis/redis_store.h"
 
 namespace prometheus {
 class Collectable;
@@ -34,6 +35,7 @@ struct MetricSources {
   const RpcMetrics* rpcs = nullptr;
   const FdMetrics* fd = nullptr;
   const TierLatency* tiers = nullptr;  // may be null: no tier latency histograms
+  const RedisStore* redis = nullptr;   // the cluster tier, if any: its client's counters
 };
 
 // Every family a scrape returns: kvarena_pages_used, kvarena_pool_pages_used{dtype,...},

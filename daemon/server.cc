@@ -177,7 +177,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.max_reply_bytes = options.max_message_bytes;
   store_options.idle_ttl = options.idle_ttl;
   store_options.TEST_prefix_hash_bits = options.test_prefix_hash_bits;
-  KVARENA_ASSIGN_OR_RETURN(store_options.tiers, MakeTiers(options.tiers, &d->tier_latency_));
+  KVARENA_ASSIGN_OR_RETURN(DaemonTiers tiers, MakeTiers(options.tiers, &d->tier_latency_));
+  store_options.tiers = tiers.set;
+  d->redis_ = tiers.redis;
   // The store calls it only from served calls and the reaper, which start after attach_.
   Daemon* self = d.get();
   store_options.on_regions_changed = [self] { self->attach_->RegionsChanged(); };
@@ -205,7 +207,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
         MetricsServer::Start(options.metrics_address, options.metrics_port,
-                             MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_, &d->tier_latency_});
+                             MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_, &d->tier_latency_, d->redis_});
     KVARENA_RETURN_IF_ERROR(metrics.status());
     d->metrics_ = std::move(*metrics);
   }

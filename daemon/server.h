@@ -119,6 +119,7 @@ class Daemon {
   RpcMetrics rpcs_;
   FdMetrics fd_metrics_;
   TierLatency tier_latency_;  // the tiers' store calls, for metrics_
+  const RedisStore* redis_ = nullptr;  // the cluster tier (owned by the store's tiers), if any
   // Before store_, so it outlives it: a pool the store destroys last still records an event.
   std::unique_ptr<EventsHub> events_;
   std::unique_ptr<KvStore> store_;

@@ -86,4 +86,36 @@ void AddTierMetrics(const std::vector<TierStats>& tiers, const TierLatency* late
   out->push_back(std::move(h));
 }
 
+void AddRedisMetrics(const RedisCounterValues& c, std::vector<MetricFamily>* out) {
+  auto counter = [out](std::string name, std::string help, double v, std::vector<ClientMetric::Label> labels = {}) {
+    MetricFamily* f = nullptr;
+    for (MetricFamily& x : *out) {
+      if (x.name == name) f = &x;
+    }
+    if (f == nullptr) {
+      out->push_back(MetricFamily{std::move(name), std::move(help), MetricType::Counter, {}});
+      f = &out->back();
+    }
+    ClientMetric m;
+    m.label = std::move(labels);
+    m.counter.value = v;
+    f->metric.push_back(std::move(m));
+  };
+  const std::string redirects = "Redis Cluster redirects the tier's client followed, by kind.";
+  counter("kvarena_tier_redis_redirects_total", redirects, double(c.moved), {{"kind", "moved"}});
+  counter("kvarena_tier_redis_redirects_total", redirects, double(c.ask), {{"kind", "ask"}});
+  counter("kvarena_tier_redis_retries_total", "TRYAGAIN, CLUSTERDOWN and LOADING replies backed off.",
+          double(c.retries));
+  counter("kvarena_tier_redis_errors_total", "Redis error replies and transport failures.", double(c.errors));
+  counter("kvarena_tier_redis_timeouts_total", "Redis connects, reads or writes that ran out of time.",
+          double(c.timeouts));
+  counter("kvarena_tier_redis_breaker_opens_total", "Times a Redis node's circuit breaker opened.",
+          double(c.breaker_opens));
+  counter("kvarena_tier_redis_breaker_skips_total",
+          "Redis commands not sent because their node's breaker was open (a miss at once).",
+          double(c.breaker_skips));
+  counter("kvarena_tier_redis_slot_refreshes_total", "Redis Cluster slot maps loaded.",
+          double(c.slot_refreshes));
+}
+
 }  // namespace kvarena

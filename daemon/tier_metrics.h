@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "core/types.h"
 #include "daemon/rpc_metrics.h"
+#include "tiers/redis/redis_reply.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
 
@@ -35,6 +36,11 @@ class TierLatency {
 
 void AddTierMetrics(const std::vector<TierStats>& tiers, const TierLatency* latency,
                     std::vector<prometheus::MetricFamily>* out);
+
+// The cluster client's counters (tiers/redis/): kvarena_tier_redis_redirects_total{kind=
+// "moved"|"ask"}, kvarena_tier_redis_retries_total, _errors_total, _timeouts_total,
+// _breaker_opens_total, _breaker_skips_total, _slot_refreshes_total.
+void AddRedisMetrics(const RedisCounterValues& c, std::vector<prometheus::MetricFamily>* out);
 
 // A histogram sample over kLatencyBoundsNanos (shared with the RPC families).
 prometheus::ClientMetric HistogramMetric(const LatencySnapshot& h,

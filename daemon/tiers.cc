@@ -5,13 +5,41 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
+#include "core/small_file.h"
 #include "core/status_macros.h"
 #include "tiers/disk_store.h"
 #include "tiers/host_store.h"
 
 namespace kvarena {
 
-absl::StatusOr<std::shared_ptr<TierSet>> MakeTiers(const TierFlags& flags, TierLatency* latency) {
+namespace {
+
+// The cluster tier, or INVALID_ARGUMENT naming the flag.
+absl::StatusOr<std::unique_ptr<RedisStore>> MakeRedis(const TierFlags& flags) {
+  RedisStoreOptions o;
+  o.seeds = flags.redis;
+  o.user = flags.redis_user;
+  o.key_prefix = flags.redis_key_prefix;
+  o.ttl = flags.redis_ttl;
+  if (!flags.redis_password_file.empty()) {
+    absl::StatusOr<std::string> password = ReadSmallFile(flags.redis_password_file, 4096);
+    if (!password.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--tier_redis_password_file=", flags.redis_password_file,
+                                                     ": ", password.status().message()));
+    }
+    o.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
+  }
+  absl::StatusOr<std::unique_ptr<RedisStore>> store = RedisStore::Create(o);
+  if (!store.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tier_redis=", flags.redis, ": ", store.status().message()));
+  }
+  return store;
+}
+
+}  // namespace
+
+absl::StatusOr<DaemonTiers> MakeTiers(const TierFlags& flags, TierLatency* latency) {
   if (flags.chunk_pages < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tier_chunk_pages=", flags.chunk_pages, " but it is 0 (the default) or more"));
@@ -36,7 +64,15 @@ absl::StatusOr<std::shared_ptr<TierSet>> MakeTiers(const TierFlags& flags, TierL
     KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<TierStore> disk, OpenDiskStore(flags.disk_dir, flags.disk_bytes));
     stores.push_back(TierEntry{std::move(disk), flags.write_through});
   }
-  if (stores.empty()) return std::shared_ptr<TierSet>();
+  DaemonTiers out;
+  if (!flags.redis.empty()) {
+    KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> redis, MakeRedis(flags));
+    out.redis = redis.get();
+    stores.push_back(TierEntry{std::move(redis), /*write_through=*/true});  // shared: every full chunk
+  } else if (!flags.redis_user.empty() || !flags.redis_password_file.empty()) {
+    return absl::InvalidArgumentError("--tier_redis_user and --tier_redis_password_file need --tier_redis");
+  }
+  if (stores.empty()) return out;
   TierOptions options;
   options.chunk_pages = flags.chunk_pages;
   options.write_through = flags.write_through;
@@ -47,13 +83,15 @@ absl::StatusOr<std::shared_ptr<TierSet>> MakeTiers(const TierFlags& flags, TierL
       latency->Record(medium, write, took);
     };
   }
-  return std::make_shared<TierSet>(std::move(stores), std::move(options));
+  out.set = std::make_shared<TierSet>(std::move(stores), std::move(options));
+  return out;
 }
 
 std::string DescribeTiers(const TierFlags& flags) {
   std::vector<std::string> parts;
   if (flags.host_bytes > 0) parts.push_back(absl::StrCat("host:", flags.host_bytes));
   if (!flags.disk_dir.empty()) parts.push_back(absl::StrCat("disk:", flags.disk_dir, ":", flags.disk_bytes));
+  if (!flags.redis.empty()) parts.push_back(absl::StrCat("redis:", flags.redis));
   if (parts.empty()) return "";
   return absl::StrCat(" tiers=", absl::StrJoin(parts, ","), flags.write_through ? " write_through" : "");
 }

@@ -9,11 +9,10 @@
 
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "tests/daemon/rpc_test_util.h"
+#include "tests/daemon/prompt_kv.h"
 #include "tests/support/temp_dir.h"
 
 namespace kvarena {
@@ -21,24 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kLayers = 2, kHeads = 2, kDim = 8;  // f32, page_size 4: 512-byte pages
-
-// One prompt and its K/V: what a worker computed for it, per layer.
-struct Prompt {
-  std::vector<int32_t> tokens;
-  std::vector<v1::Tensor> k, v;
-};
-
-Prompt MakePrompt(int n, uint32_t seed) {
-  Prompt p;
-  std::mt19937 rng(seed);
-  for (int i = 0; i < n; ++i) p.tokens.push_back(int32_t(rng() % 50000));
-  for (int l = 0; l < kLayers; ++l) {
-    p.k.push_back(RandomTensor(v1::FLOAT32, kHeads, n, kDim, seed * 10 + uint32_t(l)));
-    p.v.push_back(RandomTensor(v1::FLOAT32, kHeads, n, kDim, seed * 10 + 5 + uint32_t(l)));
-  }
-  return p;
-}
+constexpr int kLayers = kPromptLayers, kHeads = kPromptHeads, kDim = kPromptDim;
 
 class TiersRpcTest : public KvarenadTest {
  protected:
@@ -52,33 +34,11 @@ class TiersRpcTest : public KvarenadTest {
     StartDaemon(flags);
   }
 
-  v1::CacheInfo AllocatePrompt(const std::vector<int32_t>& tokens, const std::string& ns = "model") {
-    v1::AllocateRequest req;
-    *req.mutable_spec() = Spec(kLayers, kHeads, kDim);
-    req.mutable_spec()->set_prefix_namespace(ns);
-    req.mutable_prompt_tokens()->Assign(tokens.begin(), tokens.end());
-    v1::AllocateResponse resp;
-    const grpc::Status s = stub_->Allocate(Ctx().get(), req, &resp);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return resp.cache();
+  v1::CacheInfo AllocatePrompt(const std::vector<int32_t>& tokens) {
+    return kvarena::AllocatePrompt(stub_.get(), tokens);
   }
-
-  // Appends the prompt's K/V of positions [from, end) to every layer.
-  void Compute(const std::string& id, const Prompt& p, int from) {
-    const int n = int(p.tokens.size()) - from;
-    for (int l = 0; l < kLayers; ++l) {
-      ASSERT_TRUE(Append(id, uint32_t(l), uint64_t(from), SliceTokens(p.k[size_t(l)], from, n),
-                         SliceTokens(p.v[size_t(l)], from, n))
-                      .ok());
-    }
-  }
-
-  void Release(const std::string& id) {
-    v1::ReleaseRequest req;
-    req.set_cache_id(id);
-    v1::ReleaseResponse resp;
-    ASSERT_TRUE(stub_->Release(Ctx().get(), req, &resp).ok());
-  }
+  void Compute(const std::string& id, const Prompt& p, int from) { ComputePrompt(stub_.get(), id, p, from); }
+  void Release(const std::string& id) { ReleaseCache(stub_.get(), id); }
 
   // Computes p in a cache and releases it: its pages stay cached in the arena.
   void ComputeAndRelease(const Prompt& p) {
@@ -124,30 +84,8 @@ class TiersRpcTest : public KvarenadTest {
     ASSERT_NO_FATAL_FAILURE(ExpectRecomputed(b, p));
   }
 
-  // Cache b (allocated with p's prompt) completed with p's K/V holds and attends exactly
-  // as a cache that computed everything; both are released.
   void ExpectRecomputed(const v1::CacheInfo& b, const Prompt& p) {
-    ASSERT_NO_FATAL_FAILURE(Compute(b.cache_id(), p, int(b.cached_tokens())));
-    // A namespace of its own each time: nothing cached, everything computed.
-    const v1::CacheInfo r = AllocatePrompt(p.tokens, absl::StrCat("recompute-", recomputes_++));
-    ASSERT_NO_FATAL_FAILURE(Compute(r.cache_id(), p, 0));
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      const v1::GetKvResponse got = GetKv(b.cache_id(), l), want = GetKv(r.cache_id(), l);
-      EXPECT_EQ(got.k().data(), want.k().data()) << "layer " << l;
-      EXPECT_EQ(got.v().data(), want.v().data()) << "layer " << l;
-      v1::AttendRequest req;
-      req.set_cache_id(b.cache_id());
-      req.set_layer(l);
-      req.set_pos(p.tokens.size() - 1);
-      *req.mutable_q() = RandomTensor(v1::FLOAT32, kHeads, 1, kDim, 99);
-      v1::AttendResponse out_b, out_r;
-      ASSERT_TRUE(stub_->Attend(Ctx().get(), req, &out_b).ok());
-      req.set_cache_id(r.cache_id());
-      ASSERT_TRUE(stub_->Attend(Ctx().get(), req, &out_r).ok());
-      EXPECT_EQ(out_b.out().data(), out_r.out().data()) << "layer " << l;
-    }
-    ASSERT_NO_FATAL_FAILURE(Release(b.cache_id()));
-    ASSERT_NO_FATAL_FAILURE(Release(r.cache_id()));
+    ExpectAsRecomputed(stub_.get(), b, p, absl::StrCat("recompute-", recomputes_++));
   }
 
   std::vector<std::string> ChunkFiles() const {
