@@ -12,6 +12,7 @@
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -86,6 +87,10 @@ struct KvStore::Impl {
   // (metadata_bytes or session_metadata_bytes) when it does not fit.
   absl::StatusOr<BudgetCharge> ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
                                                    const std::string& cache_id, Quota* quota);
+  // Reap's idle_ttl step: moves the sessionless caches idle past idle_ttl at `now` out of
+  // the maps into *gone (not yet released). Walks every cache only when one may have
+  // expired: not before next_idle_scan.
+  void TakeIdle(absl::Time now, std::vector<std::shared_ptr<KvCache>>* gone);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
@@ -137,6 +142,8 @@ struct KvStore::Impl {
   // against max_caches; nobody else can take the id or see the cache yet).
   absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
+  // Unix nanoseconds before which no sessionless cache can be idle past idle_ttl (TakeIdle).
+  std::atomic<int64_t> next_idle_scan{std::numeric_limits<int64_t>::min()};
 };
 
 }  // namespace kvarena
