@@ -8,8 +8,10 @@
 //   - Reserve then Commit of one token on one of kActive caches (round robin), timed as
 //     one sample (two RPCs; the caches were allocated first and keep growing);
 //   - Stats of the whole arena (one pool);
-//   - Ping, the empty RPC, as the control: a step whose Ping moved was disturbed by load.
-// and then reads the daemon's VmRSS (/proc/<pid>/status) and Stats' metadata_bytes_used.
+//   - Ping, the empty RPC, as the control: a step whose Ping moved was disturbed by load;
+//   - ListCaches' first page of 1000 (one call a round).
+// and then reads the daemon's VmRSS (/proc/<pid>/status), Stats' metadata_bytes_used and
+// the daemon's CPU time over a few seconds without calls (what its reaper costs).
 // Bytes per idle cache = (RSS at N - RSS at 10) / (N - 10). Prints the command line, the
 // CPU flags and one table; a full run takes a few minutes on two cores.
 //
@@ -152,16 +154,16 @@ struct Samples {
 struct Step {
   int64_t caches = 0;
   double alloc_s = 0;
-  Samples reserve_commit, stats, ping;
+  Samples reserve_commit, stats, ping, list;
   int64_t rss = 0;
   double idle_cpu_ms_per_s = 0;  // the daemon's CPU while no client calls it
   uint64_t metadata_used = 0;
   uint64_t num_caches = 0;
 };
 
-// Times `op` n times after a few untimed calls; false when a call failed.
-bool Time(const std::function<bool()>& op, int n, Samples* out) {
-  for (int i = -5; i < n; ++i) {
+// Times `op` n times after `warmup` untimed calls; false when a call failed.
+bool Time(const std::function<bool()>& op, int n, Samples* out, int warmup = 5) {
+  for (int i = -warmup; i < n; ++i) {
     const auto start = Clock::now();
     if (!op()) return false;
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
@@ -195,9 +197,16 @@ bool Measure(v1::KvCacheService::Stub& stub, int rounds, Step* step) {
     v1::PingResponse resp;
     return Check(stub.Ping(&ctx, v1::PingRequest(), &resp), "ping");
   };
+  v1::ListCachesRequest first_page;
+  first_page.set_page_size(1000);
+  const auto list = [&] {
+    grpc::ClientContext ctx;
+    v1::ListCachesResponse resp;
+    return Check(stub.ListCaches(&ctx, first_page, &resp), "list_caches");
+  };
   for (int r = 0; r < rounds; ++r) {
     if (!Time(reserve_commit, 100, &step->reserve_commit) || !Time(whole_arena, 50, &step->stats) ||
-        !Time(ping, 50, &step->ping)) {
+        !Time(ping, 50, &step->ping) || !Time(list, 1, &step->list, 0)) {
       return false;
     }
   }
@@ -208,9 +217,9 @@ bool Measure(v1::KvCacheService::Stub& stub, int rounds, Step* step) {
 
 void PrintTable(std::vector<Step>& steps) {
   const double rc10 = steps.front().reserve_commit.Quantile(0.5);
-  std::printf("%9s %8s %9s %9s %6s %7s %9s %9s %9s %9s %12s %10s %9s\n", "caches", "alloc s",
+  std::printf("%9s %8s %9s %9s %6s %7s %9s %9s %9s %9s %12s %10s %9s %8s\n", "caches", "alloc s",
               "R+C p50", "R+C p99", "vs 10", "/Ping", "Stats p50", "Ping p50", "RSS MiB", "B/cache",
-              "metadata MiB", "meta B/c", "idle CPU");
+              "metadata MiB", "meta B/c", "idle CPU", "List ms");
   const Step& base = steps.front();
   for (Step& s : steps) {
     const double rc = s.reserve_commit.Quantile(0.5);
@@ -226,12 +235,13 @@ void PrintTable(std::vector<Step>& steps) {
     } else {
       std::printf(" %9s %12.1f %10s", "-", double(s.metadata_used) / (1 << 20), "-");
     }
-    std::printf(" %9.1f\n", s.idle_cpu_ms_per_s);
+    std::printf(" %9.1f %8.2f\n", s.idle_cpu_ms_per_s, s.list.Quantile(0.5) / 1e3);
   }
   std::printf(
       "(R+C: Reserve then Commit of 1 token, two RPCs, on %d active caches; us. /Ping: "
       "R+C p50 over the same step's Ping p50. B/cache: RSS growth per idle cache since "
-      "the first row. idle CPU: the daemon's ms of CPU per second over %ds without calls.)\n",
+      "the first row. idle CPU: the daemon's ms of CPU per second over %ds without calls. List: "
+      "p50 of ListCaches' first page of 1000.)\n",
       kActive, kIdleSeconds);
 }
 
