@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
@@ -138,6 +139,19 @@ struct KvStore::Impl {
 
   mutable absl::Mutex mu;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
+  // The same caches' ids in order (views of each cache's own id, which lives as long as
+  // the map holds the cache), so a ListCaches page costs O(log caches + page), not a walk.
+  // Changed only with `caches`, through AddLocked / EraseLocked.
+  absl::btree_set<absl::string_view> ids ABSL_GUARDED_BY(mu);
+  void AddLocked(std::shared_ptr<KvCache> cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ids.insert(cache->id());
+    caches.emplace(cache->id(), std::move(cache));
+  }
+  void EraseLocked(absl::flat_hash_map<std::string, std::shared_ptr<KvCache>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ids.erase(it->second->id());  // before the map lets go of the id it views
+    caches.erase(it);
+  }
   // Ids of caches an Allocate is building outside the lock (counted in their pool and
   // against max_caches; nobody else can take the id or see the cache yet).
   absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);

@@ -82,7 +82,7 @@ void KvStore::Impl::TakeIdle(absl::Time now, std::vector<std::shared_ptr<KvCache
         continue;
       }
       pools.RemoveCache(c->pool()->id());
-      caches.erase(it);
+      EraseLocked(it);
       gone->push_back(std::move(c));
     }
   }
@@ -106,7 +106,7 @@ int KvStore::Reap() {
       if (it == im.caches.end() || it->second->owner() != e.session_id) continue;
       gone.push_back(it->second);
       im.pools.RemoveCache(it->second->pool()->id());
-      im.caches.erase(it);
+      im.EraseLocked(it);
     }
   }
   const size_t by_grace = gone.size();
