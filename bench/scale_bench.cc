@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "bench/child_daemon.h"
+#include "bench/daemon_channel.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 
 namespace kvarena {
@@ -51,18 +52,6 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address, int tag) {
   grpc::ChannelArguments args;
   args.SetInt("kvarena.bench.channel", tag);  // a distinct channel (and connection) per tag
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
-// Waits until Ping answers on a fresh channel each try; null if it never did.
-std::unique_ptr<v1::KvCacheService::Stub> Connect(const std::string& address) {
-  for (int attempt = 0; attempt < 500; ++attempt) {
-    auto stub = v1::KvCacheService::NewStub(Channel(address, -1 - attempt));
-    grpc::ClientContext ctx;
-    v1::PingResponse resp;
-    if (stub->Ping(&ctx, v1::PingRequest(), &resp).ok()) return stub;
-    usleep(20'000);
-  }
-  return nullptr;
 }
 
 bool Check(const grpc::Status& s, const char* what) {
@@ -260,9 +249,9 @@ int Run(const std::string& kvarenad, bool quick, int threads, const std::string&
                                       "--max_caches_per_session=" + cap};
     if (!idle_ttl.empty()) flags.push_back("--idle_ttl=" + idle_ttl);
     ChildDaemon daemon(kvarenad, dir, flags);
-    std::unique_ptr<v1::KvCacheService::Stub> stub =
-        daemon.ok() ? Connect(daemon.address()) : nullptr;
-    if (stub == nullptr) {
+    const std::shared_ptr<grpc::Channel> channel =
+        daemon.ok() ? ConnectToDaemon(daemon.address()) : nullptr;
+    if (channel == nullptr) {
       std::fprintf(stderr, "scale_bench: could not start or reach %s (log in %s)\n",
                    kvarenad.c_str(), dir.c_str());
       return 1;
@@ -275,7 +264,7 @@ int Run(const std::string& kvarenad, bool quick, int threads, const std::string&
       if (!AllocateRange(daemon.address(), live, n, live == 0 ? 1 : threads)) return 1;
       step.alloc_s = std::chrono::duration<double>(Clock::now() - start).count();
       live = n;
-      if (!Measure(*stub, quick ? 10 : 40, &step)) return 1;
+      if (!Measure(*v1::KvCacheService::NewStub(channel), quick ? 10 : 40, &step)) return 1;
       step.rss = RssBytes(daemon.pid());
       const double cpu_before = CpuSeconds(daemon.pid());
       std::this_thread::sleep_for(std::chrono::seconds(kIdleSeconds));
