@@ -24,6 +24,7 @@ Environment (pass with --repo_env=NAME=VALUE; a change re-runs the rule):
 # the CMakeLists.txt files link (absl::status, gRPC::grpc++, GTest::gmock, ...).
 _LIBS = {
     "threads": ([], ["-pthread"], []),
+    "absl_btree": (["absl_btree"], [], []),
     "absl_cleanup": (["absl_cleanup"], [], []),
     "absl_flags": (["absl_flags"], [], []),
     "absl_flags_parse": (["absl_flags_parse"], [], []),

@@ -52,6 +52,7 @@ class ChildDaemon {
 
   bool ok() const { return pid_ > 0; }
   std::string address() const { return "unix:" + socket_; }
+  pid_t pid() const { return pid_; }
 
  private:
   std::string socket_;

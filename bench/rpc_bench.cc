@@ -30,6 +30,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "bench/child_daemon.h"
+#include "bench/daemon_channel.h"
 #include "bench/half_tensor.h"
 #include "core/kv_store.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -93,22 +94,6 @@ void MeasureInterleaved(const std::vector<Timed*>& ops) {
   }
 }
 
-// Waits until Ping answers; each try on a fresh channel (a failed connect backs off).
-// Returns the channel Ping answered on; null if none did.
-std::shared_ptr<grpc::Channel> Connect(const std::string& address) {
-  for (int attempt = 0; attempt < 500; ++attempt) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(-1);
-    args.SetInt("kvarena.bench.attempt", attempt);
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    grpc::ClientContext ctx;
-    v1::PingResponse resp;
-    if (v1::KvCacheService::NewStub(channel)->Ping(&ctx, v1::PingRequest(), &resp).ok()) return channel;
-    usleep(20'000);
-  }
-  return nullptr;
-}
-
 struct Row {
   const char* name;
   Latency rpc;
@@ -139,7 +124,8 @@ int Run(const std::string& kvarenad, bool quick) {
   std::vector<Row> rows;
   {
     ChildDaemon daemon(kvarenad, dir);
-    const std::shared_ptr<grpc::Channel> daemon_channel = daemon.ok() ? Connect(daemon.address()) : nullptr;
+    const std::shared_ptr<grpc::Channel> daemon_channel =
+        daemon.ok() ? ConnectToDaemon(daemon.address()) : nullptr;
     if (daemon_channel == nullptr) {
       std::fprintf(stderr, "rpc_bench: could not start or reach %s (log in %s)\n", kvarenad.c_str(),
                    dir.c_str());

@@ -27,3 +27,7 @@ if [ -x "$B/bench/prefix_bench" ]; then
   echo; echo "== Shared-prefix workload with and without prefix reuse (bench/prefix_bench)"
   "$B/bench/prefix_bench"
 fi
+if [ -x "$B/bench/scale_bench" ]; then
+  echo; echo "== Reserve+Commit, Stats and daemon memory from 10 to 1M live caches (bench/scale_bench)"
+  if [ "${1:-}" = quick ]; then "$B/bench/scale_bench" --quick; else "$B/bench/scale_bench"; fi
+fi

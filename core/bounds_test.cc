@@ -167,6 +167,36 @@ TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {
   EXPECT_EQ(store_->Stats().caches_reaped_grace, 0u);
 }
 
+// The reaper walks the caches only when one may have expired (KvStore::Impl::TakeIdle):
+// each cache must still go exactly when its last use + idle_ttl comes, whatever the scans
+// before saw.
+TEST_F(BoundsTest, IdleCachesExpireOnTimeBetweenSkippedScans) {
+  StoreOptions o = Options(size_t{64} << 20);
+  o.idle_ttl = absl::Seconds(10);
+  MakeStore(o);
+  const std::string first = Alloc(Spec(1, 2, 8));
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(store_->Reap(), 0);  // nothing expired; none can before first's use + 10s
+  const std::string second = Alloc(Spec(1, 2, 8));
+  clock_.Advance(absl::Seconds(3));
+  const std::string third = Alloc(Spec(1, 2, 8));
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(store_->Reap(), 1);  // first, at exactly 10s
+  EXPECT_THAT(store_->Describe("", first), StatusIs(Code::kNotFound));
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_EQ(store_->Reap(), 0);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(store_->Reap(), 1);  // second, 10s after it was allocated
+  EXPECT_THAT(store_->Describe("", second), StatusIs(Code::kNotFound));
+  ASSERT_TRUE(store_->Describe("", third).ok());  // a use: third now lasts until 25s
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(store_->Reap(), 0);  // 18s: third's allocation + 10s has passed, its use has not
+  clock_.Advance(absl::Seconds(7));
+  EXPECT_EQ(store_->Reap(), 1);
+  EXPECT_EQ(store_->Stats().num_caches, 0);
+  EXPECT_EQ(store_->Stats().caches_reaped_idle, 3u);
+}
+
 TEST_F(BoundsTest, RequestTokensAreBounded) {
   StoreOptions o = Options(size_t{64} << 20);
   o.max_request_tokens = 8;

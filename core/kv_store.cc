@@ -213,7 +213,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     // A session reaped meanwhile takes its caches with it, this one included.
     if (started.ok() && !session.empty() && !im.sessions.Contains(session)) started = im.CheckSession(session);
     if (started.ok()) {
-      im.caches.emplace(id, cache);
+      im.AddLocked(cache);
     } else {
       im.pools.RemoveCache(pool->id());
     }
@@ -258,7 +258,7 @@ absl::Status KvStore::Release(const std::string& session, const std::string& cac
     if (it == impl_->caches.end() || it->second != cache) {
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " not found"));
     }
-    impl_->caches.erase(it);
+    impl_->EraseLocked(it);
     impl_->pools.RemoveCache((cache)->pool()->id());
   }
   impl_->Remove(cache);

@@ -235,8 +235,9 @@ class KvStore {
   // Every cache, in id order (bytewise).
   std::vector<CacheInfo> ListCaches() const;
   // One page of ListCaches: at most max_caches (at least 1) of the caches whose ids sort
-  // after `after` ("": from the first). The store's map lock is held only to pick the
-  // page's ids (no copy of the whole map); a cache released meanwhile is left out.
+  // after `after` ("": from the first), in O(log caches + max_caches). The store's map lock
+  // is held only to pick the page's ids (no copy of the whole map); a cache released
+  // meanwhile is left out.
   struct CachePage {
     std::vector<CacheInfo> caches;
     std::string last_id;  // the page's last id considered: `after` for the next page

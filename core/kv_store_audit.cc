@@ -18,7 +18,17 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   std::map<uint64_t, std::shared_ptr<PagePool>> pools;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
-    for (const auto& [id, c] : impl_->caches) caches.push_back(c);
+    for (const auto& [id, c] : impl_->caches) {
+      if (!impl_->ids.contains(id)) {
+        return absl::InternalError(
+            absl::StrCat("cache ", Quoted(id), " is missing from the ordered ids"));
+      }
+      caches.push_back(c);
+    }
+    if (impl_->ids.size() != impl_->caches.size()) {
+      return absl::InternalError(
+          absl::StrCat(impl_->ids.size(), " ordered ids for ", impl_->caches.size(), " caches"));
+    }
     for (const PoolSet::Entry& e : impl_->pools.List()) pools.emplace(e.pool->id(), e.pool);
   }
   KVARENA_RETURN_IF_ERROR(impl_->pools.TEST_Audit());

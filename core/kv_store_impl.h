@@ -12,11 +12,13 @@
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
@@ -90,6 +92,10 @@ struct KvStore::Impl {
   // (metadata_bytes or session_metadata_bytes) when it does not fit.
   absl::StatusOr<BudgetCharge> ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
                                                    const std::string& cache_id, Quota* quota);
+  // Reap's idle_ttl step: moves the sessionless caches idle past idle_ttl at `now` out of
+  // the maps into *gone (not yet released). Walks every cache only when one may have
+  // expired: not before next_idle_scan.
+  void TakeIdle(absl::Time now, std::vector<std::shared_ptr<KvCache>>* gone);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
       absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
@@ -137,10 +143,25 @@ struct KvStore::Impl {
 
   mutable absl::Mutex mu;
   absl::flat_hash_map<std::string, std::shared_ptr<KvCache>> caches ABSL_GUARDED_BY(mu);
+  // The same caches' ids in order (views of each cache's own id, which lives as long as
+  // the map holds the cache), so a ListCaches page costs O(log caches + page), not a walk.
+  // Changed only with `caches`, through AddLocked / EraseLocked.
+  absl::btree_set<absl::string_view> ids ABSL_GUARDED_BY(mu);
+  void AddLocked(std::shared_ptr<KvCache> cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ids.insert(cache->id());
+    caches.emplace(cache->id(), std::move(cache));
+  }
+  void EraseLocked(absl::flat_hash_map<std::string, std::shared_ptr<KvCache>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ids.erase(it->second->id());  // before the map lets go of the id it views
+    caches.erase(it);
+  }
   // Ids of caches an Allocate is building outside the lock (counted in their pool and
   // against max_caches; nobody else can take the id or see the cache yet).
   absl::flat_hash_set<std::string> pending ABSL_GUARDED_BY(mu);
   uint64_t next_cache ABSL_GUARDED_BY(mu) = 1;
+  // Unix nanoseconds before which no sessionless cache can be idle past idle_ttl (TakeIdle).
+  std::atomic<int64_t> next_idle_scan{std::numeric_limits<int64_t>::min()};
 };
 
 }  // namespace kvarena

@@ -78,7 +78,7 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
     }
     if (!session.empty()) KVARENA_RETURN_IF_ERROR(im.sessions.AddCache(session, id));
     im.pools.AddCache(pool->id());
-    im.caches.emplace(id, cache);
+    im.AddLocked(cache);
   }
   im.counters.forks += 1;
   return cache->Info();

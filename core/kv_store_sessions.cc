@@ -1,4 +1,5 @@
 // KvStore's sessions: attach, resume, detach, ownership and the reaper (kv_store.h).
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,46 @@ bool KvStore::HasSession(const std::string& session_id) const {
   return impl_->sessions.Contains(session_id);
 }
 
+void KvStore::Impl::TakeIdle(absl::Time now, std::vector<std::shared_ptr<KvCache>>* gone) {
+  if (now < absl::FromUnixNanos(next_idle_scan.load(std::memory_order_relaxed))) return;
+  const absl::Duration ttl = options.idle_ttl;
+  // The walk takes the lock shared, so Find (every cache operation) and Stats go on while
+  // it reads a million caches; only the expired ones are erased under the exclusive lock,
+  // each checked again (a Find may have used it since).
+  std::vector<std::shared_ptr<KvCache>> idle;
+  absl::Time oldest = now;  // the least recent use among the sessionless caches kept
+  {
+    absl::ReaderMutexLock lock(&mu);
+    for (const auto& [id, c] : caches) {
+      if (!c->owner().empty()) continue;
+      const absl::Time used = c->last_used();
+      if (used + ttl <= now) {
+        idle.push_back(c);
+      } else {
+        oldest = std::min(oldest, used);
+      }
+    }
+  }
+  if (!idle.empty()) {
+    absl::MutexLock lock(&mu);
+    for (std::shared_ptr<KvCache>& c : idle) {
+      auto it = caches.find(c->id());
+      if (it == caches.end() || it->second != c) continue;  // released meanwhile
+      if (const absl::Time used = c->last_used(); used + ttl > now) {
+        oldest = std::min(oldest, used);
+        continue;
+      }
+      pools.RemoveCache(c->pool()->id());
+      EraseLocked(it);
+      gone->push_back(std::move(c));
+    }
+  }
+  // A use only moves last_used forward, so no cache kept can expire before the oldest
+  // one's use + ttl, and a cache allocated from now on not before now + ttl (one an
+  // Allocate built while this ran is reaped at most that Allocate's duration late).
+  next_idle_scan.store(absl::ToUnixNanos(oldest + ttl), std::memory_order_relaxed);
+}
+
 int KvStore::Reap() {
   Impl& im = *impl_;
   const absl::Time now = im.clock->Now();
@@ -65,23 +106,11 @@ int KvStore::Reap() {
       if (it == im.caches.end() || it->second->owner() != e.session_id) continue;
       gone.push_back(it->second);
       im.pools.RemoveCache(it->second->pool()->id());
-      im.caches.erase(it);
+      im.EraseLocked(it);
     }
   }
   const size_t by_grace = gone.size();
-  if (im.options.idle_ttl > absl::ZeroDuration()) {
-    absl::MutexLock lock(&im.mu);
-    for (auto it = im.caches.begin(); it != im.caches.end();) {
-      const KvCache& c = *it->second;
-      if (c.owner().empty() && c.last_used() + im.options.idle_ttl <= now) {
-        gone.push_back(it->second);
-        im.pools.RemoveCache(c.pool()->id());
-        im.caches.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-  }
+  if (im.options.idle_ttl > absl::ZeroDuration()) im.TakeIdle(now, &gone);
   for (const auto& cache : gone) im.Remove(cache);
   // Counted after the pages went back: whoever sees a count move sees the arena it left.
   im.counters.sessions_reaped += expired.size();

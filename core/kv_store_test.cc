@@ -1,5 +1,7 @@
 #include "core/kv_store.h"
 
+#include <algorithm>
+
 #include "core/store_fixture.h"
 
 namespace kvarena {
@@ -201,6 +203,42 @@ TEST_F(StoreTest, ListCachesPagesInIdOrder) {
   std::vector<std::string> all;
   for (const CacheInfo& c : store_->ListCaches()) all.push_back(c.cache_id);
   EXPECT_EQ(all, (std::vector<std::string>{"a", "b", "c", "e", "f", "g"}));
+}
+
+// The ordered ids ListCaches pages through follow every way a cache comes (Allocate with
+// or without an id, Fork) and goes (Release, a reaped session, --idle_ttl).
+TEST_F(StoreTest, ListCachesFollowsEveryWayACacheComesAndGoes) {
+  StoreOptions o = Options(size_t{64} << 20);
+  o.idle_ttl = absl::Seconds(10);
+  MakeStore(o);
+  const auto listed = [&] {
+    std::vector<std::string> ids;
+    for (const CacheInfo& c : store_->ListCaches()) ids.push_back(c.cache_id);
+    return ids;
+  };
+  const std::string session = *store_->OpenSession("w");
+  ASSERT_TRUE(store_->Allocate(session, Spec(1, 1, 4), "s").ok());
+  ASSERT_TRUE(store_->Allocate("", Spec(1, 1, 4), "b").ok());
+  absl::StatusOr<CacheInfo> generated = store_->Allocate("", Spec(1, 1, 4), "");
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  ASSERT_TRUE(store_->Fork("", "b", "a").ok());
+  ASSERT_TRUE(store_->Allocate("", Spec(1, 1, 4), "r").ok());
+  std::vector<std::string> expected = {"a", "b", generated->cache_id, "r", "s"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(listed(), expected);
+  ASSERT_TRUE(store_->Release("", "r").ok());
+  store_->DetachSession(session, absl::ZeroDuration());
+  EXPECT_EQ(store_->Reap(), 1);  // the session's "s"
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a", "b", generated->cache_id}));
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(store_->Describe("", "a").ok());
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(store_->Reap(), 2);  // "b" and the generated one, idle; "a" was just used
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a"}));
+  KvStore::CachePage page = store_->ListCaches("", 1);
+  EXPECT_EQ(page.last_id, "a");
+  EXPECT_FALSE(page.more);
+  EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
 }
 
 TEST_F(StoreTest, AttendAppendsThenAttendsCausally) {

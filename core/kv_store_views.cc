@@ -81,32 +81,23 @@ std::vector<CacheInfo> KvStore::ListCaches() const {
 
 KvStore::CachePage KvStore::ListCaches(const std::string& after, size_t max_caches) const {
   max_caches = std::max<size_t>(max_caches, 1);
-  // The max_caches + 1 smallest ids after `after`, kept as a max-heap while the map is
-  // walked once: the one beyond max_caches only says whether more remain.
-  using Entry = std::pair<std::string, std::shared_ptr<KvCache>>;
-  auto by_id = [](const Entry& a, const Entry& b) { return a.first < b.first; };
-  std::vector<Entry> page;
+  // The max_caches + 1 smallest ids after `after`, from the ordered ids: the one beyond
+  // max_caches only says whether more remain.
+  std::vector<std::shared_ptr<KvCache>> page;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
-    for (const auto& [id, c] : impl_->caches) {
-      if (id <= after) continue;
-      if (page.size() > max_caches) {
-        if (id >= page.front().first) continue;
-        std::pop_heap(page.begin(), page.end(), by_id);
-        page.back() = Entry(id, c);
-      } else {
-        page.emplace_back(id, c);
-      }
-      std::push_heap(page.begin(), page.end(), by_id);
+    for (auto it = impl_->ids.upper_bound(after);
+         it != impl_->ids.end() && page.size() <= max_caches; ++it) {
+      page.push_back(impl_->caches.find(*it)->second);
     }
   }
-  std::sort_heap(page.begin(), page.end(), by_id);
   CachePage out;
   out.more = page.size() > max_caches;
   if (out.more) page.pop_back();
-  if (!page.empty()) out.last_id = page.back().first;
-  for (const Entry& e : page) {
-    if (absl::StatusOr<CacheInfo> info = e.second->Info(); info.ok()) out.caches.push_back(*std::move(info));
+  if (!page.empty()) out.last_id = page.back()->id();
+  for (const std::shared_ptr<KvCache>& c : page) {
+    absl::StatusOr<CacheInfo> info = c->Info();
+    if (info.ok()) out.caches.push_back(*std::move(info));
   }
   return out;
 }
