@@ -298,11 +298,12 @@ void PagePool::EvictedLocked(int32_t page) {
   e.kind = PrefixEvent::Kind::kRemoved;
   e.pool_id = id_;
   std::tie(e.hash, e.layer) = index_.KeyOfPage(page);
-  if (TiersFor(PrefixIndex::kTierEvicted) != nullptr && EndsChunkLocked(node) &&
-      (index_.TierFlagsOf(node) & PrefixIndex::kTierEvicted) == 0) {
+  // The first page of a chunk to leave sends the chunk down, while the rest is still here.
+  const uint64_t end = TiersFor(PrefixIndex::kTierEvicted) != nullptr ? ChunkEndLocked(node) : PrefixIndex::kNoNode;
+  if (end != PrefixIndex::kNoNode && (index_.TierFlagsOf(end) & PrefixIndex::kTierEvicted) == 0) {
     std::vector<PrefixEvent> after;
     after.push_back(std::move(e));
-    CaptureChunkLocked(node, PrefixIndex::kTierEvicted, std::move(after));
+    CaptureChunkLocked(end, PrefixIndex::kTierEvicted, std::move(after));
   } else if (const Hash128* key = index_.TierKeyOf(node); key != nullptr && counters_->tiers != nullptr) {
     counters_->tiers->RecordAfterWrite(*key, std::move(e));
   } else {

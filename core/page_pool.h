@@ -271,6 +271,9 @@ class PagePool {
   TierSet* TiersFor(uint8_t flag) const;
   // Whether node is the last block of a chunk of the tiers'.
   bool EndsChunkLocked(uint64_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The last node of the chunk holding node (following the most recent child down), when
+  // it exists and names a page for every layer; else kNoNode.
+  uint64_t ChunkEndLocked(uint64_t node) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the chunk ending at node `last` to the tiers (once per flag: kTierFull for a full
   // chunk just registered, kTierEvicted for one being evicted), each layer's pages from the
   // first of the run ending at the chunk's last block that the index still holds. `after`

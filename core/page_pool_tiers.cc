@@ -51,6 +51,19 @@ bool PagePool::EndsChunkLocked(uint64_t node) const {
   return (block + 1) % pages == 0;
 }
 
+uint64_t PagePool::ChunkEndLocked(uint64_t node) const {
+  const int64_t block = index_.BlockOf(node);
+  if (block < 0) return PrefixIndex::kNoNode;
+  const int32_t pages = counters_->tiers->ChunkPagesFor(layout_, index_.NumLayersOf(node));
+  const int64_t last = block / pages * pages + pages - 1;
+  for (int64_t b = block; b < last && node != PrefixIndex::kNoNode; ++b) node = index_.LastChildOf(node);
+  if (node == PrefixIndex::kNoNode) return node;
+  for (int l = 0; l < index_.NumLayersOf(node); ++l) {
+    if (index_.PageOf(node, l) < 0) return PrefixIndex::kNoNode;  // not full yet
+  }
+  return node;
+}
+
 void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after) {
   TierSet* tiers = counters_->tiers;
   const int num_layers = index_.NumLayersOf(last);

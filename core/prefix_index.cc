@@ -55,6 +55,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
       return kNoNode;  // the hash names another prefix
     }
     ++node.holds;
+    At(parent).last_child = it->second;
     return it->second;
   }
   if (!ChargeNode(int(At(parent).pages.size()), n)) return kNoNode;
@@ -66,6 +67,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
   node.parent = parent;
   node.root = At(parent).root;
   node.block = At(parent).block + 1;
+  At(parent).last_child = serial;
   node.tokens.assign(tokens, tokens + n);
   node.pages.assign(At(parent).pages.size(), -1);
   node.holds = 1;
@@ -90,7 +92,9 @@ void PrefixIndex::DeleteIfUnused(uint64_t node) {
       roots_.erase(n.root_key);
     } else {
       by_hash_.erase(n.hash);
-      --At(parent).children;
+      Node& p = At(parent);
+      --p.children;
+      if (p.last_child == node) p.last_child = kNoNode;
     }
     if (metadata_ != nullptr) metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
     nodes_.erase(it);

@@ -76,6 +76,9 @@ class PrefixIndex {
   // parent (kNoNode for a root) and how many layers its chain's caches have.
   int64_t BlockOf(uint64_t node) const { return nodes_.at(node).block; }
   uint64_t ParentOf(uint64_t node) const { return nodes_.at(node).parent; }
+  // The child most recently created or held under node (kNoNode: none left): the one
+  // continuation a chunk's tiers capture can follow down (nodes keep no child lists).
+  uint64_t LastChildOf(uint64_t node) const { return nodes_.at(node).last_child; }
   int NumLayersOf(uint64_t node) const { return int(nodes_.at(node).pages.size()); }
   // Tiers (core/tier_set.h): the key of the last chunk holding this node that was handed
   // to the tiers (null before any), and how it went — kTierFull (a write-through copy of
@@ -118,6 +121,7 @@ class PrefixIndex {
     Hash128 hash;
     uint64_t parent = kNoNode;
     uint64_t root = kNoNode;      // itself for a root: it outlives every descendant
+    uint64_t last_child = kNoNode;
     std::vector<int32_t> tokens;  // empty for a root
     std::vector<int32_t> pages;   // per layer; -1 none
     std::string root_key;         // roots only
