@@ -331,7 +331,8 @@ CacheInfo KvCache::InfoLocked() const {
   info.pool_id = ctx_.pool->id();
   info.page_bytes = ctx_.pool->page_bytes();
   info.cached_tokens = prefix_.cached_tokens;
-  info.tier_loaded_tokens = prefix_.tier_from < 0 ? 0 : std::max<int64_t>(0, prefix_.cached_tokens - prefix_.tier_from);
+  info.tier_loaded_tokens =
+      prefix_.tier_from < 0 ? 0 : std::max<int64_t>(0, prefix_.cached_tokens - prefix_.tier_from);
   info.tokens_known = int64_t(prefix_.tokens.size());
   return info;
 }

@@ -230,7 +230,8 @@ class KvCache {
   // pages that are registered (or adopted, when another cache registered them meanwhile),
   // giving back arena pages a longer hit no longer needs. A tier part the quota or the
   // arena cannot take is left out (a miss).
-  void AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt, const std::vector<ChunkIdentity>& wanted,
+  void AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt,
+                      const std::vector<ChunkIdentity>& wanted,
                       const std::vector<std::shared_ptr<const LoadedChunk>>& loaded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   PrefixQuery QueryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

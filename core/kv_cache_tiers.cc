@@ -17,7 +17,8 @@ std::vector<ChunkIdentity> KvCache::TierChunksLocked(int64_t blocks, int64_t max
   const PageLayout& layout = ctx_.pool->layout();
   const int32_t pages = ctx_.tiers->ChunkPagesFor(layout, spec_.num_layers);
   const int64_t page = spec_.page_size;
-  const int64_t declared = std::min<int64_t>(int64_t(prefix_.keys.size()), int64_t(prefix_.chain.nodes.size()));
+  const int64_t declared =
+      std::min<int64_t>(int64_t(prefix_.keys.size()), int64_t(prefix_.chain.nodes.size()));
   for (int64_t c = blocks / pages; c * pages < max_adopt && (c + 1) * pages <= declared; ++c) {
     ChunkIdentity id;
     id.tenant = ctx_.pool->owner();
@@ -87,7 +88,9 @@ void KvCache::AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt,
       for (int64_t b = std::max(k0, FirstBlockNeeded(window(l), k, page)); b < k; ++b, ++i) {
         const LoadedChunk& c = *loaded[size_t(b / pages - c0)];
         const uint8_t* bytes = c.chunk.Page(wanted[size_t(b / pages - c0)], l, int(b % pages));
-        if (!kernels().WritePages(ctx_.pool->layout(), ctx_.pool->base(), &fresh[i].page, 1, bytes).ok()) {
+        if (!kernels()
+                 .WritePages(ctx_.pool->layout(), ctx_.pool->base(), &fresh[i].page, 1, bytes)
+                 .ok()) {
           ctx_.pool->Unallocate(ids, chunks);
           ctx_.quota->RefundPages(n);
           k = k0;
@@ -106,7 +109,8 @@ void KvCache::AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt,
   size_t next = 0;
   for (int l = 0; l < layers; ++l) {
     const int64_t first = FirstBlockNeeded(window(l), k, page);
-    const std::vector<int32_t>& arena = hit.pages.empty() ? std::vector<int32_t>() : hit.pages[size_t(l)];
+    const std::vector<int32_t>& arena =
+        hit.pages.empty() ? std::vector<int32_t>() : hit.pages[size_t(l)];
     const int64_t arena_first = hit.first_block.empty() ? 0 : hit.first_block[size_t(l)];
     std::vector<int32_t> table;
     for (int64_t b = arena_first; b < k0; ++b) {
@@ -123,7 +127,8 @@ void KvCache::AdoptHitLocked(const PrefixHit& hit, int64_t max_adopt,
   if (k > k0) {
     prefix_.tier_from = k0 * page;
     for (int64_t c = k0 / pages; c * pages < k; ++c) {
-      const int64_t taken = std::min<int64_t>(k, (c + 1) * pages) - std::max<int64_t>(k0, c * pages);
+      const int64_t taken =
+          std::min<int64_t>(k, (c + 1) * pages) - std::max<int64_t>(k0, c * pages);
       ctx_.tiers->CountLoaded(loaded[size_t(c - c0)]->tier, taken * page);
     }
   }

@@ -47,9 +47,8 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
   auto region = backend->Reserve(max_chunks * chunk_bytes,
                                  absl::StrCat("kvarena-pool-", id));
   if (!region.ok()) return BackendRefusal(region.status());
-  return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget,
-                                                chunk_bytes, empty_chunks_kept, counters,
-                                                std::move(owner)));
+  return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget, chunk_bytes,
+                                                empty_chunks_kept, counters, std::move(owner)));
 }
 
 PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
@@ -299,12 +298,14 @@ void PagePool::EvictedLocked(int32_t page) {
   e.pool_id = id_;
   std::tie(e.hash, e.layer) = index_.KeyOfPage(page);
   // The first page of a chunk to leave sends the chunk down, while the rest is still here.
-  const uint64_t end = TiersFor(PrefixIndex::kTierEvicted) != nullptr ? ChunkEndLocked(node) : PrefixIndex::kNoNode;
+  const uint64_t end =
+      TiersFor(PrefixIndex::kTierEvicted) != nullptr ? ChunkEndLocked(node) : PrefixIndex::kNoNode;
   if (end != PrefixIndex::kNoNode && (index_.TierFlagsOf(end) & PrefixIndex::kTierEvicted) == 0) {
     std::vector<PrefixEvent> after;
     after.push_back(std::move(e));
     CaptureChunkLocked(end, PrefixIndex::kTierEvicted, std::move(after));
-  } else if (const Hash128* key = index_.TierKeyOf(node); key != nullptr && counters_->tiers != nullptr) {
+  } else if (const Hash128* key = index_.TierKeyOf(node);
+             key != nullptr && counters_->tiers != nullptr) {
     counters_->tiers->RecordAfterWrite(*key, std::move(e));
   } else {
     RecordLocked(std::move(e));

@@ -38,7 +38,8 @@ bool PagePool::RegisterLocked(uint64_t node, int layer, int32_t page) {
 }
 
 TierSet* PagePool::TiersFor(uint8_t flag) const {
-  if (counters_ == nullptr || counters_->tiers == nullptr || counters_->kernels == nullptr) return nullptr;
+  if (counters_ == nullptr || counters_->tiers == nullptr || counters_->kernels == nullptr)
+    return nullptr;
   TierSet* tiers = counters_->tiers;
   const bool takes = flag == PrefixIndex::kTierFull ? tiers->takes_full() : tiers->takes_evicted();
   return takes ? tiers : nullptr;
@@ -56,7 +57,8 @@ uint64_t PagePool::ChunkEndLocked(uint64_t node) const {
   if (block < 0) return PrefixIndex::kNoNode;
   const int32_t pages = counters_->tiers->ChunkPagesFor(layout_, index_.NumLayersOf(node));
   const int64_t last = block / pages * pages + pages - 1;
-  for (int64_t b = block; b < last && node != PrefixIndex::kNoNode; ++b) node = index_.LastChildOf(node);
+  for (int64_t b = block; b < last && node != PrefixIndex::kNoNode; ++b)
+    node = index_.LastChildOf(node);
   if (node == PrefixIndex::kNoNode) return node;
   for (int l = 0; l < index_.NumLayersOf(node); ++l) {
     if (index_.PageOf(node, l) < 0) return PrefixIndex::kNoNode;  // not full yet

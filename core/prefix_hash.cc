@@ -1,9 +1,9 @@
 #include "core/prefix_hash.h"
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <string>
-
-#include <xxhash.h>
 
 #include "absl/strings/str_format.h"
 #include "core/little_endian.h"

@@ -248,12 +248,14 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
   return absl::OkStatus();
 }
 
-absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id, std::vector<int32_t>* first_page) {
+absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
+                       std::vector<int32_t>* first_page) {
   Reader r(value);
   absl::string_view magic;
   KVARENA_RETURN_IF_ERROR(r.Bytes("magic", kMagic.size(), &magic));
   if (magic != kMagic) {
-    return absl::DataLossError(absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
+    return absl::DataLossError(
+        absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
   }
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("format version", kChunkFormatVersion));
   uint32_t f[6] = {};
@@ -280,7 +282,8 @@ absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id, std::vector<i
   KVARENA_RETURN_IF_ERROR(r.Bytes("tokens", 4 * uint64_t(f[5]) * uint64_t(f[1]), &tokens));
   KVARENA_RETURN_IF_ERROR(r.Bytes("first_page", 4 * uint64_t(f[4]), &firsts));
   id->tokens.resize(tokens.size() / 4);
-  for (size_t i = 0; i < id->tokens.size(); ++i) id->tokens[i] = int32_t(LoadU32(tokens.data() + 4 * i));
+  for (size_t i = 0; i < id->tokens.size(); ++i)
+    id->tokens[i] = int32_t(LoadU32(tokens.data() + 4 * i));
   first_page->resize(firsts.size() / 4);
   for (size_t i = 0; i < first_page->size(); ++i) {
     (*first_page)[i] = int32_t(std::min<uint32_t>(LoadU32(firsts.data() + 4 * i), f[5]));

@@ -89,7 +89,8 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
 // Reads a chunk's header without demanding anything of it (the tiers' events for a value a
 // store evicted): DATA_LOSS when the value is too short or its magic or version is wrong.
 // Nothing of the payload is checked: never use it to adopt K/V.
-absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id, std::vector<int32_t>* first_page);
+absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
+                       std::vector<int32_t>* first_page);
 
 }  // namespace kvarena
 

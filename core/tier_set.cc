@@ -156,8 +156,8 @@ void TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, u
   }
 }
 
-void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id, const std::string& medium,
-                                bool stored) {
+void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id,
+                                const std::string& medium, bool stored) {
   PrefixEventLog* log = events_.load();
   if (log == nullptr) return;
   ChunkIdentity id;
@@ -232,7 +232,8 @@ std::shared_ptr<const LoadedChunk> TierSet::Read(const ChunkIdentity& id, absl::
   return flight->result;
 }
 
-std::shared_ptr<const LoadedChunk> TierSet::ReadStores(const ChunkIdentity& id, absl::Time deadline) {
+std::shared_ptr<const LoadedChunk> TierSet::ReadStores(const ChunkIdentity& id,
+                                                       absl::Time deadline) {
   const ChunkKey key = id.key();
   for (size_t i = 0; i < stores_.size(); ++i) {
     if (absl::Now() >= deadline) return nullptr;
@@ -266,11 +267,13 @@ std::shared_ptr<const LoadedChunk> TierSet::ReadStores(const ChunkIdentity& id, 
 }
 
 void TierSet::CountLoaded(int tier, int64_t tokens) {
-  if (tier >= 0 && size_t(tier) < counters_.size()) counters_[size_t(tier)]->loaded_tokens += uint64_t(tokens);
+  if (tier >= 0 && size_t(tier) < counters_.size())
+    counters_[size_t(tier)]->loaded_tokens += uint64_t(tokens);
 }
 
 void TierSet::Observe(size_t i, bool write, absl::Time start) {
-  if (options_.on_latency) options_.on_latency(stores_[i].store->medium(), write, absl::Now() - start);
+  if (options_.on_latency)
+    options_.on_latency(stores_[i].store->medium(), write, absl::Now() - start);
 }
 
 std::vector<TierStats> TierSet::Stats() const {
@@ -300,7 +303,8 @@ std::vector<TierStats> TierSet::Stats() const {
 void TierSet::Flush() {
   absl::MutexLock lock(&mu_);
   const uint64_t target = queued_total_;
-  auto done = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_total_ >= target; };
+  auto done = [this, target]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_total_ >= target; };
   mu_.Await(absl::Condition(&done));
 }
 

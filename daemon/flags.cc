@@ -145,10 +145,13 @@ ABSL_FLAG(absl::Duration, tier_timeout, absl::Milliseconds(200),
 ABSL_FLAG(std::string, tier_redis, "",
           "Seed nodes HOST:PORT[,HOST:PORT...] of a Redis Cluster (or one plain Redis) shared by "
           "every node: the lowest tier, write-through (docs/redis-tier.md); \"\" = none.");
-ABSL_FLAG(std::string, tier_redis_user, "", "ACL user of --tier_redis (\"\": AUTH with the password alone).");
-ABSL_FLAG(std::string, tier_redis_password_file, "",
-          "File holding the password of --tier_redis (trailing whitespace dropped); \"\" = no AUTH.");
-ABSL_FLAG(std::string, tier_redis_key_prefix, "kva", "Prefix of every key the cluster tier writes.");
+ABSL_FLAG(std::string, tier_redis_user, "",
+          "ACL user of --tier_redis (\"\": AUTH with the password alone).");
+ABSL_FLAG(
+    std::string, tier_redis_password_file, "",
+    "File holding the password of --tier_redis (trailing whitespace dropped); \"\" = no AUTH.");
+ABSL_FLAG(std::string, tier_redis_key_prefix, "kva",
+          "Prefix of every key the cluster tier writes.");
 ABSL_FLAG(absl::Duration, tier_redis_ttl, absl::ZeroDuration(),
           "Expiry of a chunk in Redis, renewed when read; 0 = none (let maxmemory-policy evict).");
 ABSL_FLAG(kvarena::ByteSize, tier_write_queue_bytes, kvarena::ByteSize{uint64_t{256} << 20},

@@ -205,9 +205,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
                                                      d->events_.get(), d->tenants_.get());
   if (options.metrics_port != 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics =
-        MetricsServer::Start(options.metrics_address, options.metrics_port,
-                             MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_, &d->tier_latency_, d->redis_});
+    absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Start(
+        options.metrics_address, options.metrics_port,
+        MetricSources{d->store_.get(), &d->rpcs_, &d->fd_metrics_, &d->tier_latency_, d->redis_});
     KVARENA_RETURN_IF_ERROR(metrics.status());
     d->metrics_ = std::move(*metrics);
   }
@@ -314,13 +314,13 @@ std::string Daemon::StartLine() const {
   std::vector<std::string> uris;
   for (const ListenAddress& a : addresses_) uris.push_back(a.uri);
   return absl::StrCat(
-      "kvarenad: serving backend=", store_->Stats().backend, " arena_bytes=",
-      options_.arena_bytes, " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}),
-      ") page_size=", options_.page_size,
+      "kvarenad: serving backend=", store_->Stats().backend, " arena_bytes=", options_.arena_bytes,
+      " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}), ") page_size=", options_.page_size,
       " session_grace=", absl::FormatDuration(options_.session_grace),
       " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
-      absl::StrJoin(uris, ","), tcp_security_, " fd_socket=",
-      fd_server_ != nullptr ? fd_server_->path() : "none", DescribeTiers(options_.tiers));
+      absl::StrJoin(uris, ","), tcp_security_,
+      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none",
+      DescribeTiers(options_.tiers));
 }
 
 std::string Daemon::fd_socket() const { return fd_server_ != nullptr ? fd_server_->path() : ""; }

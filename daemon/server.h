@@ -10,6 +10,7 @@
 #ifndef KVARENA_DAEMON_SERVER_H_
 #define KVARENA_DAEMON_SERVER_H_
 
+#include <grpcpp/server.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
@@ -84,7 +83,7 @@ struct DaemonOptions {
   absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
   absl::Duration fd_request_timeout =
       absl::Seconds(5);  // one fd-socket request, first byte to reply
-  TierFlags tiers;  // the tiers below the arena (daemon/tiers.h); none by default
+  TierFlags tiers;       // the tiers below the arena (daemon/tiers.h); none by default
 };
 
 class Daemon {
@@ -118,7 +117,7 @@ class Daemon {
   // outlive all four.
   RpcMetrics rpcs_;
   FdMetrics fd_metrics_;
-  TierLatency tier_latency_;  // the tiers' store calls, for metrics_
+  TierLatency tier_latency_;           // the tiers' store calls, for metrics_
   const RedisStore* redis_ = nullptr;  // the cluster tier (owned by the store's tiers), if any
   // Before store_, so it outlives it: a pool the store destroys last still records an event.
   std::unique_ptr<EventsHub> events_;

@@ -17,9 +17,9 @@
 #include "absl/time/time.h"
 #include "core/types.h"
 #include "daemon/rpc_metrics.h"
-#include "tiers/redis/redis_reply.h"
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_family.h"
+#include "tiers/redis/redis_reply.h"
 
 namespace kvarena {
 

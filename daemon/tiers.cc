@@ -3,9 +3,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
 #include "core/small_file.h"
 #include "core/status_macros.h"
 #include "tiers/disk_store.h"
@@ -25,14 +25,16 @@ absl::StatusOr<std::unique_ptr<RedisStore>> MakeRedis(const TierFlags& flags) {
   if (!flags.redis_password_file.empty()) {
     absl::StatusOr<std::string> password = ReadSmallFile(flags.redis_password_file, 4096);
     if (!password.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--tier_redis_password_file=", flags.redis_password_file,
-                                                     ": ", password.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tier_redis_password_file=", flags.redis_password_file, ": ",
+                       password.status().message()));
     }
     o.password = std::string(absl::StripTrailingAsciiWhitespace(*password));
   }
   absl::StatusOr<std::unique_ptr<RedisStore>> store = RedisStore::Create(o);
   if (!store.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tier_redis=", flags.redis, ": ", store.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tier_redis=", flags.redis, ": ", store.status().message()));
   }
   return store;
 }
@@ -41,36 +43,41 @@ absl::StatusOr<std::unique_ptr<RedisStore>> MakeRedis(const TierFlags& flags) {
 
 absl::StatusOr<DaemonTiers> MakeTiers(const TierFlags& flags, TierLatency* latency) {
   if (flags.chunk_pages < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tier_chunk_pages=", flags.chunk_pages, " but it is 0 (the default) or more"));
+    return absl::InvalidArgumentError(absl::StrCat("--tier_chunk_pages=", flags.chunk_pages,
+                                                   " but it is 0 (the default) or more"));
   }
   if (flags.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tier_timeout=", absl::FormatDuration(flags.timeout),
-                                                   " but a lookup needs some time: give more than 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tier_timeout=", absl::FormatDuration(flags.timeout),
+                     " but a lookup needs some time: give more than 0"));
   }
   if (!flags.disk_dir.empty() && flags.disk_bytes == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--tier_disk_dir=", flags.disk_dir,
-                                                   " needs --tier_disk_bytes (how much of the disk it may fill)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tier_disk_dir=", flags.disk_dir,
+                     " needs --tier_disk_bytes (how much of the disk it may fill)"));
   }
   if (flags.disk_dir.empty() && flags.disk_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tier_disk_bytes=", flags.disk_bytes, " needs --tier_disk_dir (where the chunks go)"));
+    return absl::InvalidArgumentError(absl::StrCat("--tier_disk_bytes=", flags.disk_bytes,
+                                                   " needs --tier_disk_dir (where the chunks go)"));
   }
   std::vector<TierEntry> stores;
   if (flags.host_bytes > 0) {
     stores.push_back(TierEntry{NewHostStore(flags.host_bytes), flags.write_through});
   }
   if (!flags.disk_dir.empty()) {
-    KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<TierStore> disk, OpenDiskStore(flags.disk_dir, flags.disk_bytes));
+    KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<TierStore> disk,
+                             OpenDiskStore(flags.disk_dir, flags.disk_bytes));
     stores.push_back(TierEntry{std::move(disk), flags.write_through});
   }
   DaemonTiers out;
   if (!flags.redis.empty()) {
     KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<RedisStore> redis, MakeRedis(flags));
     out.redis = redis.get();
-    stores.push_back(TierEntry{std::move(redis), /*write_through=*/true});  // shared: every full chunk
+    stores.push_back(
+        TierEntry{std::move(redis), /*write_through=*/true});  // shared: every full chunk
   } else if (!flags.redis_user.empty() || !flags.redis_password_file.empty()) {
-    return absl::InvalidArgumentError("--tier_redis_user and --tier_redis_password_file need --tier_redis");
+    return absl::InvalidArgumentError(
+        "--tier_redis_user and --tier_redis_password_file need --tier_redis");
   }
   if (stores.empty()) return out;
   TierOptions options;
@@ -90,10 +97,12 @@ absl::StatusOr<DaemonTiers> MakeTiers(const TierFlags& flags, TierLatency* laten
 std::string DescribeTiers(const TierFlags& flags) {
   std::vector<std::string> parts;
   if (flags.host_bytes > 0) parts.push_back(absl::StrCat("host:", flags.host_bytes));
-  if (!flags.disk_dir.empty()) parts.push_back(absl::StrCat("disk:", flags.disk_dir, ":", flags.disk_bytes));
+  if (!flags.disk_dir.empty())
+    parts.push_back(absl::StrCat("disk:", flags.disk_dir, ":", flags.disk_bytes));
   if (!flags.redis.empty()) parts.push_back(absl::StrCat("redis:", flags.redis));
   if (parts.empty()) return "";
-  return absl::StrCat(" tiers=", absl::StrJoin(parts, ","), flags.write_through ? " write_through" : "");
+  return absl::StrCat(" tiers=", absl::StrJoin(parts, ","),
+                      flags.write_through ? " write_through" : "");
 }
 
 }  // namespace kvarena

@@ -17,19 +17,19 @@
 namespace kvarena {
 
 struct TierFlags {
-  uint64_t host_bytes = 0;    // --tier_host_bytes; 0: no host tier
-  std::string disk_dir;       // --tier_disk_dir; "": no disk tier
-  uint64_t disk_bytes = 0;    // --tier_disk_bytes (required with a disk dir)
-  int chunk_pages = 0;        // --tier_chunk_pages; 0: the fewest making >= 256 KiB
+  uint64_t host_bytes = 0;     // --tier_host_bytes; 0: no host tier
+  std::string disk_dir;        // --tier_disk_dir; "": no disk tier
+  uint64_t disk_bytes = 0;     // --tier_disk_bytes (required with a disk dir)
+  int chunk_pages = 0;         // --tier_chunk_pages; 0: the fewest making >= 256 KiB
   bool write_through = false;  // --tier_write_through
-  absl::Duration timeout = absl::Milliseconds(200);     // --tier_timeout
-  uint64_t write_queue_bytes = uint64_t{256} << 20;     // --tier_write_queue_bytes
+  absl::Duration timeout = absl::Milliseconds(200);  // --tier_timeout
+  uint64_t write_queue_bytes = uint64_t{256} << 20;  // --tier_write_queue_bytes
   // The cluster tier (tiers/redis/, docs/redis-tier.md): write-through, below disk.
-  std::string redis;                // --tier_redis: HOST:PORT[,HOST:PORT...]; "": none
-  std::string redis_user;           // --tier_redis_user (ACL)
-  std::string redis_password_file;  // --tier_redis_password_file
-  std::string redis_key_prefix = "kva";                 // --tier_redis_key_prefix
-  absl::Duration redis_ttl = absl::ZeroDuration();      // --tier_redis_ttl; 0: none
+  std::string redis;                     // --tier_redis: HOST:PORT[,HOST:PORT...]; "": none
+  std::string redis_user;                // --tier_redis_user (ACL)
+  std::string redis_password_file;       // --tier_redis_password_file
+  std::string redis_key_prefix = "kva";  // --tier_redis_key_prefix
+  absl::Duration redis_ttl = absl::ZeroDuration();  // --tier_redis_ttl; 0: none
 };
 
 // What MakeTiers made: the set, and its Redis store (for its cluster counters) if any.

@@ -58,13 +58,15 @@ class KvKernels {
   virtual absl::Status ReadPages(const PageLayout& layout, const uint8_t* pool_base,
                                  const int32_t* ids, int64_t n, uint8_t* out) {
     const size_t page = layout.PageBytes();
-    for (int64_t i = 0; i < n; ++i) std::memcpy(out + size_t(i) * page, pool_base + size_t(ids[i]) * page, page);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out + size_t(i) * page, pool_base + size_t(ids[i]) * page, page);
     return absl::OkStatus();
   }
   virtual absl::Status WritePages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                                   int64_t n, const uint8_t* in) {
     const size_t page = layout.PageBytes();
-    for (int64_t i = 0; i < n; ++i) std::memcpy(pool_base + size_t(ids[i]) * page, in + size_t(i) * page, page);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(pool_base + size_t(ids[i]) * page, in + size_t(i) * page, page);
     return absl::OkStatus();
   }
   // Returns once every operation these kernels started has finished with the pages it

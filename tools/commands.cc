@@ -77,14 +77,15 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
   }
   absl::StrAppend(&out, "\n", pools.Render());
   if (s.tiers.empty()) return out;
-  Table tiers({"TIER", "UP", "USED", "LIMIT", "CHUNKS", "LOOKUPS", "HITS", "MISSES", "LOADED_TOKENS",
-               "STORED", "DROPPED", "CORRUPT", "ERRORS"});
+  Table tiers({"TIER", "UP", "USED", "LIMIT", "CHUNKS", "LOOKUPS", "HITS", "MISSES",
+               "LOADED_TOKENS", "STORED", "DROPPED", "CORRUPT", "ERRORS"});
   for (const TierStats& t : s.tiers) {
     tiers.AddRow({t.medium, t.up ? "yes" : "no", HumanBytes(t.bytes_used),
-                  t.bytes_limit > 0 ? HumanBytes(t.bytes_limit) : std::string("-"), absl::StrCat(t.chunks),
-                  absl::StrCat(t.lookups), absl::StrCat(t.hit_chunks), absl::StrCat(t.miss_chunks),
-                  absl::StrCat(t.loaded_tokens), absl::StrCat(t.stored_chunks),
-                  absl::StrCat(t.dropped_writes), absl::StrCat(t.corrupt_chunks), absl::StrCat(t.errors)});
+                  t.bytes_limit > 0 ? HumanBytes(t.bytes_limit) : std::string("-"),
+                  absl::StrCat(t.chunks), absl::StrCat(t.lookups), absl::StrCat(t.hit_chunks),
+                  absl::StrCat(t.miss_chunks), absl::StrCat(t.loaded_tokens),
+                  absl::StrCat(t.stored_chunks), absl::StrCat(t.dropped_writes),
+                  absl::StrCat(t.corrupt_chunks), absl::StrCat(t.errors)});
   }
   return absl::StrCat(out, "\n", tiers.Render());
 }

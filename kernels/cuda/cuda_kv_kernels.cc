@@ -138,8 +138,8 @@ class CudaKvKernels final : public KvKernels {
     });
   }
 
-  absl::Status WritePages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids, int64_t n,
-                          const uint8_t* in) override {
+  absl::Status WritePages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
+                          int64_t n, const uint8_t* in) override {
     return CopyPageRuns(layout, ids, n, "WritePages", [&](int64_t i, size_t bytes, cudaStream_t s) {
       const size_t page = layout.PageBytes();
       return cudaMemcpyAsync(pool_base + size_t(ids[i]) * page, in + size_t(i) * page, bytes,
@@ -149,13 +149,15 @@ class CudaKvKernels final : public KvKernels {
 
   // copy(i, bytes, stream) for each run [i, j) of consecutive ids.
   template <typename Copy>
-  absl::Status CopyPageRuns(const PageLayout& layout, const int32_t* ids, int64_t n, const char* name,
-                            Copy copy) {
+  absl::Status CopyPageRuns(const PageLayout& layout, const int32_t* ids, int64_t n,
+                            const char* name, Copy copy) {
     Call call(this, name);
     for (int64_t i = 0; i < n;) {
       int64_t j = i + 1;
       while (j < n && ids[j] == ids[j - 1] + 1) ++j;
-      if (!call.Check(copy(i, size_t(j - i) * layout.PageBytes(), call.stream()), "cudaMemcpyAsync")) break;
+      if (!call.Check(copy(i, size_t(j - i) * layout.PageBytes(), call.stream()),
+                      "cudaMemcpyAsync"))
+        break;
       i = j;
     }
     return call.Finish();

@@ -106,55 +106,80 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       .def_property_readonly("is_valid", &H::is_valid)
       .def("layer_len", &H::layer_len, py::arg("layer"))
       .def("refresh", [](H& h) { Blocking([&] { return h.refresh(); }); })
-      .def("block_table", [](const H& h, int layer) {
-        return Blocking([&] { return h.block_table(layer); });
-      }, py::arg("layer"))
+      .def(
+          "block_table",
+          [](const H& h, int layer) { return Blocking([&] { return h.block_table(layer); }); },
+          py::arg("layer"))
       .def("stats", [](const H& h) { return ToDict(Blocking([&] { return h.stats(); })); })
-      .def("append", [](H& h, int layer, py::handle k, py::handle v) {
-        CacheTensors t = ParseForCache(Geometry::Of(h), 1, py::none(), k, v);
-        AppendResult r = Blocking([&] { return h.append(layer, t.k.arg, t.v.arg); });
-        py::dict d;
-        d["layer_len"] = r.layer_len;
-        d["seq_len"] = r.seq_len;
-        return Namespace(d);
-      }, py::arg("layer"), py::arg("k"), py::arg("v"))
-      .def("attention", [](H& h, int layer, py::handle q, py::handle k, py::handle v,
-                           std::optional<double> scale, std::optional<uint32_t> window) {
-        CacheTensors t = ParseForCache(Geometry::Of(h), 1, q, k, v);
-        const AttentionOptions o = MakeAttentionOptions(scale, window);
-        TensorOut out = Blocking([&] { return h.attention_opts(layer, t.q.arg, t.k.arg, t.v.arg, o); });
-        return Like(q, FromTensorOut(std::move(out)));
-      }, py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
-         py::arg("scale") = py::none(), py::arg("window") = py::none())
-      .def("get_kv", [](const H& h, int layer) {
-        GetKvResult r = Blocking([&] { return h.get_kv(layer); });
-        return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
-      }, py::arg("layer"))
-      .def("get_kv_local", [](const H& h, int layer) {
-        GetKvResult r = Blocking([&] { return h.get_kv_local(layer); });
-        return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
-      }, py::arg("layer"))
-      .def("popn", [](H& h, int64_t n) {
-        return Blocking([&] { return h.popn(n); }).popped;
-      }, py::arg("n"))
-      .def("reset", [](H& h, bool keep_pages) { Blocking([&] { return h.reset(keep_pages); }); },
-           py::arg("keep_pages") = false)
+      .def(
+          "append",
+          [](H& h, int layer, py::handle k, py::handle v) {
+            CacheTensors t = ParseForCache(Geometry::Of(h), 1, py::none(), k, v);
+            AppendResult r = Blocking([&] { return h.append(layer, t.k.arg, t.v.arg); });
+            py::dict d;
+            d["layer_len"] = r.layer_len;
+            d["seq_len"] = r.seq_len;
+            return Namespace(d);
+          },
+          py::arg("layer"), py::arg("k"), py::arg("v"))
+      .def(
+          "attention",
+          [](H& h, int layer, py::handle q, py::handle k, py::handle v, std::optional<double> scale,
+             std::optional<uint32_t> window) {
+            CacheTensors t = ParseForCache(Geometry::Of(h), 1, q, k, v);
+            const AttentionOptions o = MakeAttentionOptions(scale, window);
+            TensorOut out =
+                Blocking([&] { return h.attention_opts(layer, t.q.arg, t.k.arg, t.v.arg, o); });
+            return Like(q, FromTensorOut(std::move(out)));
+          },
+          py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("scale") = py::none(),
+          py::arg("window") = py::none())
+      .def(
+          "get_kv",
+          [](const H& h, int layer) {
+            GetKvResult r = Blocking([&] { return h.get_kv(layer); });
+            return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
+          },
+          py::arg("layer"))
+      .def(
+          "get_kv_local",
+          [](const H& h, int layer) {
+            GetKvResult r = Blocking([&] { return h.get_kv_local(layer); });
+            return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
+          },
+          py::arg("layer"))
+      .def(
+          "popn", [](H& h, int64_t n) { return Blocking([&] { return h.popn(n); }).popped; },
+          py::arg("n"))
+      .def(
+          "reset", [](H& h, bool keep_pages) { Blocking([&] { return h.reset(keep_pages); }); },
+          py::arg("keep_pages") = false)
       .def("release", [](H& h) { Blocking([&] { return h.release(); }); })
-      .def("set_tokens", [](H& h, int64_t first_pos, py::handle ids) {
-        std::vector<int32_t> v = ParseTokenIds(ids);
-        Blocking([&] { return h.set_tokens(first_pos, v); });
-      }, py::arg("first_pos"), py::arg("ids"))
-      .def("fork", [](py::object self, const std::string& id) {
-        const H& h = self.cast<const H&>();
-        return WithClient(Blocking([&] { return h.fork(id); }), ClientOf(self));
-      }, py::arg("new_cache_id") = "")
-      .def("clone_handle", [](py::object self) {
-        return WithClient(self.cast<const H&>().clone_handle(), ClientOf(self));
-      })
-      .def("with_sequence_length", [](py::object self, int64_t n) {
-        const H& h = self.cast<const H&>();
-        return WithClient(ValueOrThrow(h.with_sequence_length(n)), ClientOf(self));
-      }, py::arg("n"))
+      .def(
+          "set_tokens",
+          [](H& h, int64_t first_pos, py::handle ids) {
+            std::vector<int32_t> v = ParseTokenIds(ids);
+            Blocking([&] { return h.set_tokens(first_pos, v); });
+          },
+          py::arg("first_pos"), py::arg("ids"))
+      .def(
+          "fork",
+          [](py::object self, const std::string& id) {
+            const H& h = self.cast<const H&>();
+            return WithClient(Blocking([&] { return h.fork(id); }), ClientOf(self));
+          },
+          py::arg("new_cache_id") = "")
+      .def("clone_handle",
+           [](py::object self) {
+             return WithClient(self.cast<const H&>().clone_handle(), ClientOf(self));
+           })
+      .def(
+          "with_sequence_length",
+          [](py::object self, int64_t n) {
+            const H& h = self.cast<const H&>();
+            return WithClient(ValueOrThrow(h.with_sequence_length(n)), ClientOf(self));
+          },
+          py::arg("n"))
       .def("__repr__", [](const H& h) {
         return absl::StrCat("kvarena.Cache(cache_id='", h.cache_id(), "', num_tokens=",
                             h.num_tokens(), ", dtype=", DTypeName(h.dtype()), ")");

@@ -6,6 +6,7 @@
 #ifndef KVARENA_TESTS_DAEMON_DAEMON_PROCESS_H_
 #define KVARENA_TESTS_DAEMON_DAEMON_PROCESS_H_
 
+#include <grpcpp/grpcpp.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -13,8 +14,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/time/time.h"
 #include "tests/support/temp_dir.h"

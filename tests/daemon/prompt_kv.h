@@ -29,13 +29,15 @@ inline Prompt MakePrompt(int n, uint32_t seed) {
   for (int i = 0; i < n; ++i) p.tokens.push_back(int32_t(rng() % 50000));
   for (int l = 0; l < kPromptLayers; ++l) {
     p.k.push_back(RandomTensor(v1::FLOAT32, kPromptHeads, n, kPromptDim, seed * 10 + uint32_t(l)));
-    p.v.push_back(RandomTensor(v1::FLOAT32, kPromptHeads, n, kPromptDim, seed * 10 + 5 + uint32_t(l)));
+    p.v.push_back(
+        RandomTensor(v1::FLOAT32, kPromptHeads, n, kPromptDim, seed * 10 + 5 + uint32_t(l)));
   }
   return p;
 }
 
 // Allocates a cache for the prompt's tokens in namespace ns (asserting success).
-inline v1::CacheInfo AllocatePrompt(v1::KvCacheService::Stub* stub, const std::vector<int32_t>& tokens,
+inline v1::CacheInfo AllocatePrompt(v1::KvCacheService::Stub* stub,
+                                    const std::vector<int32_t>& tokens,
                                     const std::string& ns = "model") {
   v1::AllocateRequest req;
   *req.mutable_spec() = Spec(kPromptLayers, kPromptHeads, kPromptDim);
@@ -49,7 +51,8 @@ inline v1::CacheInfo AllocatePrompt(v1::KvCacheService::Stub* stub, const std::v
 }
 
 // Appends the prompt's K/V of positions [from, end) to every layer of cache id.
-inline void ComputePrompt(v1::KvCacheService::Stub* stub, const std::string& id, const Prompt& p, int from) {
+inline void ComputePrompt(v1::KvCacheService::Stub* stub, const std::string& id, const Prompt& p,
+                          int from) {
   const int n = int(p.tokens.size()) - from;
   for (int l = 0; l < kPromptLayers; ++l) {
     v1::AppendRequest req;
@@ -76,8 +79,8 @@ inline void ReleaseCache(v1::KvCacheService::Stub* stub, const std::string& id) 
 // Completes cache b (allocated with p's prompt) with p's K/V and checks that it holds and
 // attends exactly as a cache that computed everything in namespace `fresh_ns` (new to
 // the daemon); releases both.
-inline void ExpectAsRecomputed(v1::KvCacheService::Stub* stub, const v1::CacheInfo& b, const Prompt& p,
-                               const std::string& fresh_ns) {
+inline void ExpectAsRecomputed(v1::KvCacheService::Stub* stub, const v1::CacheInfo& b,
+                               const Prompt& p, const std::string& fresh_ns) {
   ASSERT_NO_FATAL_FAILURE(ComputePrompt(stub, b.cache_id(), p, int(b.cached_tokens())));
   const v1::CacheInfo r = AllocatePrompt(stub, p.tokens, fresh_ns);
   ASSERT_EQ(r.cached_tokens(), 0u);

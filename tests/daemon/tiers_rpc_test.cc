@@ -37,7 +37,9 @@ class TiersRpcTest : public KvarenadTest {
   v1::CacheInfo AllocatePrompt(const std::vector<int32_t>& tokens) {
     return kvarena::AllocatePrompt(stub_.get(), tokens);
   }
-  void Compute(const std::string& id, const Prompt& p, int from) { ComputePrompt(stub_.get(), id, p, from); }
+  void Compute(const std::string& id, const Prompt& p, int from) {
+    ComputePrompt(stub_.get(), id, p, from);
+  }
   void Release(const std::string& id) { ReleaseCache(stub_.get(), id); }
 
   // Computes p in a cache and releases it: its pages stay cached in the arena.
@@ -50,7 +52,8 @@ class TiersRpcTest : public KvarenadTest {
   // Fills the whole arena with a namespace-less cache, evicting every cached page.
   void Pressure() {
     const std::string id = Allocate(Spec(kLayers, kHeads, kDim));
-    for (uint32_t l = 0; l < kLayers; ++l) ASSERT_TRUE(AppendF32(id, l, 0, 2048 * 4, kHeads, kDim, 1.0f).ok());
+    for (uint32_t l = 0; l < kLayers; ++l)
+      ASSERT_TRUE(AppendF32(id, l, 0, 2048 * 4, kHeads, kDim, 1.0f).ok());
     ASSERT_NO_FATAL_FAILURE(Release(id));
   }
 
@@ -165,7 +168,8 @@ TEST_F(TiersRpcTest, ADiskTooSmallForAChunkDropsTheWriteAndCountsIt) {
   const Prompt p = MakePrompt(9, 7);
   ASSERT_NO_FATAL_FAILURE(ComputeAndRelease(p));
   ASSERT_NO_FATAL_FAILURE(Pressure());
-  for (int i = 0; i < 500 && Tier("disk").dropped_writes() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  for (int i = 0; i < 500 && Tier("disk").dropped_writes() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(Tier("disk").dropped_writes(), 1u);
   EXPECT_EQ(AllocatePrompt(p.tokens).cached_tokens(), 0u);
   EXPECT_TRUE(ChunkFiles().empty());
@@ -202,7 +206,8 @@ TEST_F(TiersRpcTest, StatsMetricsAndEventsNameTheTiers) {
   EXPECT_EQ(host.chunks(), 1u);
   const std::string metrics = GetMetrics(port);
   EXPECT_THAT(metrics, ::testing::HasSubstr("kvarena_tier_stored_chunks_total{medium=\"host\"} 1"));
-  EXPECT_THAT(metrics, ::testing::HasSubstr("kvarena_tier_duration_seconds_bucket{medium=\"host\",op=\"write\""));
+  EXPECT_THAT(metrics, ::testing::HasSubstr(
+                           "kvarena_tier_duration_seconds_bucket{medium=\"host\",op=\"write\""));
   // WatchEvents: the host tier's BlockStored comes before the arena's BlockRemoved.
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

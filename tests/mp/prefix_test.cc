@@ -131,24 +131,27 @@ TEST_F(PrefixReuseTest, TheLocalPathAdoptsFromCachedPagesToo) {
   EXPECT_GT(rb.size(), 0u);
 }
 
-TEST_F(PrefixReuseTest, TheLocalPathOverAPrefixFromTheDiskTierAfterARestartMatchesARunWithoutReuse) {
+TEST_F(PrefixReuseTest,
+       TheLocalPathOverAPrefixFromTheDiskTierAfterARestartMatchesARunWithoutReuse) {
   // Chunks of 4 pages: the 12 cached pages of the prompt are 3 chunks. Odd layers slide.
-  const std::vector<std::string> tier = {"--tier_disk_dir=" + Path("tier"), "--tier_disk_bytes=64Mi",
-                                         "--tier_chunk_pages=4"};
+  const std::vector<std::string> tier = {"--tier_disk_dir=" + Path("tier"),
+                                         "--tier_disk_bytes=64Mi", "--tier_chunk_pages=4"};
   StartDaemonWith(tier);
   EXPECT_EQ(Run({"--window=32"}, "a"), 0);  // computes and releases: its pages stay cached
   // A graceful stop hands what the arena caches down to the disk; a new daemon finds it.
   daemon().Signal(SIGTERM);
   ASSERT_TRUE(daemon().Wait(kEventBound).ok());
   StartDaemonWith(tier);
-  EXPECT_EQ(Run({"--local", "--window=32", "--out=" + Path("b.txt"), absl::StrCat("--expect_cached=", kCached)}, "b"),
+  EXPECT_EQ(Run({"--local", "--window=32", "--out=" + Path("b.txt"),
+                 absl::StrCat("--expect_cached=", kCached)},
+                "b"),
             kCached);
   const ArenaStats s = Stats();
   ASSERT_EQ(s.tiers.size(), 1u);
   EXPECT_EQ(s.tiers[0].medium, "disk");
   EXPECT_EQ(s.tiers[0].loaded_tokens, uint64_t(kCached));
-  EXPECT_EQ(Run({"--local", "--window=32", "--prefix_namespace=", absl::StrCat("--split_at=", kCached),
-                 "--out=" + Path("r.txt")},
+  EXPECT_EQ(Run({"--local", "--window=32", "--prefix_namespace=",
+                 absl::StrCat("--split_at=", kCached), "--out=" + Path("r.txt")},
                 "r"),
             0);
   const auto rb = Outputs(Path("b.txt"));

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/daemon/prompt_kv.h"
 #include "absl/strings/str_split.h"
+#include "tests/daemon/prompt_kv.h"
 #include "tests/redis/redis_harness.h"
 #include "tiers/redis/redis_store.h"
 
@@ -72,8 +72,29 @@ class RedisNodesTest : public ::testing::Test {
     const v1::CacheInfo info = AllocatePrompt(a.stub.get(), p.tokens);
     ASSERT_NO_FATAL_FAILURE(ComputePrompt(a.stub.get(), info.cache_id(), p, 0));
     const uint64_t want = chunks_before + (p.tokens.size() - 1) / 8;
-    for (int i = 0; i < 1000 && a.Redis().stored_chunks() < want; ++i) absl::SleepFor(absl::Milliseconds(10));
+    for (int i = 0; i < 1000 && a.Redis().stored_chunks() < want; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
     ASSERT_EQ(a.Redis().stored_chunks(), want);
+  }
+
+  // Fills node's arena with a namespace-less cache, evicting every cached page.
+  void Pressure(Node& node) {
+    v1::AllocateRequest req;
+    *req.mutable_spec() = Spec(kPromptLayers, kPromptHeads, kPromptDim);
+    v1::AllocateResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(node.stub->Allocate(&ctx, req, &resp).ok());
+    for (uint32_t l = 0; l < kPromptLayers; ++l) {
+      v1::AppendRequest append;
+      append.set_cache_id(resp.cache().cache_id());
+      append.set_layer(l);
+      *append.mutable_k() = F32Tensor(kPromptHeads, 2048 * 4, kPromptDim, 1.0f);
+      *append.mutable_v() = F32Tensor(kPromptHeads, 2048 * 4, kPromptDim, 2.0f);
+      v1::AppendResponse out;
+      grpc::ClientContext c;
+      ASSERT_TRUE(node.stub->Append(&c, append, &out).ok());
+    }
+    ReleaseCache(node.stub.get(), resp.cache().cache_id());
   }
 
   std::unique_ptr<RedisTestCluster> cluster_;
@@ -93,6 +114,41 @@ TEST_F(RedisNodesTest, APrefixNodeAComputedIsAdoptedOnNodeBBitForBit) {
   EXPECT_EQ(b->Redis().loaded_tokens(), 32u);
 }
 
+TEST_F(RedisNodesTest, APrimaryKilledUnderTrafficFailsNoRpcAndItsPrefixesHitAgainAfterFailover) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(ClusterOf(3, 1)));
+  std::unique_ptr<Node> a = StartNode(), b = StartNode();
+  std::vector<Prompt> prompts;
+  for (uint32_t s = 50; s < 62; ++s) prompts.push_back(MakePrompt(9, s));  // one chunk each
+  for (size_t i = 0; i < prompts.size(); ++i) ASSERT_NO_FATAL_FAILURE(ComputeOn(*a, prompts[i], i));
+  const absl::StatusOr<std::vector<int>> primaries = cluster_->Primaries();
+  ASSERT_TRUE(primaries.ok()) << primaries.status();
+  for (int port : *primaries) ASSERT_TRUE(cluster_->WaitReplicated(port, absl::Seconds(20)).ok());
+  cluster_->Signal((*primaries)[0], SIGKILL);
+  // B keeps allocating every prompt (each Allocate must succeed: a dead shard is a miss)
+  // until all of them hit again, the replica promoted; bounded.
+  int rounds = 0, misses = 0;
+  bool all_hit = false;
+  for (; rounds < 400 && !all_hit; ++rounds) {
+    all_hit = true;
+    for (const Prompt& p : prompts) {
+      const v1::CacheInfo got = AllocatePrompt(b->stub.get(), p.tokens);
+      ASSERT_FALSE(got.cache_id().empty());
+      if (got.tier_loaded_tokens() == 0 && got.cached_tokens() == 0) {
+        all_hit = false;
+        ++misses;
+      }
+      ASSERT_NO_FATAL_FAILURE(ReleaseCache(b->stub.get(), got.cache_id()));
+    }
+    // What B loaded stays in its arena: push it out so the next round asks Redis again.
+    ASSERT_NO_FATAL_FAILURE(Pressure(*b));
+    if (!all_hit) absl::SleepFor(absl::Milliseconds(50));
+  }
+  std::printf("failover: %d rounds of %zu allocates, %d misses while the shard was down\n", rounds,
+              prompts.size(), misses);
+  EXPECT_TRUE(all_hit);
+  EXPECT_TRUE(cluster_->WaitClusterOk(absl::Seconds(20)).ok());
+}
+
 TEST_F(RedisNodesTest, AValueOverwrittenWithGarbageOrAnotherPrefixsChunkIsAMissCounted) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(ClusterOf(3, 1)));
   std::unique_ptr<Node> a = StartNode(), b = StartNode();
@@ -110,7 +166,8 @@ TEST_F(RedisNodesTest, AValueOverwrittenWithGarbageOrAnotherPrefixsChunkIsAMissC
       const size_t open = k.find('{');
       ASSERT_NE(open, absl::string_view::npos) << k;
       const std::string hex(k.substr(open + 1, 32));
-      keys.push_back(ChunkKey{std::stoull(hex.substr(16), nullptr, 16), std::stoull(hex.substr(0, 16), nullptr, 16)});
+      keys.push_back(ChunkKey{std::stoull(hex.substr(16), nullptr, 16),
+                              std::stoull(hex.substr(0, 16), nullptr, 16)});
     }
   }
   ASSERT_EQ(keys.size(), 2u);
@@ -127,7 +184,8 @@ TEST_F(RedisNodesTest, AValueOverwrittenWithGarbageOrAnotherPrefixsChunkIsAMissC
   ASSERT_TRUE((*store)->Put(keys[1], *first, nullptr).ok());
   (*store)->Erase(keys[0]);
   ASSERT_TRUE((*store)->Put(keys[0], "not a chunk", nullptr).ok());
-  for (const Prompt* x : {&p, &q}) EXPECT_EQ(AllocatePrompt(b->stub.get(), x->tokens).cached_tokens(), 0u);
+  for (const Prompt* x : {&p, &q})
+    EXPECT_EQ(AllocatePrompt(b->stub.get(), x->tokens).cached_tokens(), 0u);
   EXPECT_EQ(b->Redis().corrupt_chunks(), 2u);  // both misses, counted, dropped from Redis
   EXPECT_EQ(b->Redis().hit_chunks(), 0u);
 }
@@ -146,7 +204,8 @@ TEST_F(RedisNodesTest, AStoppedPrimaryCostsOneTimeoutThenTheBreakerAnswersAtOnce
     const absl::Time start = absl::Now();
     const v1::CacheInfo got = AllocatePrompt(a->stub.get(), p.tokens);
     EXPECT_EQ(got.cached_tokens(), 0u);
-    std::printf("allocate with every primary stopped: %s\n", absl::FormatDuration(absl::Now() - start).c_str());
+    std::printf("allocate with every primary stopped: %s\n",
+                absl::FormatDuration(absl::Now() - start).c_str());
   }
   // At most one timeout per primary opened its breaker; the other lookups skipped it.
   EXPECT_GE(a->Redis().errors(), 1u);
