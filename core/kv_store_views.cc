@@ -34,12 +34,12 @@ ArenaStats KvStore::Stats() const {
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     s.num_caches = int64_t(impl_->caches.size());
-    const std::vector<PoolSet::Entry> entries = impl_->pools.List();
+    std::vector<PoolSet::Entry> entries = impl_->pools.List();
     s.pools.reserve(entries.size());
-    for (const PoolSet::Entry& e : entries) {
-      s.pools.push_back(e.pool->Stats());
-      s.pools.back().num_caches = e.num_caches;
-      s.pools.back().owner = e.owner;
+    for (PoolSet::Entry& e : entries) {
+      PoolStats& p = s.pools.emplace_back(e.pool->Stats());
+      p.num_caches = e.num_caches;
+      p.owner = std::move(e.owner);
     }
   }
   PageStats& t = s.pages;

@@ -335,6 +335,7 @@ ArenaStats FromProto(const v1::StatsResponse& p) {
 void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
   ToProto(s.pages, p->mutable_pages());
   p->clear_pools();
+  p->mutable_pools()->Reserve(static_cast<int>(s.pools.size()));
   for (const PoolStats& pool : s.pools) ToProto(pool, p->add_pools());
   p->set_backend(s.backend);
   p->set_arena_bytes(s.arena_bytes);
