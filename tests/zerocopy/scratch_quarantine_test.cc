@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "tests/daemon/daemon_process.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
