@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "client/client_test_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
@@ -180,8 +181,9 @@ class SingleCacheKernels final : public testing::ForwardingKvKernels {
 
 TEST_F(DecodeBatchTest, KernelsWithoutBatchCallsRunItSequenceBySequence) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
-  client_->TEST_WrapLocalKernels(
-      [](std::unique_ptr<KvKernels> k) { return std::make_unique<SingleCacheKernels>(std::move(k)); });
+  client_internal::ClientTestPeer(*client_).WrapLocalKernels([](std::unique_ptr<KvKernels> k) {
+    return std::make_unique<SingleCacheKernels>(std::move(k));
+  });
   const CacheSpec spec = Spec({0, 3});
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
   std::vector<std::vector<KvHistory>> history;

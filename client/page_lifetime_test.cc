@@ -1,13 +1,15 @@
 // "Page lifetime" (kvarena/kv_cache_handle.h): every call that may free pages waits for
 // the client's local kernels before its RPC, and a failed wait sends nothing. A probe
-// wraps the real kernels (Client::TEST_WrapLocalKernels); its Synchronize records what the
-// arena holds at that moment, which shows the wait came first.
+// wraps the real kernels (ClientTestPeer::WrapLocalKernels, client/client_test_peer.h);
+// its Synchronize records what the arena holds at that moment, which shows the wait came
+// first.
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "client/client_test_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_kernels.h"
@@ -45,9 +47,10 @@ class PageLifetimeTest : public testing::InprocClientFixture<> {
  protected:
   void SetUp() override {
     InprocClientFixture::SetUp();
-    client_->TEST_WrapLocalKernels([this](std::unique_ptr<KvKernels> real) {
-      return std::make_unique<ProbeKernels>(std::move(real), [this] { return OnSync(); });
-    });
+    client_internal::ClientTestPeer(*client_).WrapLocalKernels(
+        [this](std::unique_ptr<KvKernels> real) {
+          return std::make_unique<ProbeKernels>(std::move(real), [this] { return OnSync(); });
+        });
   }
 
   // What the arena holds of the watched cache: its seq_len, or -1 once it is gone.
