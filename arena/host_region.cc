@@ -53,7 +53,7 @@ class HostRegion final : public Region {
     return absl::OkStatus();
   }
 
-  std::string share_kind() const override { return kHostMemfdKind; }
+  std::string share_kind() const override { return RegionKindName(RegionKind::kHostMemfd); }
 
   // One piece, the whole memfd, of generation 1 for the region's life.
   absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation, size_t first,

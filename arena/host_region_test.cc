@@ -119,5 +119,25 @@ TEST_F(HostRegionTest, ImportRejectsUnknownKindsAndBadPieces) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The wire spells region kinds and devices exactly as before the enum: peers of other
+// versions read them.
+TEST(RegionKindTest, WireNamesRoundTripAndNothingElseParses) {
+  for (RegionKind k : {RegionKind::kHostMemfd, RegionKind::kCudaVmm, RegionKind::kCudaIpc}) {
+    EXPECT_EQ(ParseRegionKind(RegionKindName(k)), k) << RegionKindName(k);
+  }
+  EXPECT_STREQ(RegionKindName(RegionKind::kHostMemfd), "host_memfd");
+  EXPECT_STREQ(RegionKindName(RegionKind::kCudaVmm), "cuda_vmm");
+  EXPECT_STREQ(RegionKindName(RegionKind::kCudaIpc), "cuda_ipc");
+  EXPECT_EQ(ParseRegionKind("rdma_window"), std::nullopt);
+  EXPECT_EQ(ParseRegionKind(""), std::nullopt);
+}
+
+TEST(RegionKindTest, BackendDeviceNamesWherePagesLive) {
+  EXPECT_EQ(BackendDevice("host"), "cpu");
+  EXPECT_EQ(BackendDevice("cuda"), "cuda:0");
+  EXPECT_EQ(BackendDevice("fake_pieces"), "fake_pieces");
+  EXPECT_EQ(BackendDevice(NewHostBackend()->name()), "cpu");
+}
+
 }  // namespace
 }  // namespace kvarena

@@ -13,15 +13,17 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> ImportRegion(const std::string& ki
                                                            const std::string& ipc_handle) {
   (void)ipc_handle;
   if (size == 0) return absl::InvalidArgumentError("import: region size 0");
-  if (kind == "host_memfd") return ImportHostRegion(size);
-#if defined(KVARENA_ARENA_CUDA)
-  if (kind == "cuda_vmm" || kind == "cuda_ipc") return ImportCudaRegion(kind, size, ipc_handle);
-#endif
-  if (kind == "cuda_vmm" || kind == "cuda_ipc") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "import: regions of kind '", kind, "' need the CUDA backend, not built into this client"));
+  const std::optional<RegionKind> parsed = ParseRegionKind(kind);
+  if (!parsed.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("import: unknown region kind '", kind, "'"));
   }
-  return absl::FailedPreconditionError(absl::StrCat("import: unknown region kind '", kind, "'"));
+  if (*parsed == RegionKind::kHostMemfd) return ImportHostRegion(size);
+#if defined(KVARENA_ARENA_CUDA)
+  return ImportCudaRegion(*parsed, size, ipc_handle);
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "import: regions of kind '", kind, "' need the CUDA backend, not built into this client"));
+#endif
 }
 
 }  // namespace kvarena

@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,6 +23,38 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvarena {
+
+// How a peer maps a region. The wire spells it as a string (RegionKindName: "host_memfd",
+// "cuda_vmm", "cuda_ipc"; Region::share_kind(), RegionInfo.kind); code compares this.
+enum class RegionKind : uint8_t { kHostMemfd, kCudaVmm, kCudaIpc };
+
+inline const char* RegionKindName(RegionKind kind) {
+  switch (kind) {
+    case RegionKind::kHostMemfd:
+      return "host_memfd";
+    case RegionKind::kCudaVmm:
+      return "cuda_vmm";
+    case RegionKind::kCudaIpc:
+      return "cuda_ipc";
+  }
+  return "unknown";
+}
+
+// The kind `name` spells; nullopt for a name no backend exports.
+inline std::optional<RegionKind> ParseRegionKind(std::string_view name) {
+  for (RegionKind k : {RegionKind::kHostMemfd, RegionKind::kCudaVmm, RegionKind::kCudaIpc}) {
+    if (name == RegionKindName(k)) return k;
+  }
+  return std::nullopt;
+}
+
+// Where the pages of the backend named `backend` (Backend::name()) live, as events and
+// handles name it: "cpu" for "host", "cuda:0" for "cuda", any other name as it is.
+inline std::string BackendDevice(std::string_view backend) {
+  if (backend == "host") return "cpu";
+  if (backend == "cuda") return "cuda:0";
+  return std::string(backend);
+}
 
 // Granularity of commit/decommit: CUDA VMM's minimum on current GPUs, used by every backend
 // so chunk sizes agree.
@@ -67,7 +101,7 @@ class Region {
   // For sharing with another process: the host backend's memfd, -1 where not shareable.
   virtual int fd() const { return -1; }
 
-  // How a peer maps this region: "host_memfd", "cuda_vmm" or "cuda_ipc".
+  // How a peer maps this region: a RegionKindName ("host_memfd", "cuda_vmm", "cuda_ipc").
   virtual std::string share_kind() const = 0;
   // The pieces a peer maps to see [0, size()), each with a new fd the caller owns (host:
   // one piece, the memfd; CUDA VMM: one per committed allocation). Empty for cuda_ipc.
@@ -112,9 +146,6 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes,
                                                           const std::string& label) = 0;
 };
-
-// The share_kind() of the host backend's regions.
-inline constexpr char kHostMemfdKind[] = "host_memfd";
 
 // The host backend: memfd + MAP_NORESERVE, decommit by FALLOC_FL_PUNCH_HOLE.
 std::unique_ptr<Backend> NewHostBackend();

@@ -124,11 +124,4 @@ absl::Status Client::Ping() {
   return transport_->Ping();
 }
 
-void Client::TEST_WrapLocalKernels(
-    std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap) {
-  transport_->TEST_WrapLocalKernels(std::move(wrap));
-}
-
-int Client::TEST_QuarantinedLanes() const { return transport_->TEST_QuarantinedLanes(); }
-
 }  // namespace kvarena

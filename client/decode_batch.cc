@@ -1,5 +1,6 @@
 // DecodeBatch (kvarena/decode_batch.h): a decode step of many caches, one kernel call per
-// layer, over the batch's own block tables kept in step with the handles' local tables.
+// layer: Create's checks, Plan, Run / Append and Commit. The batch's own block tables are
+// decode_batch_tables.cc's.
 #include "kvarena/decode_batch.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cache_state.h"
+#include "client/decode_batch_impl.h"
 #include "core/checked.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
@@ -28,47 +30,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
-
-struct DecodeBatch::Impl {
-  // The batch's view of one layer this step.
-  struct Layer {
-    std::vector<int32_t> tables;        // [batch][width]
-    std::vector<int64_t> first_block;   // per sequence; -1: row not written yet
-    std::vector<int64_t> num_blocks;    // per sequence: entries of its row in use
-    std::vector<int64_t> pos;           // per sequence: first new position this step
-    std::vector<PagedKvView> views;     // per sequence, this step
-    bool ran = false;
-  };
-
-  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
-  std::vector<std::pair<GenericKvCacheHandle*, int64_t>> items;  // (cache, tokens_per_step)
-  DecodeBatchOptions options;
-  CacheSpec spec;  // of every cache
-  PageLayout layout;
-  uint8_t* base = nullptr;
-  KvKernels* kernels = nullptr;
-  RequestLimits limits;
-  int64_t width = 0;  // block table entries per sequence
-  std::vector<Layer> layers;
-  std::vector<std::vector<int32_t>> snapshot;  // [batch * layers] page ids, reused
-  std::vector<int64_t> snapshot_first;         // [batch * layers] first block
-  std::vector<int64_t> snapshot_len;           // [batch * layers] committed length
-  bool planned = false;
-  DecodeBatchStats stats;
-
-  int batch() const { return int(caches.size()); }
-  CacheState& state(int b) const { return *caches[size_t(b)]->state_; }
-
-  absl::Status CheckNoPending(const char* op) const;
-  absl::Status Snapshot(const char* op);
-  void Resize(int64_t new_width);
-  void UpdateTables();
-  absl::Status CheckTensor(const char* op, const char* name, const TensorArg& t, int heads_lo,
-                           int heads_hi) const;
-  absl::Status CheckUnchanged(const char* op, int layer) const;
-  absl::Status Write(const char* op, int layer, const TensorArg* q, const TensorArg& k,
-                     const TensorArg& v, const TensorBuffer* out, const AttentionOptions& opts);
-};
 
 absl::StatusOr<std::unique_ptr<DecodeBatch>> DecodeBatch::Create(
     std::vector<std::shared_ptr<GenericKvCacheHandle>> caches, const DecodeBatchOptions& options) {
@@ -172,103 +133,6 @@ absl::Status DecodeBatch::Impl::CheckNoPending(const char* op) const {
     }
   }
   return absl::OkStatus();
-}
-
-// Copies every (sequence, layer) table and position out of the handles, checking the step
-// can be taken: equal layer lengths, within the kernels' reach, within max_blocks.
-absl::Status DecodeBatch::Impl::Snapshot(const char* op) {
-  const int64_t n = options.tokens_per_step;
-  const size_t num_layers = layers.size();
-  for (int b = 0; b < batch(); ++b) {
-    const std::string& id = caches[size_t(b)]->cache_id();
-    CacheState& st = state(b);
-    absl::MutexLock lock(&st.mu);
-    if (!st.table.fresh()) {
-      return absl::AbortedError(absl::StrCat(op, ": cache ", id, " changed while planning; Plan again"));
-    }
-    const int64_t len = st.table.layer(0).len;
-    for (size_t l = 0; l < num_layers; ++l) {
-      const LocalLayer& ll = st.table.layer(int(l));
-      if (ll.len != len) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            op, ": cache ", id, " layer ", l, " holds ", ll.len, " tokens but layer 0 holds ", len,
-            "; a batch step writes every layer at one position"));
-      }
-      if (len > limits.max_positions - n) {
-        return CheckGrowth(op, absl::StrCat("cache ", id, " length"), len, n, limits);
-      }
-      if (len + n > ll.end(spec.page_size)) {  // Reserve said it made room
-        return absl::InternalError(absl::StrCat(op, ": cache ", id, " layer ", l, " holds pages to ",
-                                                ll.end(spec.page_size), " after reserving to ", len + n));
-      }
-      // The pages this step reads and writes (Reserve may have taken more, ahead).
-      const int64_t blocks = (len + n + spec.page_size - 1) / spec.page_size - ll.first_pos / spec.page_size;
-      if (options.max_blocks > 0 && blocks > options.max_blocks) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            op, ": cache ", id, " layer ", l, " needs ", blocks, " pages for positions [",
-            ll.first_pos, ", ", len + n, ") but options.max_blocks=", options.max_blocks));
-      }
-      std::vector<int32_t>& snap = snapshot[size_t(b) * num_layers + l];
-      snap.assign(ll.page_ids.begin(), ll.page_ids.begin() + blocks);
-      snapshot_first[size_t(b) * num_layers + l] = ll.first_pos / spec.page_size;
-      snapshot_len[size_t(b) * num_layers + l] = len;
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Reallocates every layer's tables [batch][new_width]; rows are rewritten by the next update.
-void DecodeBatch::Impl::Resize(int64_t new_width) {
-  width = new_width;
-  for (Layer& l : layers) {
-    l.tables.assign(size_t(batch()) * size_t(width), -1);
-    std::fill(l.first_block.begin(), l.first_block.end(), -1);
-    std::fill(l.num_blocks.begin(), l.num_blocks.end(), 0);
-  }
-}
-
-// Brings every row up to its snapshot, writing only entries that differ (a row whose first
-// block moved is rewritten whole), and sets this step's positions and views.
-void DecodeBatch::Impl::UpdateTables() {
-  const size_t num_layers = layers.size();
-  int64_t need = 0;
-  for (const auto& snap : snapshot) need = std::max<int64_t>(need, int64_t(snap.size()));
-  if (need > width) {
-    Resize(std::max(need, 2 * width));
-    ++stats.tables_moved;
-  }
-  const int64_t n = options.tokens_per_step;
-  for (size_t li = 0; li < num_layers; ++li) {
-    Layer& l = layers[li];
-    for (int b = 0; b < batch(); ++b) {
-      const std::vector<int32_t>& snap = snapshot[size_t(b) * num_layers + li];
-      const int64_t first = snapshot_first[size_t(b) * num_layers + li];
-      int32_t* row = l.tables.data() + size_t(b) * size_t(width);
-      const int64_t count = int64_t(snap.size());
-      int64_t from = 0;
-      if (l.first_block[size_t(b)] != first) {
-        ++stats.sequences_rebuilt;
-      } else {
-        const int64_t common = std::min(count, l.num_blocks[size_t(b)]);
-        while (from < common && row[from] == snap[size_t(from)]) ++from;
-      }
-      std::copy(snap.begin() + from, snap.end(), row + from);
-      stats.ids_written += count - from;
-      std::fill(row + count, row + std::max(count, l.num_blocks[size_t(b)]), -1);
-      l.first_block[size_t(b)] = first;
-      l.num_blocks[size_t(b)] = count;
-      const int64_t pos = snapshot_len[size_t(b) * num_layers + li];
-      l.pos[size_t(b)] = pos;
-      PagedKvView& view = l.views[size_t(b)];
-      view.layout = layout;
-      view.pool_base = base;
-      view.block_table = row;
-      view.first_block = first;
-      view.num_blocks = count;
-      view.len = pos + n;
-    }
-    l.ran = false;
-  }
 }
 
 absl::Status DecodeBatch::Plan() {

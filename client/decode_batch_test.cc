@@ -7,11 +7,13 @@
 #include <limits>
 #include <random>
 
+#include "client/client_test_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "tests/mp/batch_reference.h"
+#include "tests/support/batch_reference.h"
 #include "tests/support/forwarding_kernels.h"
+#include "tests/support/inproc_fixture.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/test_seed.h"
 
@@ -29,32 +31,16 @@ constexpr int kQHeads = 8;
 constexpr int kHeadDim = 16;
 constexpr int kPageSize = 4;
 
-class DecodeBatchTest : public ::testing::Test {
+class DecodeBatchTest : public testing::InprocClientFixture<> {
  protected:
-  void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 2;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-  }
+  DecodeBatchTest() : InprocClientFixture(testing::InprocOptions(/*num_threads=*/2)) {}
 
   static CacheSpec Spec(std::vector<int> windows, int head_dim = kHeadDim, int64_t max_tokens = 0) {
-    CacheSpec spec;
-    spec.num_layers = int(windows.size());
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = head_dim;
-    spec.dtype = DType::kFloat16;
-    spec.page_size = kPageSize;
+    CacheSpec spec =
+        testing::MakeSpec(int(windows.size()), kKvHeads, head_dim, DType::kFloat16, kPageSize);
     spec.layer_windows = std::move(windows);
     spec.max_tokens = max_tokens;
     return spec;
-  }
-  std::shared_ptr<GenericKvCacheHandle> Allocate(const CacheSpec& spec) {
-    auto h = client_->Allocate(spec);
-    EXPECT_THAT(h, IsOk());
-    return h.ok() ? *h : nullptr;
   }
   BatchTensor Random(int heads, int batch, int64_t n) {
     return BatchTensor::Random(rng_, DType::kFloat16, batch, heads, n, kHeadDim);
@@ -64,7 +50,7 @@ class DecodeBatchTest : public ::testing::Test {
                   std::vector<std::shared_ptr<GenericKvCacheHandle>>& caches,
                   std::vector<std::vector<KvHistory>>& history) {
     for (int64_t len : lens) {
-      caches.push_back(Allocate(spec));
+      caches.push_back(NewCache(spec));
       history.emplace_back(size_t(spec.num_layers), KvHistory(kKvHeads, kHeadDim));
       ASSERT_THAT(testing::PrefillLocal(*caches.back(), history.back(), len, rng_), IsOk());
     }
@@ -80,7 +66,6 @@ class DecodeBatchTest : public ::testing::Test {
 
   const uint64_t seed_ = testing::TestSeed();
   std::mt19937_64 rng_{seed_};
-  std::shared_ptr<Client> client_;
 };
 
 // Sequences of different lengths (one empty, one mid-page), global and sliding layers,
@@ -196,8 +181,9 @@ class SingleCacheKernels final : public testing::ForwardingKvKernels {
 
 TEST_F(DecodeBatchTest, KernelsWithoutBatchCallsRunItSequenceBySequence) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
-  client_->TEST_WrapLocalKernels(
-      [](std::unique_ptr<KvKernels> k) { return std::make_unique<SingleCacheKernels>(std::move(k)); });
+  client_internal::ClientTestPeer(*client_).WrapLocalKernels([](std::unique_ptr<KvKernels> k) {
+    return std::make_unique<SingleCacheKernels>(std::move(k));
+  });
   const CacheSpec spec = Spec({0, 3});
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches;
   std::vector<std::vector<KvHistory>> history;
@@ -214,9 +200,9 @@ TEST_F(DecodeBatchTest, KernelsWithoutBatchCallsRunItSequenceBySequence) {
 }
 
 TEST_F(DecodeBatchTest, CreateRefusesBatchesItCannotRun) {
-  auto a = Allocate(Spec({0, 0})), b = Allocate(Spec({0, 0}));
-  auto other_geometry = Allocate(Spec({0, 0}, 32));
-  auto other_windows = Allocate(Spec({0, 6}));
+  auto a = NewCache(Spec({0, 0})), b = NewCache(Spec({0, 0}));
+  auto other_geometry = NewCache(Spec({0, 0}, 32));
+  auto other_windows = NewCache(Spec({0, 6}));
   EXPECT_THAT(DecodeBatch::Create({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no caches")));
   EXPECT_THAT(DecodeBatch::Create({a, nullptr}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("caches[1] is null")));
@@ -347,8 +333,8 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
 // caches keep their lengths and a later step that fits runs.
 TEST_F(DecodeBatchTest, PlanRefusesStepsThatDoNotFit) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
-  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches = {Allocate(Spec({0}, kHeadDim, 6)),
-                                                               Allocate(Spec({0}, kHeadDim, 0))};
+  std::vector<std::shared_ptr<GenericKvCacheHandle>> caches = {NewCache(Spec({0}, kHeadDim, 6)),
+                                                               NewCache(Spec({0}, kHeadDim, 0))};
   std::vector<std::vector<KvHistory>> history(2, std::vector<KvHistory>(1, KvHistory(kKvHeads, kHeadDim)));
   ASSERT_THAT(testing::PrefillLocal(*caches[0], history[0], 5, rng_), IsOk());
   ASSERT_THAT(testing::PrefillLocal(*caches[1], history[1], 5, rng_), IsOk());

@@ -8,7 +8,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -22,9 +23,7 @@ using testing::StatusIs;
 constexpr int kKvHeads = 4, kHeadDim = 128;
 
 std::shared_ptr<Client> Connect(size_t max_message_bytes) {
-  ClientOptions options;
-  options.arena_bytes = size_t{128} << 20;
-  options.num_threads = 1;
+  ClientOptions options = testing::InprocOptions(/*num_threads=*/1, size_t{128} << 20);
   options.max_message_bytes = max_message_bytes;
   auto c = Client::Connect("inproc:", options);
   EXPECT_THAT(c, IsOk());

@@ -7,7 +7,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -23,33 +24,21 @@ constexpr int kQHeads = 4;
 constexpr int kHeadDim = 16;
 constexpr int kPageSize = 4;
 
-class InprocClientTest : public ::testing::Test {
+class InprocClientTest : public testing::InprocClientFixture<> {
  protected:
-  void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 0;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-  }
+  InprocClientTest() : InprocClientFixture(testing::InprocOptions(/*num_threads=*/0)) {}
 
   std::shared_ptr<GenericKvCacheHandle> Allocate(std::vector<int> windows = {},
                                                  DType dtype = DType::kFloat32,
                                                  int64_t max_tokens = 0) {
-    CacheSpec spec;
-    spec.num_layers = 2;
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = kHeadDim;
-    spec.dtype = dtype;
-    spec.page_size = kPageSize;
+    CacheSpec spec = testing::MakeSpec(2, kKvHeads, kHeadDim, dtype, kPageSize);
     spec.layer_windows = std::move(windows);
     spec.max_tokens = max_tokens;
-    auto h = client_->Allocate(spec);
-    EXPECT_THAT(h, IsOk());
-    if (!h.ok()) return nullptr;
-    for (int l = 0; l < spec.num_layers; ++l) history_.emplace_back(kKvHeads, kHeadDim);
-    return *h;
+    auto h = NewCache(spec);
+    if (h != nullptr) {
+      for (int l = 0; l < h->num_layers(); ++l) history_.emplace_back(kKvHeads, kHeadDim);
+    }
+    return h;
   }
 
   HostTensor Random(int heads, int64_t n, DType dtype = DType::kFloat32) {
@@ -73,7 +62,6 @@ class InprocClientTest : public ::testing::Test {
     }
   }
 
-  std::shared_ptr<Client> client_;
   std::mt19937_64 rng_{42};
   std::vector<KvHistory> history_;
 };

@@ -22,7 +22,7 @@ class InprocTransport final : public Transport {
   const std::string& address() const override { return address_; }
   std::string session_id() const override { return session_; }
   bool is_inproc() const override { return true; }
-  std::string device() override { return "cpu"; }
+  std::string device() override { return store_->Medium(); }
   bool connected() const override { return true; }
   absl::Status DisconnectedStatus() const override { return absl::OkStatus(); }
 
@@ -84,7 +84,7 @@ class InprocTransport final : public Transport {
 
   absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) override {
     KVARENA_ASSIGN_OR_RETURN(uint8_t * base, store_->PoolBase(pool_id));
-    return MappedPool{base, "host_memfd", -1};  // the store's backend is NewHostBackend()
+    return MappedPool{base, RegionKind::kHostMemfd, -1};  // the store's backend is NewHostBackend()
   }
 
   int TEST_QuarantinedLanes() const override { return 0; }  // tensors never leave the process

@@ -26,17 +26,14 @@ absl::StatusOr<std::unique_ptr<KvKernels>> NewDeviceKernels(int device) {
 
 }  // namespace
 
-absl::StatusOr<KvKernels*> LocalKernels::For(const std::string& kind, int device) {
+absl::StatusOr<KvKernels*> LocalKernels::For(RegionKind kind, int device) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (kind == "host_memfd") {
+  if (kind == RegionKind::kHostMemfd) {
     if (cpu_ == nullptr) {
       cpu_ = NewCpuKvKernels(num_threads_);
       if (wrap_) cpu_ = wrap_(std::move(cpu_));
     }
     return cpu_.get();
-  }
-  if (kind != "cuda_vmm" && kind != "cuda_ipc") {
-    return absl::InvalidArgumentError(absl::StrCat("local kernels: unknown pool kind '", kind, "'"));
   }
   std::unique_ptr<KvKernels>& k = cuda_[device];
   if (k == nullptr) {
@@ -44,7 +41,8 @@ absl::StatusOr<KvKernels*> LocalKernels::For(const std::string& kind, int device
     if (!made.ok()) {
       cuda_.erase(device);
       return absl::Status(made.status().code(),
-                          absl::StrCat("local kernels for a ", kind, " pool: ", made.status().message()));
+                          absl::StrCat("local kernels for a ", RegionKindName(kind),
+                                       " pool: ", made.status().message()));
     }
     k = *std::move(made);
     if (wrap_) k = wrap_(std::move(k));

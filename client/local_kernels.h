@@ -1,7 +1,7 @@
 // LocalKernels: the kernels the local path (append_local, attention_local, get_kv_local)
 // runs in this process over a mapped pool, picked by where the pool's pages live:
-//   host memory  ("host_memfd")          the CPU kernels (kernels/cpu);
-//   CUDA device  ("cuda_vmm", "cuda_ipc") the CUDA kernels on the device the pool is
+//   host memory  (kHostMemfd)            the CPU kernels (kernels/cpu);
+//   CUDA device  (kCudaVmm, kCudaIpc)    the CUDA kernels on the device the pool is
 //                mapped on (kernels/cuda NewCudaKvKernels), in a client built with CUDA.
 // Each set is created on first use and lives as long as this object.
 //
@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "arena/region.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena::client_internal {
@@ -37,8 +38,8 @@ class LocalKernels {
 
   // The kernels for a pool of region kind `kind` mapped on CUDA device `device` (ignored
   // for host memory). FAILED_PRECONDITION for a CUDA kind where this client has no CUDA
-  // build or no usable device; INVALID_ARGUMENT for an unknown kind.
-  absl::StatusOr<KvKernels*> For(const std::string& kind, int device);
+  // build or no usable device.
+  absl::StatusOr<KvKernels*> For(RegionKind kind, int device);
 
   // KvKernels::Synchronize on every set created so far (none: OK at once); the first
   // failure, its code kept and the set named. Holds no lock while a set synchronizes.

@@ -6,7 +6,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -22,30 +23,15 @@ constexpr int kQHeads = 4;
 constexpr int kHeadDim = 16;
 constexpr int kPageSize = 4;
 
-class LocalPathTest : public ::testing::Test {
+class LocalPathTest : public testing::InprocClientFixture<> {
  protected:
-  void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 1;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-  }
-
   std::shared_ptr<GenericKvCacheHandle> Allocate(std::vector<int> windows,
                                                  int64_t max_tokens = 0) {
-    CacheSpec spec;
-    spec.num_layers = int(windows.size());
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = kHeadDim;
-    spec.dtype = DType::kFloat16;
-    spec.page_size = kPageSize;
+    CacheSpec spec =
+        testing::MakeSpec(int(windows.size()), kKvHeads, kHeadDim, DType::kFloat16, kPageSize);
     spec.layer_windows = std::move(windows);
     spec.max_tokens = max_tokens;
-    auto h = client_->Allocate(spec);
-    EXPECT_THAT(h, IsOk());
-    return h.ok() ? *h : nullptr;
+    return NewCache(spec);
   }
   HostTensor Random(int heads, int64_t n) {
     return testing::RandomTensor(rng_, DType::kFloat16, heads, n, kHeadDim);
@@ -90,7 +76,6 @@ class LocalPathTest : public ::testing::Test {
     }
   }
 
-  std::shared_ptr<Client> client_;
   std::mt19937_64 rng_{7};
 };
 

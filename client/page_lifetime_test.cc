@@ -1,19 +1,22 @@
 // "Page lifetime" (kvarena/kv_cache_handle.h): every call that may free pages waits for
 // the client's local kernels before its RPC, and a failed wait sends nothing. A probe
-// wraps the real kernels (Client::TEST_WrapLocalKernels); its Synchronize records what the
-// arena holds at that moment, which shows the wait came first.
+// wraps the real kernels (ClientTestPeer::WrapLocalKernels, client/client_test_peer.h);
+// its Synchronize records what the arena holds at that moment, which shows the wait came
+// first.
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "client/client_test_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_kernels.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
 #include "tests/support/forwarding_kernels.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -40,18 +43,14 @@ class ProbeKernels final : public testing::ForwardingKvKernels {
   std::function<absl::Status()> on_sync_;
 };
 
-class PageLifetimeTest : public ::testing::Test {
+class PageLifetimeTest : public testing::InprocClientFixture<> {
  protected:
   void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 1;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-    client_->TEST_WrapLocalKernels([this](std::unique_ptr<KvKernels> real) {
-      return std::make_unique<ProbeKernels>(std::move(real), [this] { return OnSync(); });
-    });
+    InprocClientFixture::SetUp();
+    client_internal::ClientTestPeer(*client_).WrapLocalKernels(
+        [this](std::unique_ptr<KvKernels> real) {
+          return std::make_unique<ProbeKernels>(std::move(real), [this] { return OnSync(); });
+        });
   }
 
   // What the arena holds of the watched cache: its seq_len, or -1 once it is gone.
@@ -65,18 +64,12 @@ class PageLifetimeTest : public ::testing::Test {
   }
 
   std::shared_ptr<GenericKvCacheHandle> Allocate(std::vector<int> windows) {
-    CacheSpec spec;
-    spec.num_layers = int(windows.size());
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = kHeadDim;
-    spec.dtype = DType::kFloat16;
-    spec.page_size = kPageSize;
+    CacheSpec spec =
+        testing::MakeSpec(int(windows.size()), kKvHeads, kHeadDim, DType::kFloat16, kPageSize);
     spec.layer_windows = std::move(windows);
-    auto h = client_->Allocate(spec);
-    EXPECT_THAT(h, IsOk());
-    if (!h.ok()) return nullptr;
-    watched_ = (*h)->cache_id();
-    return *h;
+    auto h = NewCache(spec);
+    if (h != nullptr) watched_ = h->cache_id();
+    return h;
   }
   HostTensor Random(int heads, int64_t n) {
     return testing::RandomTensor(rng_, DType::kFloat16, heads, n, kHeadDim);
@@ -99,7 +92,6 @@ class PageLifetimeTest : public ::testing::Test {
     EXPECT_EQ(seen_.back(), before);
   }
 
-  std::shared_ptr<Client> client_;
   std::string watched_;
   std::vector<int64_t> seen_;
   absl::Status fail_next_;

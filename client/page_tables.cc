@@ -54,7 +54,7 @@ absl::StatusOr<KvPoolView> GenericKvCacheHandle::pool_view() const {
   KvPoolView v;
   v.base = pool->base;
   v.layout = layout();
-  v.device = pool->kind == "host_memfd" ? -1 : pool->device;
+  v.device = pool->kind == RegionKind::kHostMemfd ? -1 : pool->device;
   return v;
 }
 

@@ -9,7 +9,8 @@
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "kvarena/page_tables.h"
-#include "tests/mp/reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 #if defined(KVARENA_CLIENT_CUDA)
 #include <cuda_runtime_api.h>
@@ -24,27 +25,12 @@ using testing::StatusIs;
 
 constexpr int kPageSize = 4;
 
-class PageTableEdgesTest : public ::testing::Test {
+class PageTableEdgesTest : public testing::InprocClientFixture<> {
  protected:
-  void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{32} << 20;
-    options.num_threads = 1;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-  }
+  PageTableEdgesTest() : InprocClientFixture(testing::InprocOptions(1, size_t{32} << 20)) {}
 
   std::shared_ptr<GenericKvCacheHandle> Allocate(int head_dim = 8) {
-    CacheSpec spec;
-    spec.num_layers = 2;
-    spec.num_kv_heads = 1;
-    spec.head_dim = head_dim;
-    spec.dtype = DType::kFloat32;
-    spec.page_size = kPageSize;
-    auto h = client_->Allocate(spec);
-    EXPECT_THAT(h, IsOk());
-    return h.ok() ? *h : nullptr;
+    return NewCache(testing::MakeSpec(2, 1, head_dim, DType::kFloat32, kPageSize));
   }
   // n tokens on every layer through the local path.
   void Fill(GenericKvCacheHandle& h, int64_t n) {
@@ -57,7 +43,6 @@ class PageTableEdgesTest : public ::testing::Test {
     ASSERT_THAT(h.append_local(layer, k.arg(), k.arg()), IsOk());
   }
 
-  std::shared_ptr<Client> client_;
   std::mt19937_64 rng_{11};
 };
 

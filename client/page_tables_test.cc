@@ -4,6 +4,8 @@
 // gathering K/V from the mapped pool bytes by the exported page ids — and attended by the
 // float64 reference, which must match attention_local's output; vLLM's slot_mapping is
 // written through and read back with get_kv.
+#include "kvarena/page_tables.h"
+
 #include <cstring>
 #include <functional>
 #include <random>
@@ -11,8 +13,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "kvarena/page_tables.h"
-#include "tests/mp/reference.h"
+#include "tests/support/batch_reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/test_seed.h"
 
@@ -30,39 +33,24 @@ constexpr int kPageSize = 4;
 constexpr int kWindow = 6;
 const std::vector<int> kWindows = {0, kWindow};  // a global layer and a sliding one
 
-class PageTablesTest : public ::testing::TestWithParam<DType> {
+class PageTablesTest : public testing::InprocClientFixture<::testing::TestWithParam<DType>> {
  protected:
   void SetUp() override {
     rng_.seed(testing::TestSeed());
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 1;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
+    InprocClientFixture::SetUp();
   }
 
   // Caches of the given lengths, each prefilled through the local path in one block.
   void Prefill(const std::vector<int64_t>& lens) {
-    CacheSpec spec;
-    spec.num_layers = int(kWindows.size());
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = kHeadDim;
-    spec.dtype = GetParam();
-    spec.page_size = kPageSize;
+    CacheSpec spec =
+        testing::MakeSpec(int(kWindows.size()), kKvHeads, kHeadDim, GetParam(), kPageSize);
     spec.layer_windows = kWindows;
     for (int64_t n : lens) {
-      auto h = client_->Allocate(spec);
-      ASSERT_THAT(h, IsOk());
-      caches_.push_back(*h);
+      auto h = NewCache(spec);
+      ASSERT_NE(h, nullptr);
+      caches_.push_back(h);
       history_.emplace_back(kWindows.size(), KvHistory(kKvHeads, kHeadDim));
-      ASSERT_THAT((*h)->reserve(n), IsOk());
-      for (int layer = 0; layer < spec.num_layers; ++layer) {
-        HostTensor k = Random(kKvHeads, n), v = Random(kKvHeads, n);
-        ASSERT_THAT((*h)->append_local(layer, k.arg(), v.arg()), IsOk());
-        history_.back()[layer].Append(k, v);
-      }
-      ASSERT_THAT((*h)->commit(n), IsOk());
+      ASSERT_THAT(testing::PrefillLocal(*h, history_.back(), n, rng_), IsOk());
     }
     auto pool = caches_.front()->pool_view();
     ASSERT_THAT(pool, IsOk());
@@ -172,7 +160,6 @@ class PageTablesTest : public ::testing::TestWithParam<DType> {
     ASSERT_THAT(client_->Commit(Batch(1)), IsOk());
   }
 
-  std::shared_ptr<Client> client_;
   std::mt19937_64 rng_;
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches_;
   std::vector<std::vector<KvHistory>> history_;  // [cache][layer]

@@ -5,7 +5,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/inproc_fixture.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -17,23 +18,12 @@ using testing::StatusIs;
 
 constexpr int kLayers = 2, kKvHeads = 2, kHeadDim = 16, kPage = 4;
 
-class PrefixClientTest : public ::testing::Test {
+class PrefixClientTest : public testing::InprocClientFixture<> {
  protected:
-  void SetUp() override {
-    ClientOptions options;
-    options.arena_bytes = size_t{64} << 20;
-    options.num_threads = 0;
-    auto c = Client::Connect("inproc:", options);
-    ASSERT_THAT(c, IsOk());
-    client_ = *c;
-  }
+  PrefixClientTest() : InprocClientFixture(testing::InprocOptions(/*num_threads=*/0)) {}
+
   static CacheSpec PrefixSpec() {
-    CacheSpec spec;
-    spec.num_layers = kLayers;
-    spec.num_kv_heads = kKvHeads;
-    spec.head_dim = kHeadDim;
-    spec.dtype = DType::kFloat32;
-    spec.page_size = kPage;
+    CacheSpec spec = testing::MakeSpec(kLayers, kKvHeads, kHeadDim, DType::kFloat32, kPage);
     spec.prefix_namespace = "client-test";
     return spec;
   }
@@ -43,7 +33,6 @@ class PrefixClientTest : public ::testing::Test {
     std::mt19937_64 rng(uint64_t(layer) * 1000003 + uint64_t(from) * 7919 + uint64_t(n));
     return testing::RandomTensor(rng, DType::kFloat32, kKvHeads, n, kHeadDim);
   }
-  std::shared_ptr<Client> client_;
 };
 
 TEST_F(PrefixClientTest, AHandleAdoptsAPrefixDeclaresTokensAndForks) {

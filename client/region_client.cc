@@ -73,7 +73,7 @@ absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind
                            ImportRegion(kind, size, ipc_handle));
   Mapped m;
   m.region_id = region_id;
-  m.kind = kind;
+  m.kind = *ParseRegionKind(kind);  // ImportRegion refused any other name
   m.region = std::move(region);
   if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) return s;
   *out = std::move(m);
@@ -168,7 +168,7 @@ absl::Status RegionClient::SyncPools() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = pools_.begin(); it != pools_.end();) {
     // A memfd is one piece that grows with the file; cuda_ipc is mapped whole.
-    if (it->second.kind != "cuda_vmm") {
+    if (it->second.kind != RegionKind::kCudaVmm) {
       ++it;
       continue;
     }

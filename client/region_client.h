@@ -37,7 +37,7 @@ class RegionClient {
 
   struct Pool {
     uint8_t* base = nullptr;
-    std::string kind;  // Region::share_kind() in the daemon
+    RegionKind kind = RegionKind::kHostMemfd;  // Region::share_kind() in the daemon
     int device = -1;   // the CUDA device it is mapped on; -1 for host memory
   };
   // The mapped pages of pool pool_id; maps the pool on first use (asking the daemon
@@ -67,7 +67,7 @@ class RegionClient {
  private:
   struct Mapped {
     uint64_t region_id = 0;
-    std::string kind;
+    RegionKind kind = RegionKind::kHostMemfd;
     std::unique_ptr<MappedRegion> region;
     uint64_t generation = 0;  // every piece up to this generation is mapped
   };

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "arena/region.h"
 #include "client/channel_credentials.h"
 #include "core/status_macros.h"
 
@@ -43,7 +44,7 @@ void RemoteTransport::ConnectRegions() {
 absl::Status RemoteTransport::LearnDevice() {
   KVARENA_ASSIGN_OR_RETURN(auto st, Stats());
   absl::MutexLock lock(&mu_);
-  device_ = st.backend == "host" ? "cpu" : st.backend == "cuda" ? "cuda:0" : st.backend;
+  device_ = BackendDevice(st.backend);
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "arena/region.h"
 #include "client/local_kernels.h"
 #include "core/status_macros.h"
 #include "core/types.h"
@@ -31,7 +32,7 @@ namespace kvarena::client_internal {
 // [head_dim] at base, an address on CUDA device `device` (-1: host memory).
 struct MappedPool {
   uint8_t* base = nullptr;
-  std::string kind;  // the region kind: "host_memfd", "cuda_vmm", "cuda_ipc"
+  RegionKind kind = RegionKind::kHostMemfd;
   int device = -1;
 };
 

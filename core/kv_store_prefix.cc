@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "arena/region.h"
 #include "core/checked.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
@@ -90,9 +91,6 @@ std::vector<PrefixEvent> KvStore::PrefixEvents(uint64_t from_seq, size_t max, bo
 
 uint64_t KvStore::NextPrefixEventSeq() const { return impl_->events.next_seq(); }
 
-std::string KvStore::Medium() const {
-  const std::string backend = impl_->backend->name();
-  return backend == "host" ? "cpu" : backend == "cuda" ? "cuda:0" : backend;
-}
+std::string KvStore::Medium() const { return BackendDevice(impl_->backend->name()); }
 
 }  // namespace kvarena

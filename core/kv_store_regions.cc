@@ -53,7 +53,7 @@ absl::StatusOr<std::vector<RegionInfo>> KvStore::SessionRegions(const std::strin
   if (scratch->size > 0) {  // listed before it is created: its first export creates it
     RegionInfo r;
     r.region_id = scratch->id;
-    r.kind = kHostMemfdKind;  // the scratch backend is always the host's
+    r.kind = RegionKindName(RegionKind::kHostMemfd);  // the scratch backend is always the host's
     r.size = scratch->size;
     r.scratch = true;
     out.push_back(r);

@@ -255,7 +255,7 @@ TEST_F(StoreTest, AttendAppendsThenAttendsCausally) {
   EXPECT_EQ(r->seq_len, 9);
   Record(refs_[id][0], k, v);
   const auto want = ReferenceAttention(refs_[id][0], q, 6, 2, 0.3, 0);
-  const auto got = Decode(s.dtype, out.data(), want.size());
+  const auto got = testing::DecodeValues(s.dtype, out.data(), want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4);
 }
 

@@ -119,7 +119,7 @@ class ModelTest : public StoreTest {
       const RefLayer& ref = refs_[id][size_t(l)];
       const int64_t n = kv->k.shape[2];
       ASSERT_EQ(kv->first_pos + n, int64_t(ref.k.size()));
-      const auto k = Decode(s.dtype, kv->k.data.data(), size_t(2 * n * 8));
+      const auto k = testing::DecodeValues(s.dtype, kv->k.data.data(), size_t(2 * n * 8));
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t t = 0; t < n; ++t)
           for (int64_t d = 0; d < 8; ++d)

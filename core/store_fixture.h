@@ -131,7 +131,7 @@ class StoreTest : public ::testing::Test {
     const int64_t w = lw == 0 ? window : (window == 0 ? lw : std::min<int64_t>(lw, window));
     const std::vector<double> want = ReferenceAttention(refs_[id][size_t(layer)], q, pos, s.num_kv_heads,
                                                         1.0 / std::sqrt(double(s.head_dim)), w);
-    const std::vector<double> got = Decode(s.dtype, out.data(), want.size());
+    const std::vector<double> got = testing::DecodeValues(s.dtype, out.data(), want.size());
     const double tol = s.dtype == DType::kFloat32 ? 1e-4 : 2e-2;
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "element " << i;
   }

@@ -1,4 +1,5 @@
-// Test-only helpers for core/ tests: owned tensors with a TensorArg view, and a float64 reference attention.
+// Test-only helpers for core/ tests: owned tensors with a TensorArg view, and the float64
+// attention reference over a layer kept by position.
 #ifndef KVARENA_CORE_TEST_UTIL_H_
 #define KVARENA_CORE_TEST_UTIL_H_
 
@@ -12,24 +13,13 @@
 #include "absl/status/statusor.h"
 #include "core/types.h"
 #include "gmock/gmock.h"
+#include "tests/support/attention_reference.h"
+#include "tests/support/dtype_codec.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
 
 using ::kvarena::testing::StatusIs;
-
-inline uint16_t FloatToBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);  // round to nearest even
-  return uint16_t(u >> 16);
-}
-inline float Bf16ToFloat(uint16_t b) {
-  uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // A [1, heads, n, dim] tensor holding float32 or bfloat16 values, with the float value of
 // every stored element kept for references ([heads][n][dim]).
@@ -54,9 +44,9 @@ inline OwnedTensor RandomTensor(std::mt19937& rng, DType dtype, int64_t heads, i
   for (size_t i = 0; i < count; ++i) {
     const float f = u(rng);
     if (dtype == DType::kBFloat16) {
-      const uint16_t b = FloatToBf16(f);
+      const uint16_t b = testing::FloatToBf16(f);
       std::memcpy(t.bytes.data() + 2 * i, &b, 2);
-      t.values[i] = Bf16ToFloat(b);
+      t.values[i] = testing::Bf16ToFloat(b);
     } else {
       std::memcpy(t.bytes.data() + 4 * i, &f, 4);
       t.values[i] = f;
@@ -65,60 +55,26 @@ inline OwnedTensor RandomTensor(std::mt19937& rng, DType dtype, int64_t heads, i
   return t;
 }
 
-// Decodes float32 / bfloat16 bytes to doubles.
-inline std::vector<double> Decode(DType dtype, const void* data, size_t count) {
-  std::vector<double> out(count);
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < count; ++i) {
-    if (dtype == DType::kBFloat16) {
-      uint16_t b;
-      std::memcpy(&b, p + 2 * i, 2);
-      out[i] = Bf16ToFloat(b);
-    } else {
-      float f;
-      std::memcpy(&f, p + 4 * i, 4);
-      out[i] = f;
-    }
-  }
-  return out;
-}
-
 // One layer's keys and values by absolute position: [pos][head][dim].
 struct RefLayer {
   std::vector<std::vector<double>> k, v;
 };
 
 // out[h][i][d] for queries at positions q_pos + i over keys in
-// [max(0, p - window + 1), p] (window 0: all), float64 throughout.
+// [max(0, p - window + 1), p] (window 0: all): the float64 reference
+// (tests/support/attention_reference.h) over the layer's rows.
 inline std::vector<double> ReferenceAttention(const RefLayer& layer, const OwnedTensor& q,
                                               int64_t q_pos, int64_t kv_heads, double scale,
                                               int64_t window) {
-  const int64_t group = q.heads / kv_heads;
-  std::vector<double> out(size_t(q.heads * q.n * q.dim), 0.0);
-  for (int64_t h = 0; h < q.heads; ++h) {
-    const int64_t kh = h / group;
-    for (int64_t i = 0; i < q.n; ++i) {
-      const int64_t p = q_pos + i;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      std::vector<double> s;
-      double m = -INFINITY;
-      for (int64_t t = lo; t <= p; ++t) {
-        double dot = 0;
-        for (int64_t d = 0; d < q.dim; ++d) dot += q.at(h, i, d) * layer.k[size_t(t)][size_t(kh * q.dim + d)];
-        s.push_back(dot * scale);
-        m = std::max(m, s.back());
-      }
-      double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - m));
-      for (int64_t t = lo; t <= p; ++t) {
-        const double w = s[size_t(t - lo)] / sum;
-        for (int64_t d = 0; d < q.dim; ++d) {
-          out[size_t((h * q.n + i) * q.dim + d)] += w * layer.v[size_t(t)][size_t(kh * q.dim + d)];
-        }
-      }
-    }
+  std::vector<double> k, v;
+  for (size_t t = 0; t < layer.k.size(); ++t) {
+    k.insert(k.end(), layer.k[t].begin(), layer.k[t].end());
+    v.insert(v.end(), layer.v[t].begin(), layer.v[t].end());
   }
-  return out;
+  const testing::ReferenceKv rows{k.data(),      v.data(),  0, int64_t(layer.k.size()),
+                                  int(kv_heads), int(q.dim)};
+  return testing::ReferenceAttention(rows, q.values.data(), int(q.heads), q.n, q_pos, scale,
+                                     window);
 }
 
 }  // namespace kvarena

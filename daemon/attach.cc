@@ -11,6 +11,7 @@
 #include "core/refusal.h"
 #include "core/status_macros.h"
 #include "daemon/status.h"
+#include "daemon/write_stream.h"
 #include "proto/wire.h"
 
 namespace kvarena {
@@ -63,14 +64,17 @@ class RefusedAttach final : public grpc::ServerWriteReactor<v1::AttachEvent> {
 
 }  // namespace
 
-// One live Attach stream: at most one write in flight; region changes during it are
-// coalesced into one more write of the latest list, and an end during it waits for it.
-// Its state is guarded by mu_; gRPC is called under mu_ (it runs no reaction inline).
-class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
+// One live Attach stream on the write queue (daemon/write_stream.h): region changes during
+// a write are coalesced into one more write of the latest list.
+class AttachStream final : public WriteStream<v1::AttachEvent> {
  public:
   AttachStream(AttachHub* hub, grpc::CallbackServerContext* ctx, SessionAttachment attachment,
                std::string peer_host)
-      : hub_(hub), ctx_(ctx), attachment_(std::move(attachment)), peer_host_(std::move(peer_host)) {}
+      : WriteStream(hub->rpcs_, Rpc::kAttach, "attach: the client went away"),
+        hub_(hub),
+        ctx_(ctx),
+        attachment_(std::move(attachment)),
+        peer_host_(std::move(peer_host)) {}
 
   const std::string& session() const { return attachment_.session_id; }
   uint64_t epoch() const { return attachment_.epoch; }
@@ -79,38 +83,13 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
   // Sends the session's current region list, now or after the write in flight.
   void SendRegions() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (finished_ || end_.has_value()) return;
-    if (writing_) {
+    if (EndingLocked()) return;
+    if (WritingLocked()) {
       stale_ = true;
       return;
     }
     WriteLocked();
   }
-
-  // Finishes the stream with `status`, now or after the write in flight; the first end
-  // wins. UNAVAILABLE is the daemon shutting down: the end is marked so (MarkShutdown).
-  void End(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (finished_ || end_.has_value()) return;
-    if (writing_) {
-      end_ = std::move(status);
-      return;
-    }
-    FinishLocked(status);
-  }
-
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (end_.has_value()) return FinishLocked(*end_);
-    if (!ok) return FinishLocked(absl::CancelledError("attach: the client went away"));
-    if (stale_) {
-      stale_ = false;
-      WriteLocked();
-    }
-  }
-
-  void OnCancel() override { End(absl::CancelledError("attach: the client went away")); }
 
   void OnDone() override {
     hub_->Done(this);
@@ -125,15 +104,19 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
     if (sent_any_ && event->SerializeAsString() == event_.SerializeAsString()) return;
     event_ = *std::move(event);
     sent_any_ = true;
-    writing_ = true;
-    StartWrite(&event_);
+    StartWriteLocked(&event_);
   }
 
-  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    finished_ = true;
-    hub_->rpcs_->RecordStreamEnd(Rpc::kAttach, status);
+  void WriteNextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stale_) {
+      stale_ = false;
+      WriteLocked();
+    }
+  }
+
+  // UNAVAILABLE is the daemon shutting down: the end is marked so.
+  void AddTrailersLocked(const absl::Status& status) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     MarkShutdown(ctx_, status);
-    Finish(ToGrpcStatus(status));
   }
 
   AttachHub* const hub_;
@@ -141,13 +124,9 @@ class AttachStream final : public grpc::ServerWriteReactor<v1::AttachEvent> {
   const SessionAttachment attachment_;
   const std::string peer_host_;
 
-  absl::Mutex mu_;
-  v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);  // the last one sent; gRPC reads it while writing_
+  v1::AttachEvent event_ ABSL_GUARDED_BY(mu_);  // the last one sent; gRPC reads it while writing
   bool sent_any_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool stale_ ABSL_GUARDED_BY(mu_) = false;     // the regions changed during the write
-  std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);  // to finish with after the write
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
+  bool stale_ ABSL_GUARDED_BY(mu_) = false;  // the regions changed during the write
 };
 
 std::string PeerHost(absl::string_view peer) {

@@ -1,16 +1,17 @@
 #include "daemon/events.h"
 
+#include <grpcpp/server_context.h>
+
 #include <algorithm>
 #include <optional>
 #include <utility>
 
-#include <grpcpp/server_context.h>
 #include "absl/container/flat_hash_set.h"
-
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
 #include "daemon/attach.h"
 #include "daemon/status.h"
+#include "daemon/write_stream.h"
 #include "proto/wire.h"
 
 namespace kvarena {
@@ -26,14 +27,14 @@ class RefusedWatch final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
 
 }  // namespace
 
-// One live WatchEvents stream: at most one write in flight; what is recorded meanwhile
-// goes in the next write. State guarded by mu_; gRPC is called under it (it runs no
-// reaction inline).
-class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsResponse> {
+// One live WatchEvents stream on the write queue (daemon/write_stream.h): what is recorded
+// during a write goes in the next one.
+class EventsStream final : public WriteStream<v1::WatchEventsResponse> {
  public:
   EventsStream(EventsHub* hub, grpc::CallbackServerContext* ctx, uint64_t from_seq,
                std::string peer_key, const Caller& caller)
-      : hub_(hub),
+      : WriteStream(hub->rpcs_, Rpc::kWatchEvents, "watch_events: the client went away"),
+        hub_(hub),
         ctx_(ctx),
         peer_key_(std::move(peer_key)),
         scope_(caller.tenant),
@@ -46,31 +47,10 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   // stream pulls it when that write completes, or is dropped when it fell too far behind.
   void Poke(bool first) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    if (finished_ || end_.has_value()) return;
-    if (!writing_) return WriteLocked(first);
+    if (EndingLocked()) return;
+    if (!WritingLocked()) return WriteLocked(first);
     DropIfBehindLocked();
   }
-
-  void End(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    if (finished_ || end_.has_value()) return;
-    if (writing_) {
-      end_ = std::move(status);
-      return;
-    }
-    FinishLocked(status);
-  }
-
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (ok) DropIfBehindLocked();
-    if (end_.has_value()) return FinishLocked(*end_);
-    if (!ok) return FinishLocked(absl::CancelledError("watch_events: the client went away"));
-    WriteLocked(/*first=*/false);  // what was recorded during the write, if anything
-  }
-
-  void OnCancel() override { End(absl::CancelledError("watch_events: the client went away")); }
 
   void OnDone() override {
     hub_->Done(this);
@@ -82,14 +62,24 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   // max_backlog events were recorded since that write started: the watcher does not read.
   // A replay of old events, read as fast as it is sent, is never behind.
   void DropIfBehindLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (end_.has_value()) return;
+    if (EndingLocked()) return;
     const uint64_t recorded = hub_->store_->NextPrefixEventSeq() - newest_at_write_;
     if (recorded <= hub_->options_.max_backlog) return;
     resume_from_ = next_;
-    end_ = RefusedError(Refusal::kWatcherBehind, absl::StrCat(
-        "watch_events: dropped this watcher: ", recorded, " events were recorded while one of its "
-        "writes waited for the client to read (at most ", hub_->options_.max_backlog,
-        "); watch again with from_seq=", next_));
+    EndAfterWriteLocked(RefusedError(
+        Refusal::kWatcherBehind,
+        absl::StrCat("watch_events: dropped this watcher: ", recorded,
+                     " events were recorded while one of its "
+                     "writes waited for the client to read (at most ",
+                     hub_->options_.max_backlog, "); watch again with from_seq=", next_)));
+  }
+
+  void WriteDoneLocked(bool ok) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ok) DropIfBehindLocked();
+  }
+  // What was recorded during the write, if anything.
+  void WriteNextLocked() override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    WriteLocked(/*first=*/false);
   }
 
   void WriteLocked(bool first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -122,8 +112,7 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     response_.set_next_seq(next_);
     response_.set_daemon_incarnation(hub_->options_.incarnation);
     newest_at_write_ = next_seq;
-    writing_ = true;
-    StartWrite(&response_);
+    StartWriteLocked(&response_);
   }
 
   // Whether the caller may see e; a tenant's stored event gets its namespace stripped.
@@ -146,13 +135,11 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
     return false;
   }
 
-  void FinishLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    finished_ = true;
-    hub_->rpcs_->RecordStreamEnd(Rpc::kWatchEvents, status);
+  // A watcher dropped for lagging is told where to resume.
+  void AddTrailersLocked(const absl::Status&) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (resume_from_.has_value()) {
       ctx_->AddTrailingMetadata(kResumeFromSeqMetadataKey, absl::StrCat(*resume_from_));
     }
-    Finish(ToGrpcStatus(status));
   }
 
   EventsHub* const hub_;
@@ -160,16 +147,12 @@ class EventsStream final : public grpc::ServerWriteReactor<v1::WatchEventsRespon
   const std::string peer_key_;
   const TenantScope scope_;
   const bool all_names_;  // else events go without namespaces and token ids
-  absl::Mutex mu_;
   // A tenant's stream: the pages (pool, hash) it sent stored events for, not yet removed.
   absl::flat_hash_set<std::pair<uint64_t, Hash128>> seen_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_);  // the seq to send next (0: the oldest kept)
   uint64_t newest_at_write_ ABSL_GUARDED_BY(mu_) = 0;  // NextPrefixEventSeq() as the write began
-  v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);  // gRPC reads it while writing_
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Status> end_ ABSL_GUARDED_BY(mu_);
+  v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);     // gRPC reads it while writing
   std::optional<uint64_t> resume_from_ ABSL_GUARDED_BY(mu_);  // set when dropped for lagging
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 EventsHub::EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options)

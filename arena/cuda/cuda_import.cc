@@ -129,22 +129,24 @@ class CudaIpcMapping final : public MappedRegion {
 }  // namespace
 }  // namespace cuda_internal
 
-absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(const std::string& kind, size_t size,
+absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(RegionKind kind, size_t size,
                                                                const std::string& ipc_handle) {
   using namespace cuda_internal;
-  if (kind != "cuda_vmm" && kind != "cuda_ipc") {
-    return absl::InvalidArgumentError(absl::StrCat("import: '", kind, "' is not a CUDA region kind"));
+  if (kind != RegionKind::kCudaVmm && kind != RegionKind::kCudaIpc) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("import: '", RegionKindName(kind), "' is not a CUDA region kind"));
   }
   if (!CudaDevicePresent()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("import: regions of kind '", kind, "' need a CUDA device; none is usable here"));
+    return absl::FailedPreconditionError(absl::StrCat("import: regions of kind '",
+                                                      RegionKindName(kind),
+                                                      "' need a CUDA device; none is usable here"));
   }
   int device = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return RuntimeStatus("cudaGetDevice", e);
   ScopedDevice scope(device);
   if (!scope.status().ok()) return scope.status();
 
-  if (kind == "cuda_ipc") {
+  if (kind == RegionKind::kCudaIpc) {
     cudaIpcMemHandle_t handle;
     if (ipc_handle.size() != sizeof(handle)) {
       return absl::InvalidArgumentError(absl::StrCat("import: cuda_ipc handle of ", ipc_handle.size(),

@@ -40,7 +40,7 @@ class CudaIpcRegion final : public Region {
   absl::Status Commit(size_t offset, size_t bytes) override { return CheckRange("commit", offset, bytes); }
   absl::Status Decommit(size_t offset, size_t bytes) override { return CheckRange("decommit", offset, bytes); }
   absl::StatusOr<size_t> ResidentBytes() const override { return size_; }
-  std::string share_kind() const override { return "cuda_ipc"; }
+  std::string share_kind() const override { return RegionKindName(RegionKind::kCudaIpc); }
   // Mapped whole through ipc_handle(): no pieces.
   absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t, size_t, size_t,
                                                              size_t* total) const override {

@@ -51,10 +51,10 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device, const CudaBa
 // legacy ones ("cuda_ipc").
 bool CudaBackendUsesVmm(const Backend& backend);
 
-// Maps a region another process exported with share_kind `kind` ("cuda_vmm" or
-// "cuda_ipc") on the calling thread's current CUDA device (cudaSetDevice first).
+// Maps a region another process exported with share_kind `kind` (kCudaVmm or kCudaIpc)
+// on the calling thread's current CUDA device (cudaSetDevice first).
 // FAILED_PRECONDITION without a usable device. ImportRegion (arena/import.cc) calls this.
-absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(const std::string& kind, size_t size,
+absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(RegionKind kind, size_t size,
                                                                const std::string& ipc_handle);
 
 }  // namespace kvarena

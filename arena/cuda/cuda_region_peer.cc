@@ -42,7 +42,9 @@ int main(int argc, char** argv) {
     ranges.push_back(p);
     if (p.fd >= 0) pieces.push_back(p);
   }
-  auto mapped = kvarena::ImportCudaRegion(kind, size, handle);
+  const std::optional<kvarena::RegionKind> parsed = kvarena::ParseRegionKind(kind);
+  if (!parsed.has_value()) return Fail("unknown region kind " + kind);
+  auto mapped = kvarena::ImportCudaRegion(*parsed, size, handle);
   if (!mapped.ok()) return Fail(mapped.status().ToString());
   if (auto s = (*mapped)->MapPieces(pieces); !s.ok()) return Fail(s.ToString());
   for (const kvarena::SharedPiece& r : ranges) {

@@ -47,7 +47,7 @@ class CudaVmmRegion final : public Region {
 
   uint8_t* base() const override { return reinterpret_cast<uint8_t*>(base_); }
   size_t size() const override { return size_; }
-  std::string share_kind() const override { return "cuda_vmm"; }
+  std::string share_kind() const override { return RegionKindName(RegionKind::kCudaVmm); }
 
   absl::Status Commit(size_t offset, size_t bytes) override {
     if (absl::Status s = CheckRange("commit", offset, bytes); !s.ok() || bytes == 0) return s;

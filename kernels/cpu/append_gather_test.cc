@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/kv_kernels.h"
+#include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena {

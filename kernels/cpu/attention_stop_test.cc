@@ -9,12 +9,12 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/kv_kernels.h"
 #include "kernels/stop_token.h"
 #include "tests/support/status_matchers.h"
+#include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena {

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/thread_pool.h"
+#include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_reference.h"
+#include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
 namespace kvarena::cpu_internal {

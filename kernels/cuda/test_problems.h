@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/attention_reference.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
 #include "kernels/paged_kv.h"
+#include "tests/support/test_paged_layer.h"
 
 namespace kvarena::gpu::testing {
 

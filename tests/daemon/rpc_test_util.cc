@@ -6,12 +6,13 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/attention_reference.h"
 
 namespace kvarena {
 
@@ -129,35 +130,24 @@ std::vector<float> ReferenceAttention(const std::vector<float>& q, int q_heads, 
                                       const std::vector<float>& k, const std::vector<float>& v,
                                       int kv_heads, int tokens, int head_dim, int64_t pos,
                                       double scale) {
-  std::vector<float> out(q.size());
-  const int group = q_heads / kv_heads;
-  for (int h = 0; h < q_heads; ++h) {
-    const int kh = h / group;
-    for (int i = 0; i < n; ++i) {
-      const int64_t last = pos + i;  // causal: keys 0..last
-      std::vector<double> w(size_t(last + 1));
-      double max_w = -1e300;
-      for (int64_t t = 0; t <= last; ++t) {
-        double dot = 0;
-        for (int d = 0; d < head_dim; ++d) {
-          dot += double(q[(size_t(h) * n + i) * head_dim + d]) *
-                 k[(size_t(kh) * tokens + t) * head_dim + d];
-        }
-        w[size_t(t)] = dot * scale;
-        max_w = std::max(max_w, w[size_t(t)]);
-      }
-      double sum = 0;
-      for (double& x : w) sum += (x = std::exp(x - max_w));
+  // Head-major [kv_heads][tokens][head_dim] to the reference's token-major rows.
+  const size_t count = size_t(kv_heads) * tokens * head_dim;
+  std::vector<double> k_rows(count), v_rows(count);
+  for (int h = 0; h < kv_heads; ++h) {
+    for (int t = 0; t < tokens; ++t) {
       for (int d = 0; d < head_dim; ++d) {
-        double acc = 0;
-        for (int64_t t = 0; t <= last; ++t) {
-          acc += w[size_t(t)] * v[(size_t(kh) * tokens + t) * head_dim + d];
-        }
-        out[(size_t(h) * n + i) * head_dim + d] = float(acc / sum);
+        const size_t from = (size_t(h) * tokens + t) * head_dim + d;
+        const size_t to = (size_t(t) * kv_heads + h) * head_dim + d;
+        k_rows[to] = k[from];
+        v_rows[to] = v[from];
       }
     }
   }
-  return out;
+  const std::vector<double> q64(q.begin(), q.end());
+  const testing::ReferenceKv rows{k_rows.data(), v_rows.data(), 0, tokens, kv_heads, head_dim};
+  const std::vector<double> out =
+      testing::ReferenceAttention(rows, q64.data(), q_heads, n, pos, scale, /*window=*/0);
+  return std::vector<float>(out.begin(), out.end());
 }
 
 v1::WatchEventsResponse FirstEventsBatch(v1::KvCacheService::Stub* stub, grpc::ClientContext* ctx) {

@@ -1,24 +1,24 @@
 // kvarena_batch_worker: a model worker on the batched local path, for the multi-process
 // tests (batch_test.cc, backend_test.cc). It allocates --batch caches (2 layers, the second
 // sliding, 2 kv / 8 q heads, --head_dim, float16, page 4), prefills each to a different
-// length through the local path, then decodes --steps steps (0: until killed) through one DecodeBatch,
-// checking every sequence's output against the float64 reference (batch_reference.h).
+// length through the local path, then decodes --steps steps (0: until killed) through one
+// DecodeBatch, checking every sequence's output against the float64 reference (batch_reference.h).
 // At the end it checks each cache's K/V with get_kv and releases them.
 //
 // stdout: "allocated cache ID" per cache, "decode step N" every --print_every steps,
-// "calls: reserve R commit C describe D" and "batch worker ok" at the end. Exit 1 with the
-// error on stderr.
+// "calls: reserve R commit C describe D", "batch worker ok" and "worker ok" at the end; or
+// "worker FAILED: why" and exit 1 (tests/support/worker_main.h).
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
-#include "tests/mp/batch_reference.h"
+#include "tests/support/batch_reference.h"
+#include "tests/support/worker_main.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH or inproc:");
 ABSL_FLAG(int, batch, 4, "caches decoding together");
@@ -77,10 +77,5 @@ absl::Status Run() {
 }  // namespace kvarena::testing
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  if (absl::Status s = kvarena::testing::Run(); !s.ok()) {
-    std::fprintf(stderr, "kvarena_batch_worker: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  return 0;
+  return kvarena::testing::WorkerMain(argc, argv, kvarena::testing::Run);
 }

@@ -6,13 +6,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.pb.h"
 #include "tests/mp/mp_fixture.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena::testing {

@@ -19,8 +19,6 @@
 //
 // stdout: "allocated cached_tokens=N ...", "prefill done ...", "paused after prefill",
 // "fork ok", "holding", "worker ok"; or "worker FAILED: ...".
-#include <pthread.h>
-#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -28,12 +26,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
+#include "tests/support/worker_main.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
 ABSL_FLAG(std::string, prefix_namespace, "model", "the spec's prefix_namespace (\"\": share nothing)");
@@ -69,12 +67,6 @@ namespace {
 using testing::HostTensor;
 using testing::KvHistory;
 
-#define WORKER_RETURN_IF_ERROR(expr) \
-  do {                               \
-    absl::Status _s = (expr);        \
-    if (!_s.ok()) return _s;         \
-  } while (0)
-
 uint64_t Fnv(const void* data, size_t n, uint64_t h = 1469598103934665603u) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211u;
@@ -91,16 +83,6 @@ std::vector<int32_t> Prompt() {
     for (int i = 0; i < 50; ++i) t.push_back(40000 + i);
   }
   return t;
-}
-
-void WaitForSigusr1(const char* line) {
-  std::printf("%s (SIGUSR1 resumes)\n", line);
-  std::fflush(stdout);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  int sig = 0;
-  sigwait(&set, &sig);
 }
 
 // One cache and the token ids of its positions, computed through the toy model.
@@ -147,7 +129,7 @@ class Sequence {
   // Computes positions [from, to) on every layer, checking outputs against the reference.
   absl::Status Compute(int64_t from, int64_t to, bool local) {
     const int64_t n = to - from;
-    if (local) WORKER_RETURN_IF_ERROR(cache_->reserve(n));
+    if (local) KVARENA_RETURN_IF_ERROR(cache_->reserve(n));
     for (int l = 0; l < cache_->num_layers(); ++l) {
       HostTensor q = Model(l, 2, from, to), k = Model(l, 0, from, to), v = Model(l, 1, from, to);
       auto out = local ? cache_->attention_local(l, q.arg(), k.arg(), v.arg())
@@ -159,7 +141,8 @@ class Sequence {
       history_[size_t(l)].Append(k, v);
       if (absl::GetFlag(FLAGS_check)) {
         const auto ref = history_[size_t(l)].Attention(q, from, 0, cache_->layer_windows()[size_t(l)]);
-        WORKER_RETURN_IF_ERROR(testing::CompareOutput(absl::StrCat("layer ", l, " pos ", from), *out, ref));
+        KVARENA_RETURN_IF_ERROR(
+            testing::CompareOutput(absl::StrCat("layer ", l, " pos ", from), *out, ref));
       }
       if (out_ != nullptr) {  // one row per position: every head's output there
         const int heads = absl::GetFlag(FLAGS_q_heads);
@@ -172,7 +155,7 @@ class Sequence {
         }
       }
     }
-    if (local) WORKER_RETURN_IF_ERROR(cache_->commit(n));
+    if (local) KVARENA_RETURN_IF_ERROR(cache_->commit(n));
     return absl::OkStatus();
   }
 
@@ -180,7 +163,7 @@ class Sequence {
   absl::Status Decode(int32_t token, bool local) {
     const int64_t pos = int64_t(tokens_.size());
     tokens_.push_back(token);
-    WORKER_RETURN_IF_ERROR(cache_->set_tokens(pos, {token}));
+    KVARENA_RETURN_IF_ERROR(cache_->set_tokens(pos, {token}));
     return Compute(pos, pos + 1, local);
   }
 
@@ -189,9 +172,9 @@ class Sequence {
     for (int l = 0; l < cache_->num_layers(); ++l) {
       KVARENA_ASSIGN_OR_RETURN(auto kv, cache_->get_kv(l));
       const std::string at = absl::StrCat(what, " get_kv layer ", l);
-      WORKER_RETURN_IF_ERROR(
+      KVARENA_RETURN_IF_ERROR(
           testing::CompareExact(at + " k", kv.k, history_[size_t(l)].HeadMajor(0, kv.first_pos)));
-      WORKER_RETURN_IF_ERROR(
+      KVARENA_RETURN_IF_ERROR(
           testing::CompareExact(at + " v", kv.v, history_[size_t(l)].HeadMajor(1, kv.first_pos)));
     }
     return absl::OkStatus();
@@ -244,10 +227,10 @@ absl::Status Run() {
   const int64_t split = absl::GetFlag(FLAGS_split_at);
   const int64_t len = int64_t(prompt.size());
   if (split > cached && split < len) {
-    WORKER_RETURN_IF_ERROR(seq.Compute(cached, split, local));
-    WORKER_RETURN_IF_ERROR(seq.Compute(split, len, local));
+    KVARENA_RETURN_IF_ERROR(seq.Compute(cached, split, local));
+    KVARENA_RETURN_IF_ERROR(seq.Compute(split, len, local));
   } else {
-    WORKER_RETURN_IF_ERROR(seq.Compute(cached, len, local));
+    KVARENA_RETURN_IF_ERROR(seq.Compute(cached, len, local));
   }
   // Allocate, then the prompt up to its last output: the arena's part of time to first token.
   const double ms =
@@ -256,8 +239,8 @@ absl::Status Run() {
   std::printf("prefill done: pages_used %lld, %lld positions computed, %.2f ms\n",
               static_cast<long long>(pages), static_cast<long long>(len - cached), ms);
   std::fflush(stdout);
-  WORKER_RETURN_IF_ERROR(seq.CheckGetKv("after the prompt"));  // the adopted prefix included
-  if (absl::GetFlag(FLAGS_pause_after_prefill)) WaitForSigusr1("paused after prefill");
+  KVARENA_RETURN_IF_ERROR(seq.CheckGetKv("after the prompt"));  // the adopted prefix included
+  if (absl::GetFlag(FLAGS_pause_after_prefill)) testing::WaitForSigusr1("paused after prefill");
 
   const int decode = absl::GetFlag(FLAGS_decode);
   const int first = absl::GetFlag(FLAGS_decode_seed);
@@ -265,13 +248,13 @@ absl::Status Run() {
     KVARENA_ASSIGN_OR_RETURN(auto forked, (cache)->fork());
     Sequence other(forked, seq.tokens(), nullptr);
     other.Adopted(len);
-    WORKER_RETURN_IF_ERROR(other.CheckGetKv("fork"));
+    KVARENA_RETURN_IF_ERROR(other.CheckGetKv("fork"));
     for (int s = 0; s < decode; ++s) {
-      WORKER_RETURN_IF_ERROR(seq.Decode(first + s, local));
-      WORKER_RETURN_IF_ERROR(other.Decode(first + 5000 + s, local));
+      KVARENA_RETURN_IF_ERROR(seq.Decode(first + s, local));
+      KVARENA_RETURN_IF_ERROR(other.Decode(first + 5000 + s, local));
     }
-    WORKER_RETURN_IF_ERROR(seq.CheckGetKv("original after fork"));
-    WORKER_RETURN_IF_ERROR(other.CheckGetKv("fork"));
+    KVARENA_RETURN_IF_ERROR(seq.CheckGetKv("original after fork"));
+    KVARENA_RETURN_IF_ERROR(other.CheckGetKv("fork"));
     // popn back into the shared prompt pages, then a different continuation: copy-on-write.
     KVARENA_ASSIGN_OR_RETURN(auto popped, other.cache().popn(decode + 5));
     if (popped.popped != decode + 5)
@@ -279,37 +262,23 @@ absl::Status Run() {
     // The fork's model history is rebuilt from the model for what it keeps.
     Sequence again(forked, std::vector<int32_t>(prompt.begin(), prompt.end() - 5), nullptr);
     again.Adopted(len - 5);
-    WORKER_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
-    for (int s = 0; s < 7; ++s) WORKER_RETURN_IF_ERROR(again.Decode(first + 9000 + s, local));
-    WORKER_RETURN_IF_ERROR(seq.CheckGetKv("original after the fork's popn"));
-    WORKER_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
-    WORKER_RETURN_IF_ERROR((forked)->release());
+    KVARENA_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
+    for (int s = 0; s < 7; ++s) KVARENA_RETURN_IF_ERROR(again.Decode(first + 9000 + s, local));
+    KVARENA_RETURN_IF_ERROR(seq.CheckGetKv("original after the fork's popn"));
+    KVARENA_RETURN_IF_ERROR(again.CheckGetKv("fork after popn"));
+    KVARENA_RETURN_IF_ERROR((forked)->release());
     std::printf("fork ok\n");
     std::fflush(stdout);
   } else {
-    for (int s = 0; s < decode; ++s) WORKER_RETURN_IF_ERROR(seq.Decode(first + s, local));
+    for (int s = 0; s < decode; ++s) KVARENA_RETURN_IF_ERROR(seq.Decode(first + s, local));
   }
-  WORKER_RETURN_IF_ERROR(seq.CheckGetKv("final"));
+  KVARENA_RETURN_IF_ERROR(seq.CheckGetKv("final"));
   if (out != nullptr) std::fclose(out);
-  if (absl::GetFlag(FLAGS_hold)) WaitForSigusr1("holding");
+  if (absl::GetFlag(FLAGS_hold)) testing::WaitForSigusr1("holding");
   return (cache)->release();
 }
 
 }  // namespace
 }  // namespace kvarena
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  sigset_t set;  // SIGUSR1 waits for sigwait, in every thread
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  absl::Status s = kvarena::Run();
-  if (!s.ok()) {
-    std::printf("worker FAILED: %s\n", s.ToString().c_str());
-    std::fflush(stdout);
-    return 1;
-  }
-  std::printf("worker ok\n");
-  return 0;
-}
+int main(int argc, char** argv) { return kvarena::testing::WorkerMain(argc, argv, kvarena::Run); }

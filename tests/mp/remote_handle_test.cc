@@ -8,8 +8,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/mp/mp_fixture.h"
-#include "tests/mp/batch_reference.h"
-#include "tests/mp/reference.h"
+#include "tests/support/batch_reference.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena::testing {

@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "tests/daemon/daemon_process.h"  // PickUnusedPort
 #include "tests/mp/mp_fixture.h"
-#include "tests/mp/reference.h"
 #include "tests/mp/stream_proxy.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena::testing {

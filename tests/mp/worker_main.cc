@@ -29,8 +29,8 @@
 // "decode step I/N ..." every --print_every steps (tests wait for it before killing the
 // worker), "local path: ..." with --local, "mapping ok: ..." with --check_mapping,
 // "worker ok".
-#include <pthread.h>
-#include <signal.h>
+
+#include "tests/support/worker_main.h"
 
 #include <chrono>
 #include <cstdio>
@@ -40,12 +40,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
 ABSL_FLAG(uint64_t, seed, 1, "random seed of q/k/v");
@@ -78,12 +77,6 @@ namespace {
 using testing::HostTensor;
 using testing::KvHistory;
 
-#define WORKER_RETURN_IF_ERROR(expr)        \
-  do {                                      \
-    absl::Status _s = (expr);               \
-    if (!_s.ok()) return _s;                \
-  } while (0)
-
 absl::StatusOr<DType> ParseDType(const std::string& s) {
   for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     if (s == DTypeName(d)) return d;
@@ -104,7 +97,7 @@ class Worker {
 
   // n new tokens on every layer; checks each output against the reference.
   absl::Status Step(int64_t n, const std::string& what) {
-    if (twin_ != nullptr) WORKER_RETURN_IF_ERROR(cache_->reserve(n));
+    if (twin_ != nullptr) KVARENA_RETURN_IF_ERROR(cache_->reserve(n));
     for (int layer = 0; layer < cache_->num_layers(); ++layer) {
       const int64_t pos = history_[layer].len();
       HostTensor q = Random(q_heads_, n), k = Random(cache_->num_kv_heads(), n),
@@ -124,10 +117,10 @@ class Worker {
       }
       history_[layer].Append(k, v);
       const auto ref = history_[layer].Attention(q, pos, 0, cache_->layer_windows()[layer]);
-      WORKER_RETURN_IF_ERROR(testing::CompareOutput(
-          absl::StrCat(what, " layer ", layer, " pos ", pos), *out, ref));
+      KVARENA_RETURN_IF_ERROR(
+          testing::CompareOutput(absl::StrCat(what, " layer ", layer, " pos ", pos), *out, ref));
     }
-    if (twin_ != nullptr) WORKER_RETURN_IF_ERROR(cache_->commit(n));
+    if (twin_ != nullptr) KVARENA_RETURN_IF_ERROR(cache_->commit(n));
     return CheckLength(what);
   }
 
@@ -145,9 +138,9 @@ class Worker {
     for (int layer = 0; layer < cache_->num_layers(); ++layer) {
       KVARENA_ASSIGN_OR_RETURN(auto kv, cache_->get_kv(layer));
       const std::string at = absl::StrCat(what, " get_kv layer ", layer);
-      WORKER_RETURN_IF_ERROR(
+      KVARENA_RETURN_IF_ERROR(
           testing::CompareExact(at + " k", kv.k, history_[layer].HeadMajor(0, kv.first_pos)));
-      WORKER_RETURN_IF_ERROR(
+      KVARENA_RETURN_IF_ERROR(
           testing::CompareExact(at + " v", kv.v, history_[layer].HeadMajor(1, kv.first_pos)));
     }
     return absl::OkStatus();
@@ -196,9 +189,9 @@ class Worker {
       return absl::InternalError(absl::StrCat("popn(3) popped ", r.popped, ": ", r.refusal));
     }
     for (KvHistory& h : history_) h.Truncate(h.len() - 3);
-    WORKER_RETURN_IF_ERROR(CheckLength("after popn"));
-    WORKER_RETURN_IF_ERROR(CheckGetKv("after popn"));
-    for (int i = 0; i < 3; ++i) WORKER_RETURN_IF_ERROR(Step(1, "re-append"));
+    KVARENA_RETURN_IF_ERROR(CheckLength("after popn"));
+    KVARENA_RETURN_IF_ERROR(CheckGetKv("after popn"));
+    for (int i = 0; i < 3; ++i) KVARENA_RETURN_IF_ERROR(Step(1, "re-append"));
     std::printf("popn ok: popped 3, re-appended 3, seq_len %lld\n",
                 static_cast<long long>(cache_->num_tokens()));
     return absl::OkStatus();
@@ -243,18 +236,6 @@ absl::Status CheckLocalCalls(Client& client, const CallCounts& before, int decod
 
 absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool pause);
 
-// SIGUSR1 is blocked in every thread (main blocks it before any thread starts), so it
-// stays pending until this takes it: a signal sent early is not lost.
-void PauseUntilSigusr1() {
-  std::printf("paused after prefill (SIGUSR1 resumes)\n");
-  std::fflush(stdout);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  int sig = 0;
-  sigwait(&set, &sig);
-}
-
 absl::Status Run() {
   KVARENA_ASSIGN_OR_RETURN(auto dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
   ClientOptions options;
@@ -273,8 +254,8 @@ absl::Status Run() {
   }
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   for (int round = 0; round < rounds; ++round) {
-    WORKER_RETURN_IF_ERROR(RunRound(*client, spec, absl::GetFlag(FLAGS_seed) + round,
-                                    round == 0 && absl::GetFlag(FLAGS_pause_after_prefill)));
+    KVARENA_RETURN_IF_ERROR(RunRound(*client, spec, absl::GetFlag(FLAGS_seed) + round,
+                                     round == 0 && absl::GetFlag(FLAGS_pause_after_prefill)));
     if (rounds > 1) {
       std::printf("round %d/%d ok\n", round + 1, rounds);
       std::fflush(stdout);
@@ -300,19 +281,19 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool
       (cache)->set_reserve_ahead(ahead);
   }
   Worker worker(cache, absl::GetFlag(FLAGS_q_heads), seed, twin);
-  WORKER_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
+  KVARENA_RETURN_IF_ERROR(worker.Step(absl::GetFlag(FLAGS_prefill), "prefill"));
   KVARENA_ASSIGN_OR_RETURN(auto pages, (cache)->pages_used());
   std::printf("prefill done: %d tokens, pages_used %lld\n", absl::GetFlag(FLAGS_prefill),
               static_cast<long long>(pages));
   std::fflush(stdout);
-  if (pause) PauseUntilSigusr1();
+  if (pause) testing::WaitForSigusr1("paused after prefill");
 
   const int decode = absl::GetFlag(FLAGS_decode);
   const int every = std::max(1, absl::GetFlag(FLAGS_print_every));
   const CallCounts before_decode = client.call_counts();
   for (int step = 0; step < decode; ++step) {
-    WORKER_RETURN_IF_ERROR(worker.Step(1, absl::StrCat("decode step ", step)));
-    if (step == decode / 2) WORKER_RETURN_IF_ERROR(worker.PopnAndReappend());
+    KVARENA_RETURN_IF_ERROR(worker.Step(1, absl::StrCat("decode step ", step)));
+    if (step == decode / 2) KVARENA_RETURN_IF_ERROR(worker.PopnAndReappend());
     if ((step + 1) % every == 0) {
       std::printf("decode step %d/%d seq_len %lld\n", step + 1, decode,
                   static_cast<long long>((cache)->num_tokens()));
@@ -322,37 +303,21 @@ absl::Status RunRound(Client& client, const CacheSpec& spec, uint64_t seed, bool
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     }
   }
-  if (local) WORKER_RETURN_IF_ERROR(CheckLocalCalls(client, before_decode, decode, *cache));
-  WORKER_RETURN_IF_ERROR(worker.CheckGetKv("final"));
-  if (absl::GetFlag(FLAGS_check_mapping)) WORKER_RETURN_IF_ERROR(worker.CheckMapping());
+  if (local) KVARENA_RETURN_IF_ERROR(CheckLocalCalls(client, before_decode, decode, *cache));
+  KVARENA_RETURN_IF_ERROR(worker.CheckGetKv("final"));
+  if (absl::GetFlag(FLAGS_check_mapping)) KVARENA_RETURN_IF_ERROR(worker.CheckMapping());
   KVARENA_ASSIGN_OR_RETURN(auto stats, (cache)->stats());
   if (stats.seq_len != (cache)->num_tokens()) {
     return absl::InternalError(absl::StrCat("stats().seq_len = ", stats.seq_len,
                                             ", num_tokens() = ", (cache)->num_tokens()));
   }
-  WORKER_RETURN_IF_ERROR((cache)->release());
+  KVARENA_RETURN_IF_ERROR((cache)->release());
   if ((cache)->is_valid()) return absl::InternalError("is_valid() after release()");
-  if (twin != nullptr) WORKER_RETURN_IF_ERROR(twin->release());
+  if (twin != nullptr) KVARENA_RETURN_IF_ERROR(twin->release());
   return absl::OkStatus();
 }
 
 }  // namespace
 }  // namespace kvarena
 
-int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_pause_after_prefill)) {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  }
-  absl::Status s = kvarena::Run();
-  if (!s.ok()) {
-    std::printf("worker FAILED: %s\n", s.ToString().c_str());
-    std::fflush(stdout);
-    return 1;
-  }
-  std::printf("worker ok\n");
-  return 0;
-}
+int main(int argc, char** argv) { return kvarena::testing::WorkerMain(argc, argv, kvarena::Run); }

@@ -5,17 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/status_macros.h"
 
 namespace kvarena::stress {
 
 using testing::HostTensor;
 using testing::KvHistory;
-
-#define ACTOR_RETURN_IF_ERROR(expr) \
-  do {                              \
-    absl::Status _s = (expr);       \
-    if (!_s.ok()) return _s;        \
-  } while (0)
 
 namespace {
 
@@ -232,7 +227,7 @@ absl::Status Actor::Append(Tracked& c, bool attend) {
     if (!judged.ok() || !out.ok()) return judged;
     c.layers[size_t(layer)].Append(k, v);
     const auto ref = c.layers[size_t(layer)].Attention(q, pos, 0, c.h->layer_windows()[size_t(layer)]);
-    ACTOR_RETURN_IF_ERROR(testing::CompareOutput(
+    KVARENA_RETURN_IF_ERROR(testing::CompareOutput(
         absl::StrCat("attend on ", c.h->cache_id(), " layer ", layer, " pos ", pos), *out, ref));
   }
   return absl::OkStatus();
@@ -281,7 +276,7 @@ absl::Status Actor::Popn(Tracked& c) {
 
 absl::Status Actor::Reset(Tracked& c) {
   const bool keep_pages = std::uniform_int_distribution<int>(0, 1)(rng_) == 1;
-  ACTOR_RETURN_IF_ERROR(c.h->reset(keep_pages));
+  KVARENA_RETURN_IF_ERROR(c.h->reset(keep_pages));
   for (KvHistory& l : c.layers) l = KvHistory(c.h->num_kv_heads(), c.h->head_dim());
   if (c.h->num_tokens() != 0) {
     return absl::InternalError(absl::StrCat("reset on ", c.h->cache_id(), ": num_tokens() = ",
@@ -292,7 +287,7 @@ absl::Status Actor::Reset(Tracked& c) {
 
 absl::Status Actor::Release(size_t index) {
   Tracked& c = *caches_[index];
-  ACTOR_RETURN_IF_ERROR(Annotate(c.h->release(), absl::StrCat("release ", c.h->cache_id())));
+  KVARENA_RETURN_IF_ERROR(Annotate(c.h->release(), absl::StrCat("release ", c.h->cache_id())));
   if (c.h->is_valid()) return absl::InternalError("is_valid() after release()");
   caches_.erase(caches_.begin() + std::ptrdiff_t(index));
   return absl::OkStatus();
@@ -302,14 +297,14 @@ absl::Status Actor::Local(Tracked& c) {
   const int64_t len = c.len(0);
   const int64_t n = Tokens(true);
   const absl::Status reserved = c.h->reserve(n);
-  ACTOR_RETURN_IF_ERROR(Judge(OpKind::kLocal, reserved, c, len, n));
+  KVARENA_RETURN_IF_ERROR(Judge(OpKind::kLocal, reserved, c, len, n));
   if (!reserved.ok()) return absl::OkStatus();  // an allowed refusal: nothing was reserved
   std::uniform_int_distribution<int> pct(0, 99);
   for (int layer = 0; layer < c.h->num_layers(); ++layer) {
     HostTensor k = Random(c, c.h->num_kv_heads(), n), v = Random(c, c.h->num_kv_heads(), n);
     const std::string what = absl::StrCat("local on ", c.h->cache_id(), " layer ", layer, " pos ", len);
     if (pct(rng_) < 30) {
-      ACTOR_RETURN_IF_ERROR(Annotate(c.h->append_local(layer, k.arg(), v.arg()), what));
+      KVARENA_RETURN_IF_ERROR(Annotate(c.h->append_local(layer, k.arg(), v.arg()), what));
       c.layers[size_t(layer)].Append(k, v);
       continue;
     }
@@ -317,8 +312,9 @@ absl::Status Actor::Local(Tracked& c) {
     auto out = c.h->attention_local(layer, q.arg(), k.arg(), v.arg());
     if (!out.ok()) return Annotate(out.status(), what);
     c.layers[size_t(layer)].Append(k, v);
-    ACTOR_RETURN_IF_ERROR(testing::CompareOutput(
-        what, *out, c.layers[size_t(layer)].Attention(q, len, 0, c.h->layer_windows()[size_t(layer)])));
+    KVARENA_RETURN_IF_ERROR(testing::CompareOutput(
+        what, *out,
+        c.layers[size_t(layer)].Attention(q, len, 0, c.h->layer_windows()[size_t(layer)])));
   }
   return Annotate(c.h->commit(n), absl::StrCat("commit(", n, ") on ", c.h->cache_id()));
 }
@@ -343,7 +339,8 @@ absl::Status Actor::Verify(const Tracked& c) const {
       const TensorOut& got = part == 0 ? kv->k : kv->v;
       const std::vector<double> values = want.HeadMajor(part, kv->first_pos);
       if (got.data != testing::EncodeValues(values, c.h->dtype())) {
-        ACTOR_RETURN_IF_ERROR(testing::CompareExact(absl::StrCat(what, part == 0 ? " k" : " v"), got, values));
+        KVARENA_RETURN_IF_ERROR(
+            testing::CompareExact(absl::StrCat(what, part == 0 ? " k" : " v"), got, values));
         return absl::InternalError(absl::StrCat(what, part == 0 ? " k" : " v", ": bytes differ"));
       }
     }
@@ -352,12 +349,12 @@ absl::Status Actor::Verify(const Tracked& c) const {
 }
 
 absl::Status Actor::VerifyAll() {
-  for (const auto& c : caches_) ACTOR_RETURN_IF_ERROR(Verify(*c));
+  for (const auto& c : caches_) KVARENA_RETURN_IF_ERROR(Verify(*c));
   return absl::OkStatus();
 }
 
 absl::Status Actor::ReleaseAll() {
-  while (!caches_.empty()) ACTOR_RETURN_IF_ERROR(Release(caches_.size() - 1));
+  while (!caches_.empty()) KVARENA_RETURN_IF_ERROR(Release(caches_.size() - 1));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,5 @@
 // Actor: one thread's share of a stress worker. It owns a few caches no other thread
-// touches, keeps a float64 copy of every layer it wrote (tests/mp/reference.h), and runs
+// touches, keeps a float64 copy of every layer it wrote (tests/support/kv_history.h), and runs
 // random operations over them: allocate, append, attend (appending, or over what is
 // cached), popn, reset, release, reserve + local writes + commit, and get_kv checks. Every
 // result it can check is checked against the copy, K/V bit for bit.
@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kvarena/client.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 
 namespace kvarena::stress {
 

@@ -12,8 +12,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/mp/reference.h"
 #include "tests/stress/stress_fixture.h"
+#include "tests/support/kv_history.h"
 
 namespace kvarena::testing {
 namespace {

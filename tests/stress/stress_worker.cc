@@ -19,8 +19,6 @@
 // stdout: the lines above, "report ops=N <op>=N ... errors=N <op>:<CODE>=N ... popn_refused=N"
 // (survive prints "report_before_restart ..." first), "worker ok"; or "worker FAILED: why"
 // and exit 1.
-#include <pthread.h>
-#include <signal.h>
 
 #include <atomic>
 #include <cstdio>
@@ -32,7 +30,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +37,7 @@
 #include "core/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/stress/actor.h"
+#include "tests/support/worker_main.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH of the daemon");
 ABSL_FLAG(uint64_t, seed, 1, "random seed (each thread derives its own)");
@@ -119,14 +117,6 @@ Tally Total(const std::vector<std::unique_ptr<Actor>>& actors) {
   return total;
 }
 
-void WaitForSigusr1() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  int sig = 0;
-  sigwait(&set, &sig);
-}
-
 // Checks every cache, optionally lists their pages and waits for SIGUSR1 (checking again
 // after), releases everything and prints the report.
 absl::Status Finish(std::vector<std::unique_ptr<Actor>>& actors, bool hold, const char* report) {
@@ -140,8 +130,7 @@ absl::Status Finish(std::vector<std::unique_ptr<Actor>>& actors, bool hold, cons
       for (const std::string& l : lines) Print(l);
       caches += int(lines.size());
     }
-    Print(absl::StrCat("holding ", caches, " caches (SIGUSR1 resumes)"));
-    WaitForSigusr1();
+    testing::WaitForSigusr1(absl::StrCat("holding ", caches, " caches"));
     for (auto& a : actors) {
       if (absl::Status s = a->VerifyAll(); !s.ok()) return s;
     }
@@ -285,18 +274,5 @@ absl::Status Run() {
 }  // namespace kvarena::stress
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
-  // SIGUSR1 stays pending until WaitForSigusr1 takes it: blocked before any thread starts.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGUSR1);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  absl::Status s = kvarena::stress::Run();
-  if (!s.ok()) {
-    std::printf("worker FAILED: %s\n", s.ToString().c_str());
-    std::fflush(stdout);
-    return 1;
-  }
-  std::printf("worker ok\n");
-  return 0;
+  return kvarena::testing::WorkerMain(argc, argv, kvarena::stress::Run);
 }

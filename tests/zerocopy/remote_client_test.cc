@@ -2,6 +2,8 @@
 // layer of several MiB through GetKv ranges and returns it bit for bit, while one GetKv of
 // the whole layer is refused; a client whose limit is above the daemon's is told how to
 // page. Popn beyond seq_len comes back as a refusal, not an error.
+#include <grpcpp/grpcpp.h>
+
 #include <algorithm>
 #include <limits>
 #include <memory>
@@ -10,14 +12,12 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "tests/daemon/daemon_process.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {

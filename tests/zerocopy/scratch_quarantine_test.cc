@@ -17,11 +17,12 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "client/client_test_peer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "tests/daemon/daemon_process.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 #include "tests/support/status_matchers.h"
 
 namespace kvarena {
@@ -115,13 +116,13 @@ TEST_F(ScratchQuarantineTest, ATimedOutCallsLaneIsNeverReusedAndLaterCallsStayEx
   auto inline_out = (*inline_fast)->attention(0, 0, q.arg());
   ASSERT_THAT(inline_out, IsOk());
   ASSERT_EQ(inline_out->data, want->data);
-  EXPECT_EQ((*worker)->TEST_QuarantinedLanes(), 0);
+  EXPECT_EQ(client_internal::ClientTestPeer(**worker).QuarantinedLanes(), 0);
 
   // The straggler: its lane is the one the next call would get from the free list.
   const absl::Time t0 = absl::Now();
   EXPECT_THAT((*slow)->attention(0, kLongContext - kQueries, slow_q.arg()),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
-  EXPECT_EQ((*worker)->TEST_QuarantinedLanes(), 1);
+  EXPECT_EQ(client_internal::ClientTestPeer(**worker).QuarantinedLanes(), 1);
 
   // Describe waits for the cache's lock, which the straggler holds until it finishes.
   std::atomic<bool> straggler_done{false};
@@ -142,7 +143,7 @@ TEST_F(ScratchQuarantineTest, ATimedOutCallsLaneIsNeverReusedAndLaterCallsStayEx
               absl::FormatDuration(straggler).c_str(), absl::FormatDuration(absl::Now() - t0).c_str(),
               absl::FormatDuration(options.call_timeout).c_str(), calls, wrong);
   EXPECT_EQ(wrong, 0);
-  EXPECT_EQ((*worker)->TEST_QuarantinedLanes(), 1);
+  EXPECT_EQ(client_internal::ClientTestPeer(**worker).QuarantinedLanes(), 1);
 }
 
 }  // namespace

@@ -42,6 +42,7 @@
 namespace kvarena {
 
 namespace client_internal {
+class ClientTestPeer;
 class Transport;
 }  // namespace client_internal
 
@@ -182,14 +183,9 @@ class Client {
   absl::Status Commit(const CacheTokenList& items);
   CallCounts call_counts() const;
 
-  // Tests: every local kernel set this client creates from now on (one per kind of pool
-  // memory, on first use) is wrap(the real one). REQUIRES: no local-path call made yet.
-  void TEST_WrapLocalKernels(
-      std::function<std::unique_ptr<KvKernels>(std::unique_ptr<KvKernels>)> wrap);
-  // Tests: scratch lanes quarantined so far (a remote client with zero-copy; else 0).
-  int TEST_QuarantinedLanes() const;
-
  private:
+  friend class client_internal::ClientTestPeer;  // test hooks (client/client_test_peer.h)
+
   explicit Client(std::shared_ptr<client_internal::Transport> transport);
   std::shared_ptr<client_internal::Transport> transport_;
 };

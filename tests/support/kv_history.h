@@ -1,11 +1,11 @@
-// Test support shared by the worker binary, the multi-process tests and the client tests:
-// host tensors in the API layout, dtype conversion, and a float64 reference of paged
-// attention over a worker's own copy of the K/V it sent.
+// Test support shared by the worker binaries, the multi-process tests and the client tests:
+// host tensors in the API layout and a worker's own copy of the K/V it sent, with the
+// float64 attention reference (attention_reference.h) over it.
 //
 // Values are kept as doubles already rounded to the storage dtype, next to the bytes sent,
 // so the reference sees exactly what the arena stores. Not thread-safe per object.
-#ifndef KVARENA_TESTS_MP_REFERENCE_H_
-#define KVARENA_TESTS_MP_REFERENCE_H_
+#ifndef KVARENA_TESTS_SUPPORT_KV_HISTORY_H_
+#define KVARENA_TESTS_SUPPORT_KV_HISTORY_H_
 
 #include <cstdint>
 #include <random>
@@ -14,18 +14,9 @@
 
 #include "absl/status/status.h"
 #include "core/types.h"
+#include "tests/support/dtype_codec.h"
 
 namespace kvarena::testing {
-
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-uint16_t FloatToBf16(float f);
-float Bf16ToFloat(uint16_t b);
-
-// Round-trips through the storage type.
-double RoundTo(double x, DType dtype);
-std::string EncodeValues(const std::vector<double>& values, DType dtype);
-std::vector<double> DecodeValues(const std::string& bytes, DType dtype);
 
 // A tensor [1, heads, tokens, head_dim] that owns its bytes.
 struct HostTensor {
@@ -38,8 +29,7 @@ struct HostTensor {
 };
 
 // Uniform values in [-1, 1], rounded to dtype.
-HostTensor RandomTensor(std::mt19937_64& rng, DType dtype, int heads, int64_t tokens,
-                        int head_dim);
+HostTensor RandomTensor(std::mt19937_64& rng, DType dtype, int heads, int64_t tokens, int head_dim);
 
 // One layer's K/V history as sent: token-major [tokens][kv_heads][head_dim].
 class KvHistory {
@@ -75,4 +65,4 @@ absl::Status CompareExact(const std::string& what, const TensorOut& got,
 
 }  // namespace kvarena::testing
 
-#endif  // KVARENA_TESTS_MP_REFERENCE_H_
+#endif  // KVARENA_TESTS_SUPPORT_KV_HISTORY_H_

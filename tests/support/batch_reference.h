@@ -1,9 +1,9 @@
 // Test support for DecodeBatch (kvarena/decode_batch.h), shared by the client tests, the
 // multi-process tests and the worker binary: batched host tensors and one decode step
-// checked sequence by sequence against the float64 reference (reference.h).
+// checked sequence by sequence against the float64 reference (kv_history.h).
 // Header-only; not thread-safe per object.
-#ifndef KVARENA_TESTS_MP_BATCH_REFERENCE_H_
-#define KVARENA_TESTS_MP_BATCH_REFERENCE_H_
+#ifndef KVARENA_TESTS_SUPPORT_BATCH_REFERENCE_H_
+#define KVARENA_TESTS_SUPPORT_BATCH_REFERENCE_H_
 
 #include <memory>
 #include <random>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "kvarena/decode_batch.h"
-#include "tests/mp/reference.h"
+#include "tests/support/kv_history.h"
 
 namespace kvarena::testing {
 
@@ -42,8 +42,8 @@ struct BatchTensor {
 
 // n random tokens on every layer of h through the local path (reserve, append_local,
 // commit), recorded in history (one KvHistory per layer).
-inline absl::Status PrefillLocal(GenericKvCacheHandle& h, std::vector<KvHistory>& history, int64_t n,
-                                 std::mt19937_64& rng) {
+inline absl::Status PrefillLocal(GenericKvCacheHandle& h, std::vector<KvHistory>& history,
+                                 int64_t n, std::mt19937_64& rng) {
   if (n == 0) return absl::OkStatus();
   if (absl::Status s = h.reserve(n); !s.ok()) return s;
   for (int layer = 0; layer < h.num_layers(); ++layer) {
@@ -59,19 +59,21 @@ inline absl::Status PrefillLocal(GenericKvCacheHandle& h, std::vector<KvHistory>
 // Plan, Run on every layer into a poisoned output, Commit. Each sequence's output must
 // match the float64 reference of its history (which gains the step's K/V) and
 // position(b) must be its history's length. The first failure, naming sequence and layer.
-inline absl::Status CheckedBatchStep(DecodeBatch& batch,
-                                     const std::vector<std::shared_ptr<GenericKvCacheHandle>>& caches,
-                                     std::vector<std::vector<KvHistory>>& history,
-                                     std::mt19937_64& rng, int q_heads) {
+inline absl::Status CheckedBatchStep(
+    DecodeBatch& batch, const std::vector<std::shared_ptr<GenericKvCacheHandle>>& caches,
+    std::vector<std::vector<KvHistory>>& history, std::mt19937_64& rng, int q_heads) {
   const GenericKvCacheHandle& h0 = *caches[0];
   const int n = int(batch.tokens_per_step()), size = batch.batch_size();
   if (absl::Status s = batch.Plan(); !s.ok()) return s;
   for (int layer = 0; layer < h0.num_layers(); ++layer) {
     const BatchTensor q = BatchTensor::Random(rng, h0.dtype(), size, q_heads, n, h0.head_dim());
-    const BatchTensor k = BatchTensor::Random(rng, h0.dtype(), size, h0.num_kv_heads(), n, h0.head_dim());
-    const BatchTensor v = BatchTensor::Random(rng, h0.dtype(), size, h0.num_kv_heads(), n, h0.head_dim());
+    const BatchTensor k =
+        BatchTensor::Random(rng, h0.dtype(), size, h0.num_kv_heads(), n, h0.head_dim());
+    const BatchTensor v =
+        BatchTensor::Random(rng, h0.dtype(), size, h0.num_kv_heads(), n, h0.head_dim());
     std::string out(q.bytes.size(), '\xff');  // NaN in every dtype
-    if (absl::Status s = batch.Run(layer, q.arg(), k.arg(), v.arg(), {out.data(), out.size()}); !s.ok()) {
+    if (absl::Status s = batch.Run(layer, q.arg(), k.arg(), v.arg(), {out.data(), out.size()});
+        !s.ok()) {
       return s;
     }
     const size_t per_seq = out.size() / size_t(size);
@@ -83,7 +85,8 @@ inline absl::Status CheckedBatchStep(DecodeBatch& batch,
                                                 ", history holds ", pos));
       }
       hist.Append(k.rows[size_t(b)], v.rows[size_t(b)]);
-      const TensorOut got{h0.dtype(), q.rows[size_t(b)].shape, out.substr(size_t(b) * per_seq, per_seq)};
+      const TensorOut got{h0.dtype(), q.rows[size_t(b)].shape,
+                          out.substr(size_t(b) * per_seq, per_seq)};
       const int window = caches[size_t(b)]->layer_windows()[size_t(layer)];
       if (absl::Status s = CompareOutput(absl::StrCat("sequence ", b, " layer ", layer), got,
                                          hist.Attention(q.rows[size_t(b)], pos, 0, window));
@@ -114,4 +117,4 @@ inline absl::Status CheckBatchKv(const std::vector<std::shared_ptr<GenericKvCach
 
 }  // namespace kvarena::testing
 
-#endif  // KVARENA_TESTS_MP_BATCH_REFERENCE_H_
+#endif  // KVARENA_TESTS_SUPPORT_BATCH_REFERENCE_H_
