@@ -1,0 +1,521 @@
+// Time to first token for a shared prefix served from each place kvarena can keep it
+// (docs/tiers.md, docs/redis-tier.md), side by side in one run: a miss, an arena hit, a
+// host-tier hit, a disk-tier hit (a cold read: every chunk file dropped from the OS page
+// cache with posix_fadvise(POSIX_FADV_DONTNEED) before each sample) and a Redis hit on node B
+// of a prefix node A computed. The request is prefix_bench's (bench/prefix_workload.h): a
+// --system-token system prompt (2048) and a --suffix-token suffix unique to the request (16),
+// attention alone as the model, on the served path; TTFT runs from Allocate with the prompt to
+// the last prompt position's output on the last layer, computing what was not adopted.
+//
+// Each mode runs on fresh kvarenad processes (--num_threads=2, --tier_timeout=10s so that no
+// load is cut short). A tier mode computes the prefix once, then before every sample fills
+// the arena (--arena_bytes=64Mi there) with a namespace-less cache, so that the prefix's pages
+// are reclaimed and only a tier holds them; the disk mode's host tier holds 4 chunks (1 MiB),
+// so the prefix goes down to disk. The Redis mode starts one plain redis-server (skipped with
+// the reason when there is none) and `redis-benchmark -t set,get` for the chunk's size beside
+// it, as the ceiling (its GET figure; SET first, else GET reads a nil).
+//
+// Per mode: samples, positions adopted and loaded from tiers (of the last sample; a tier
+// sample that loaded less than the whole prefix fails the run), Allocate p50, TTFT p50 / p99,
+// and for tier hits two read rates: K/V payload bytes loaded / Allocate time (lookup, read,
+// verification and the copy into the arena, per sample, p50), and chunk value bytes found /
+// the summed store read time of kvarena_tier_duration_seconds{op="read"} on /metrics (every
+// store's reads, misses in the host tier included; over all samples).
+//
+// Usage: tier_bench [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] [--suffix=N]
+//                   [--layers=N] [--quick]
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/child_daemon.h"
+#include "bench/prefix_workload.h"
+
+namespace kvarena {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Options {
+  Workload w;
+  int samples = 30, misses = 6;
+  std::string kvarenad, dir;
+};
+
+struct Row {
+  explicit Row(std::string name_in, std::string baseline_in = "")
+      : name(std::move(name_in)), baseline(std::move(baseline_in)) {}
+  std::string name, baseline, note;
+  std::vector<double> ttft_ms, allocate_ms, load_gbps;
+  int64_t adopted = 0, loaded = 0;  // of the last sample
+  double store_gbps = 0;            // chunk bytes read / summed store read time (/metrics)
+};
+
+// Payload bytes of one position over every layer, K and V.
+double PositionBytes(const Workload& w) {
+  return 2.0 * w.layers * w.kv_heads * w.head_dim * double(ElementBytes(w.dtype));
+}
+
+// A chunk's value size as docs/tiers.md lays it out: one page per chunk, namespace "bench",
+// no tenant.
+int64_t ChunkValueBytes(const Workload& w) {
+  return 8 + 4 + 6 * 4 + 8 + 4 + 4 + 5 + 32 + 4 * w.page_size + 4 * w.layers +
+         int64_t(PositionBytes(w)) * w.page_size + 8;
+}
+
+absl::StatusOr<TierStats> Tier(Client& client, const std::string& medium) {
+  KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client.Stats());
+  for (const TierStats& t : stats.tiers) {
+    if (t.medium == medium) return t;
+  }
+  return absl::NotFoundError(absl::StrCat("no tier ", medium, " in Stats"));
+}
+
+// Waits (up to 60 s) until the tier of `medium` has stored at least `chunks` chunks and its
+// writes settled (stored and dropped unchanged for 200 ms): no write runs during a sample.
+absl::Status WaitStored(Client& client, const std::string& medium, int64_t chunks) {
+  uint64_t last = ~0ull;
+  int stable = 0;
+  TierStats t;
+  for (int i = 0; i < 1200; ++i) {
+    KVARENA_ASSIGN_OR_RETURN(t, Tier(client, medium));
+    const uint64_t seen = t.stored_chunks + t.dropped_writes;
+    stable = seen == last ? stable + 1 : 0;
+    last = seen;
+    if (int64_t(t.stored_chunks) >= chunks && stable >= 4) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("tier ", medium, " stored ", t.stored_chunks, " chunks in 60 s, want ", chunks,
+                   " (up ", t.up, ", dropped ", t.dropped_writes, ", errors ", t.errors, ")"));
+}
+
+// Fills the arena with a namespace-less cache until it has no page left, then releases it:
+// every cached page of a prefix is reclaimed (and written back to the tiers below).
+absl::Status Pressure(Client& client, const Workload& w, const Noise& noise) {
+  KVARENA_ASSIGN_OR_RETURN(auto filler, client.Allocate(WorkloadSpec(w, "")));
+  constexpr int64_t kStep = 256;
+  for (bool full = false; !full;) {
+    for (int l = 0; l < w.layers && !full; ++l) {
+      auto r = filler->append(l, noise.Arg(w.kv_heads, kStep, w.head_dim),
+                              noise.Arg(w.kv_heads, kStep, w.head_dim));
+      if (absl::IsResourceExhausted(r.status()))
+        full = true;
+      else if (!r.ok())
+        return r.status();
+    }
+  }
+  return filler->release();
+}
+
+// Sets POSIX_FADV_DONTNEED on every file under dir: the next read of it comes from the disk.
+absl::Status DropPageCache(const std::string& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      return absl::InternalError(
+          absl::StrCat("open ", e.path().string(), ": ", std::strerror(errno)));
+    const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    if (rc != 0)
+      return absl::InternalError(
+          absl::StrCat("posix_fadvise ", e.path().string(), ": ", std::strerror(rc)));
+  }
+  return absl::OkStatus();
+}
+
+std::string FreshDir(const Options& o, const std::string& name) {
+  const std::string dir = o.dir + "/" + name;
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::string> DaemonFlags(const std::string& arena,
+                                     std::vector<std::string> tier_flags) {
+  std::vector<std::string> flags = {"--arena_bytes=" + arena, "--num_threads=2",
+                                    "--tier_timeout=10s"};
+  flags.insert(flags.end(), tier_flags.begin(), tier_flags.end());
+  return flags;
+}
+
+// A loopback TCP port nothing listens on now.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// GET /metrics from a kvarenad's --metrics_port; "" when it does not answer.
+std::string ScrapeMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  std::string out;
+  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      write(fd, request.data(), request.size()) == ssize_t(request.size())) {
+    char buf[65536];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+  }
+  close(fd);
+  return out;
+}
+
+// What the tiers read so far: chunks found (every store) and the summed time of every store
+// read (kvarena_tier_duration_seconds{op="read"}, hits and misses).
+struct ReadTotals {
+  uint64_t hit_chunks = 0;
+  double read_s = 0;
+};
+absl::StatusOr<ReadTotals> Reads(Client& client, int metrics_port) {
+  ReadTotals r;
+  KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client.Stats());
+  for (const TierStats& t : stats.tiers) r.hit_chunks += t.hit_chunks;
+  std::istringstream lines(ScrapeMetrics(metrics_port));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("kvarena_tier_duration_seconds_sum{", 0) == 0 &&
+        line.find("op=\"read\"") != std::string::npos) {
+      r.read_s += std::atof(line.c_str() + line.rfind(' ') + 1);
+    }
+  }
+  return r;
+}
+
+// Sets row.store_gbps from the reads between `before` and now.
+absl::Status SetStoreRate(Client& client, int metrics_port, const Workload& w,
+                          const ReadTotals& before, Row& row) {
+  KVARENA_ASSIGN_OR_RETURN(ReadTotals after, Reads(client, metrics_port));
+  const double s = after.read_s - before.read_s;
+  if (s > 0)
+    row.store_gbps =
+        double(after.hit_chunks - before.hit_chunks) * double(ChunkValueBytes(w)) / s / 1e9;
+  return absl::OkStatus();
+}
+
+// One timed request; adds it to the row. `tier_hit`: the whole system prompt must come from
+// the tiers (else the sample is an error: the mode did not measure what it names).
+absl::Status Sample(Client& client, const Options& o, const Noise& noise, int system_id,
+                    int request, bool tier_hit, Row& row) {
+  const Workload& w = o.w;
+  KVARENA_ASSIGN_OR_RETURN(FirstToken t,
+                           TimeFirstToken(client, WorkloadSpec(w, "bench"),
+                                          WorkloadPrompt(w, system_id, request), w, noise));
+  KVARENA_RETURN_IF_ERROR(t.cache->release());
+  if (tier_hit && t.tier_loaded < w.system / w.page_size * w.page_size) {
+    return absl::InternalError(absl::StrCat(row.name, ": sample ", request, " loaded ",
+                                            t.tier_loaded, " positions from the tiers, want the ",
+                                            w.system, " of the prefix"));
+  }
+  row.ttft_ms.push_back(t.ttft_ms);
+  row.allocate_ms.push_back(t.allocate_ms);
+  if (t.tier_loaded > 0)
+    row.load_gbps.push_back(double(t.tier_loaded) * PositionBytes(w) / (t.allocate_ms * 1e6));
+  row.adopted = t.cached;
+  row.loaded = t.tier_loaded;
+  return absl::OkStatus();
+}
+
+// The miss and arena-hit rows, on one daemon with a 2 GiB arena and no tiers.
+absl::Status RunArena(const Options& o, const Noise& noise, Row& miss, Row& hit) {
+  ChildDaemon daemon(o.kvarenad, FreshDir(o, "arena"), DaemonFlags("2Gi", {}));
+  auto client = ConnectWhenUp(daemon.address(), "tier_bench");
+  if (client == nullptr)
+    return absl::UnavailableError("kvarenad (arena) never answered; log in " + o.dir);
+  for (int i = 0; i < o.misses; ++i)
+    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1000 + i, i, false, miss));
+  KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, 0, false, hit));  // computes the prefix
+  hit.ttft_ms.clear();
+  hit.allocate_ms.clear();
+  for (int i = 1; i <= o.samples; ++i)
+    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, i, false, hit));
+  return absl::OkStatus();
+}
+
+// A tier row: the prefix computed once, then per sample the arena filled first.
+absl::Status RunTier(const Options& o, const Noise& noise, const std::string& medium,
+                     const std::vector<std::string>& tier_flags, const std::string& disk_dir,
+                     Row& row) {
+  const int metrics_port = FreePort();
+  std::vector<std::string> flags = tier_flags;
+  flags.push_back(absl::StrCat("--metrics_port=", metrics_port));
+  ChildDaemon daemon(o.kvarenad, FreshDir(o, medium), DaemonFlags("64Mi", flags));
+  auto client = ConnectWhenUp(daemon.address(), "tier_bench");
+  if (client == nullptr)
+    return absl::UnavailableError("kvarenad (" + medium + ") never answered; log in " + o.dir);
+  Row warm(medium);
+  KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, 0, false, warm));
+  const int64_t prefix_chunks = o.w.system / o.w.page_size;
+  KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client, metrics_port));
+  for (int i = 1; i <= o.samples; ++i) {
+    KVARENA_RETURN_IF_ERROR(Pressure(*client, o.w, noise));
+    KVARENA_RETURN_IF_ERROR(
+        WaitStored(*client, medium, medium == "disk" ? prefix_chunks - 4 : prefix_chunks));
+    if (!disk_dir.empty()) KVARENA_RETURN_IF_ERROR(DropPageCache(disk_dir));
+    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, i, true, row));
+  }
+  KVARENA_RETURN_IF_ERROR(SetStoreRate(*client, metrics_port, o.w, before, row));
+  KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client->Stats());
+  for (const TierStats& t : stats.tiers) {
+    absl::StrAppend(&row.note, row.note.empty() ? "" : ", ", t.medium, " ", t.loaded_tokens,
+                    " positions");
+  }
+  return absl::OkStatus();
+}
+
+std::string Program(const std::string& name) {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
+    const std::string p = std::string(dir) + "/" + name;
+    if (access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// `command`'s stdout, or "" when it cannot run.
+std::string Output(const std::string& command) {
+  std::string out;
+  if (FILE* f = popen(command.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    pclose(f);
+  }
+  return out;
+}
+
+// redis-benchmark's GET requests per second for `bytes`-byte values, one client, no
+// pipeline, as GB/s; 0 when it did not run. SET runs first: a GET of a key never set reads
+// a nil, not the value.
+double RedisCeilingGbps(const std::string& benchmark, int port, int64_t bytes, int requests) {
+  const std::string out =
+      Output(absl::StrCat(benchmark, " -p ", port, " -t set,get -d ", bytes, " -n ", requests,
+                          " -c 1 -q 2>/dev/null | tr '\\r' '\\n' | grep '^GET: [0-9]' | tail -1"));
+  double rps = 0;
+  if (std::sscanf(out.c_str(), "GET: %lf", &rps) != 1) return 0;
+  return rps * double(bytes) / 1e9;
+}
+
+// Waits (up to 10 s) until something accepts connections on the loopback port.
+absl::Status WaitListening(int port) {
+  for (int i = 0; i < 500; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(fd);
+    if (up) return absl::OkStatus();
+    usleep(20'000);
+  }
+  return absl::UnavailableError(absl::StrCat("redis-server never listened on 127.0.0.1:", port));
+}
+
+// Node A computes the prefix (written through to Redis); node B, a separate arena, loads it.
+absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::string* ceiling) {
+  const std::string server = Program("redis-server");
+  if (server.empty()) {
+    row.note = "skipped: redis-server is not installed";
+    return absl::OkStatus();
+  }
+  const int port = FreePort();
+  const std::string dir = FreshDir(o, "redis");
+  ChildProcess redis(
+      {server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "",
+       "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"},
+      dir + "/redis.log", SIGKILL);
+  KVARENA_RETURN_IF_ERROR(WaitListening(port));  // a daemon started first would drop its writes
+  const std::string seeds = absl::StrCat("--tier_redis=127.0.0.1:", port);
+  const int metrics_port = FreePort();
+  ChildDaemon a(o.kvarenad, FreshDir(o, "node_a"), DaemonFlags("2Gi", {seeds}));
+  ChildDaemon b(o.kvarenad, FreshDir(o, "node_b"),
+                DaemonFlags("64Mi", {seeds, absl::StrCat("--metrics_port=", metrics_port)}));
+  auto client_a = ConnectWhenUp(a.address(), "tier_bench");
+  auto client_b = ConnectWhenUp(b.address(), "tier_bench");
+  if (client_a == nullptr || client_b == nullptr) {
+    return absl::UnavailableError("kvarenad (node A or B) never answered; logs in " + o.dir);
+  }
+  Row warm("redis");
+  KVARENA_RETURN_IF_ERROR(Sample(*client_a, o, noise, 1, 0, false, warm));
+  KVARENA_RETURN_IF_ERROR(WaitStored(*client_a, "redis", o.w.system / o.w.page_size));
+  KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client_b, metrics_port));
+  for (int i = 1; i <= o.samples; ++i) {
+    if (i > 1) KVARENA_RETURN_IF_ERROR(Pressure(*client_b, o.w, noise));
+    KVARENA_RETURN_IF_ERROR(WaitStored(*client_b, "redis", 0));  // B's own write-through settled
+    KVARENA_RETURN_IF_ERROR(Sample(*client_b, o, noise, 1, i, true, row));
+  }
+  KVARENA_RETURN_IF_ERROR(SetStoreRate(*client_b, metrics_port, o.w, before, row));
+  const std::string benchmark = Program("redis-benchmark");
+  const int64_t bytes = ChunkValueBytes(o.w);
+  const double gbps =
+      benchmark.empty() ? 0 : RedisCeilingGbps(benchmark, port, bytes, o.samples * 10);
+  *ceiling =
+      gbps > 0
+          ? absl::StrFormat(
+                "redis-benchmark -t set,get -d %d -c 1 (one client, no pipeline), GET: %.2f GB/s",
+                bytes, gbps)
+          : "redis-benchmark did not run";
+  return absl::OkStatus();
+}
+
+void Print(const Row& r) {
+  if (r.ttft_ms.empty()) {
+    std::printf("| %s | %s | - | - | - | - | - | - | - | %s |\n", r.name.c_str(),
+                r.baseline.c_str(), r.note.c_str());
+    return;
+  }
+  const std::string gbps =
+      r.load_gbps.empty() ? "-" : absl::StrFormat("%.2f", Percentile(r.load_gbps, 50));
+  const std::string store = r.store_gbps > 0 ? absl::StrFormat("%.2f", r.store_gbps) : "-";
+  std::printf("| %s | %s | %zu | %lld / %lld | %.2f | %.1f | %.1f | %s | %s | %s |\n",
+              r.name.c_str(), r.baseline.c_str(), r.ttft_ms.size(),
+              static_cast<long long>(r.adopted), static_cast<long long>(r.loaded),
+              Percentile(r.allocate_ms, 50), Percentile(r.ttft_ms, 50), Percentile(r.ttft_ms, 99),
+              gbps.c_str(), store.c_str(), r.note.c_str());
+  std::fflush(stdout);
+}
+
+int Run(Options& o, const std::string& command) {
+  const Workload& w = o.w;
+  char dir_template[] = "/tmp/kvarena_tier_bench.XXXXXX";
+  o.dir = mkdtemp(dir_template);
+  std::printf("$ %s\n", command.c_str());
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) == 0) {
+      std::printf("%s\n", line.c_str());
+      break;
+    }
+  }
+  std::printf(
+      "tier_bench: %d-token shared prefix + %d-token unique suffix; %d layers, %d kv heads, %d q "
+      "heads, "
+      "head_dim %d, float16, page %d (%.0f KiB of K/V a page over every layer: a chunk of 1 page, "
+      "%lld-byte values); served path, kvarenad --num_threads=2 --tier_timeout=10s; %d samples a "
+      "hit "
+      "mode, %d misses; daemons and logs in %s\n",
+      w.system, w.suffix, w.layers, w.kv_heads, w.q_heads, w.head_dim, w.page_size,
+      PositionBytes(w) * w.page_size / 1024, static_cast<long long>(ChunkValueBytes(w)), o.samples,
+      o.misses, o.dir.c_str());
+  std::fflush(stdout);
+  const Noise noise(w, w.system + w.suffix, 7);
+  Row miss("miss", "computes every position"),
+      arena("arena hit", "arena, no tiers (--arena_bytes=2Gi)");
+  Row host("host-tier hit",
+           "--arena_bytes=64Mi --tier_host_bytes=256Mi, arena filled before each sample");
+  Row disk("disk-tier hit (cold)",
+           "--arena_bytes=64Mi --tier_host_bytes=1Mi --tier_disk_bytes=1Gi, arena filled and chunk "
+           "files "
+           "fadvise(DONTNEED) before each sample");
+  Row redis("Redis hit on node B",
+            "node A computed it; B: --arena_bytes=64Mi --tier_redis=one plain redis-server, B's "
+            "arena filled "
+            "before each sample");
+  std::string ceiling;
+  std::printf(
+      "| mode | setup | samples | adopted / from tiers | Allocate p50 (ms) | TTFT p50 (ms) | TTFT "
+      "p99 (ms) "
+      "| load GB/s p50 (payload / Allocate) | store read GB/s (/metrics) | note |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  absl::Status s = RunArena(o, noise, miss, arena);
+  if (s.ok()) {
+    Print(miss);
+    Print(arena);
+    s = RunTier(o, noise, "host", {"--tier_host_bytes=256Mi"}, "", host);
+  }
+  if (s.ok()) {
+    Print(host);
+    const std::string disk_dir = FreshDir(o, "disk/chunks");
+    s = RunTier(o, noise, "disk",
+                {"--tier_host_bytes=1Mi", "--tier_disk_dir=" + disk_dir, "--tier_disk_bytes=1Gi"},
+                disk_dir, disk);
+  }
+  if (s.ok()) {
+    Print(disk);
+    s = RunRedis(o, noise, redis, &ceiling);
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "tier_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  Print(redis);
+  const double m = Percentile(miss.ttft_ms, 50);
+  std::printf("TTFT p50 vs a miss: arena hit %.1fx, host %.1fx, disk %.1fx, Redis %.1fx lower\n",
+              m / Percentile(arena.ttft_ms, 50), m / Percentile(host.ttft_ms, 50),
+              m / Percentile(disk.ttft_ms, 50),
+              redis.ttft_ms.empty() ? 0.0 : m / Percentile(redis.ttft_ms, 50));
+  if (!ceiling.empty()) std::printf("Redis ceiling for the same value size: %s\n", ceiling.c_str());
+  std::error_code ec;
+  fs::remove_all(o.dir, ec);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvarena
+
+int main(int argc, char** argv) {
+  kvarena::Options o;
+  o.w.suffix = 16;
+  o.w.layers = 4;
+  o.w.kv_heads = 8;
+  o.w.q_heads = 8;
+  o.w.head_dim = 128;
+  o.w.dtype = kvarena::DType::kFloat16;
+  o.kvarenad = kvarena::DefaultKvarenadPath();
+  std::vector<std::string> args(argv, argv + argc);
+  auto int_flag = [](const std::string& arg, const char* name, int* out) {
+    const std::string prefix = std::string("--") + name + "=";
+    if (arg.rfind(prefix, 0) != 0) return false;
+    *out = std::max(1, std::atoi(arg.c_str() + prefix.size()));
+    return true;
+  };
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--quick") {
+      o.samples = 4;
+      o.misses = 2;
+      o.w.system = 512;
+    } else if (arg.rfind("--kvarenad=", 0) == 0) {
+      o.kvarenad = arg.substr(11);
+    } else if (!int_flag(arg, "samples", &o.samples) && !int_flag(arg, "misses", &o.misses) &&
+               !int_flag(arg, "system", &o.w.system) && !int_flag(arg, "suffix", &o.w.suffix) &&
+               !int_flag(arg, "layers", &o.w.layers)) {
+      std::fprintf(stderr,
+                   "usage: %s [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] "
+                   "[--suffix=N] [--layers=N] "
+                   "[--quick]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  return kvarena::Run(o, absl::StrJoin(args, " "));
+}
