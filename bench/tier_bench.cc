@@ -10,7 +10,7 @@
 // Each mode runs on fresh kvarenad processes (--num_threads=2, --tier_timeout=10s so that no
 // load is cut short). A tier mode computes the prefix once, then before every sample fills
 // the arena (--arena_bytes=64Mi there) with a namespace-less cache, so that the prefix's pages
-// are reclaimed and only a tier holds them; the disk mode's host tier holds 4 chunks (1 MiB),
+// are reclaimed and only a tier holds them; the disk mode's host tier holds 1 MiB (3 chunks),
 // so the prefix goes down to disk. The Redis mode starts one plain redis-server (skipped with
 // the reason when there is none) and `redis-benchmark -t set,get` for the chunk's size beside
 // it, as the ceiling (its GET figure; SET first, else GET reads a nil).
@@ -24,23 +24,14 @@
 //
 // Usage: tier_bench [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] [--suffix=N]
 //                   [--layers=N] [--quick]
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <optional>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -48,7 +39,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/child_daemon.h"
+#include "bench/loopback.h"
 #include "bench/prefix_workload.h"
+#include "bench/tier_ops.h"
 
 namespace kvarena {
 namespace {
@@ -57,7 +50,7 @@ namespace fs = std::filesystem;
 
 struct Options {
   Workload w;
-  int samples = 30, misses = 6;
+  int samples = 80, misses = 10;
   std::string kvarenad, dir;
 };
 
@@ -69,80 +62,6 @@ struct Row {
   int64_t adopted = 0, loaded = 0;  // of the last sample
   double store_gbps = 0;            // chunk bytes read / summed store read time (/metrics)
 };
-
-// Payload bytes of one position over every layer, K and V.
-double PositionBytes(const Workload& w) {
-  return 2.0 * w.layers * w.kv_heads * w.head_dim * double(ElementBytes(w.dtype));
-}
-
-// A chunk's value size as docs/tiers.md lays it out: one page per chunk, namespace "bench",
-// no tenant.
-int64_t ChunkValueBytes(const Workload& w) {
-  return 8 + 4 + 6 * 4 + 8 + 4 + 4 + 5 + 32 + 4 * w.page_size + 4 * w.layers +
-         int64_t(PositionBytes(w)) * w.page_size + 8;
-}
-
-absl::StatusOr<TierStats> Tier(Client& client, const std::string& medium) {
-  KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client.Stats());
-  for (const TierStats& t : stats.tiers) {
-    if (t.medium == medium) return t;
-  }
-  return absl::NotFoundError(absl::StrCat("no tier ", medium, " in Stats"));
-}
-
-// Waits (up to 60 s) until the tier of `medium` has stored at least `chunks` chunks and its
-// writes settled (stored and dropped unchanged for 200 ms): no write runs during a sample.
-absl::Status WaitStored(Client& client, const std::string& medium, int64_t chunks) {
-  uint64_t last = ~0ull;
-  int stable = 0;
-  TierStats t;
-  for (int i = 0; i < 1200; ++i) {
-    KVARENA_ASSIGN_OR_RETURN(t, Tier(client, medium));
-    const uint64_t seen = t.stored_chunks + t.dropped_writes;
-    stable = seen == last ? stable + 1 : 0;
-    last = seen;
-    if (int64_t(t.stored_chunks) >= chunks && stable >= 4) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("tier ", medium, " stored ", t.stored_chunks, " chunks in 60 s, want ", chunks,
-                   " (up ", t.up, ", dropped ", t.dropped_writes, ", errors ", t.errors, ")"));
-}
-
-// Fills the arena with a namespace-less cache until it has no page left, then releases it:
-// every cached page of a prefix is reclaimed (and written back to the tiers below).
-absl::Status Pressure(Client& client, const Workload& w, const Noise& noise) {
-  KVARENA_ASSIGN_OR_RETURN(auto filler, client.Allocate(WorkloadSpec(w, "")));
-  constexpr int64_t kStep = 256;
-  for (bool full = false; !full;) {
-    for (int l = 0; l < w.layers && !full; ++l) {
-      auto r = filler->append(l, noise.Arg(w.kv_heads, kStep, w.head_dim),
-                              noise.Arg(w.kv_heads, kStep, w.head_dim));
-      if (absl::IsResourceExhausted(r.status()))
-        full = true;
-      else if (!r.ok())
-        return r.status();
-    }
-  }
-  return filler->release();
-}
-
-// Sets POSIX_FADV_DONTNEED on every file under dir: the next read of it comes from the disk.
-absl::Status DropPageCache(const std::string& dir) {
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    const int fd = open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-      return absl::InternalError(
-          absl::StrCat("open ", e.path().string(), ": ", std::strerror(errno)));
-    const int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    close(fd);
-    if (rc != 0)
-      return absl::InternalError(
-          absl::StrCat("posix_fadvise ", e.path().string(), ": ", std::strerror(rc)));
-  }
-  return absl::OkStatus();
-}
 
 std::string FreshDir(const Options& o, const std::string& name) {
   const std::string dir = o.dir + "/" + name;
@@ -156,60 +75,6 @@ std::vector<std::string> DaemonFlags(const std::string& arena,
                                     "--tier_timeout=10s"};
   flags.insert(flags.end(), tier_flags.begin(), tier_flags.end());
   return flags;
-}
-
-// A loopback TCP port nothing listens on now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// GET /metrics from a kvarenad's --metrics_port; "" when it does not answer.
-std::string ScrapeMetrics(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(uint16_t(port));
-  std::string out;
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      write(fd, request.data(), request.size()) == ssize_t(request.size())) {
-    char buf[65536];
-    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
-  }
-  close(fd);
-  return out;
-}
-
-// What the tiers read so far: chunks found (every store) and the summed time of every store
-// read (kvarena_tier_duration_seconds{op="read"}, hits and misses).
-struct ReadTotals {
-  uint64_t hit_chunks = 0;
-  double read_s = 0;
-};
-absl::StatusOr<ReadTotals> Reads(Client& client, int metrics_port) {
-  ReadTotals r;
-  KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client.Stats());
-  for (const TierStats& t : stats.tiers) r.hit_chunks += t.hit_chunks;
-  std::istringstream lines(ScrapeMetrics(metrics_port));
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("kvarena_tier_duration_seconds_sum{", 0) == 0 &&
-        line.find("op=\"read\"") != std::string::npos) {
-      r.read_s += std::atof(line.c_str() + line.rfind(' ') + 1);
-    }
-  }
-  return r;
 }
 
 // Sets row.store_gbps from the reads between `before` and now.
@@ -275,12 +140,13 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
     return absl::UnavailableError("kvarenad (" + medium + ") never answered; log in " + o.dir);
   Row warm(medium);
   KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, 0, false, warm));
-  const int64_t prefix_chunks = o.w.system / o.w.page_size;
+  const int64_t prefix_chunks = o.w.system / (o.w.page_size * ChunkPages(o.w));
+  const int64_t host_chunks = (int64_t{1} << 20) / ChunkValueBytes(o.w);  // the disk mode's
   KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client, metrics_port));
   for (int i = 1; i <= o.samples; ++i) {
     KVARENA_RETURN_IF_ERROR(Pressure(*client, o.w, noise));
-    KVARENA_RETURN_IF_ERROR(
-        WaitStored(*client, medium, medium == "disk" ? prefix_chunks - 4 : prefix_chunks));
+    KVARENA_RETURN_IF_ERROR(WaitStored(
+        *client, medium, medium == "disk" ? prefix_chunks - host_chunks : prefix_chunks));
     if (!disk_dir.empty()) KVARENA_RETURN_IF_ERROR(DropPageCache(disk_dir));
     KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, i, true, row));
   }
@@ -293,56 +159,21 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
   return absl::OkStatus();
 }
 
-std::string Program(const std::string& name) {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
-    const std::string p = std::string(dir) + "/" + name;
-    if (access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
-}
-
-// `command`'s stdout, or "" when it cannot run.
-std::string Output(const std::string& command) {
-  std::string out;
-  if (FILE* f = popen(command.c_str(), "r")) {
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
-    pclose(f);
-  }
-  return out;
-}
-
 // redis-benchmark's GET requests per second for `bytes`-byte values, one client, no
 // pipeline, as GB/s; 0 when it did not run. SET runs first: a GET of a key never set reads
 // a nil, not the value.
 double RedisCeilingGbps(const std::string& benchmark, int port, int64_t bytes, int requests) {
-  const std::string out =
-      Output(absl::StrCat(benchmark, " -p ", port, " -t set,get -d ", bytes, " -n ", requests,
-                          " -c 1 -q 2>/dev/null | tr '\\r' '\\n' | grep '^GET: [0-9]' | tail -1"));
+  const std::string out = CommandOutput(
+      absl::StrCat(benchmark, " -p ", port, " -t set,get -d ", bytes, " -n ", requests,
+                   " -c 1 -q 2>/dev/null | tr '\\r' '\\n' | grep '^GET: [0-9]' | tail -1"));
   double rps = 0;
   if (std::sscanf(out.c_str(), "GET: %lf", &rps) != 1) return 0;
   return rps * double(bytes) / 1e9;
 }
 
-// Waits (up to 10 s) until something accepts connections on the loopback port.
-absl::Status WaitListening(int port) {
-  for (int i = 0; i < 500; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(uint16_t(port));
-    const bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    close(fd);
-    if (up) return absl::OkStatus();
-    usleep(20'000);
-  }
-  return absl::UnavailableError(absl::StrCat("redis-server never listened on 127.0.0.1:", port));
-}
-
 // Node A computes the prefix (written through to Redis); node B, a separate arena, loads it.
 absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::string* ceiling) {
-  const std::string server = Program("redis-server");
+  const std::string server = FindProgram("redis-server");
   if (server.empty()) {
     row.note = "skipped: redis-server is not installed";
     return absl::OkStatus();
@@ -353,7 +184,8 @@ absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::strin
       {server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "",
        "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"},
       dir + "/redis.log", SIGKILL);
-  KVARENA_RETURN_IF_ERROR(WaitListening(port));  // a daemon started first would drop its writes
+  KVARENA_RETURN_IF_ERROR(
+      WaitListening(port, "redis-server"));  // a daemon started first would drop its writes
   const std::string seeds = absl::StrCat("--tier_redis=127.0.0.1:", port);
   const int metrics_port = FreePort();
   ChildDaemon a(o.kvarenad, FreshDir(o, "node_a"), DaemonFlags("2Gi", {seeds}));
@@ -366,7 +198,8 @@ absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::strin
   }
   Row warm("redis");
   KVARENA_RETURN_IF_ERROR(Sample(*client_a, o, noise, 1, 0, false, warm));
-  KVARENA_RETURN_IF_ERROR(WaitStored(*client_a, "redis", o.w.system / o.w.page_size));
+  KVARENA_RETURN_IF_ERROR(
+      WaitStored(*client_a, "redis", o.w.system / (o.w.page_size * ChunkPages(o.w))));
   KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client_b, metrics_port));
   for (int i = 1; i <= o.samples; ++i) {
     if (i > 1) KVARENA_RETURN_IF_ERROR(Pressure(*client_b, o.w, noise));
@@ -374,7 +207,7 @@ absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::strin
     KVARENA_RETURN_IF_ERROR(Sample(*client_b, o, noise, 1, i, true, row));
   }
   KVARENA_RETURN_IF_ERROR(SetStoreRate(*client_b, metrics_port, o.w, before, row));
-  const std::string benchmark = Program("redis-benchmark");
+  const std::string benchmark = FindProgram("redis-benchmark");
   const int64_t bytes = ChunkValueBytes(o.w);
   const double gbps =
       benchmark.empty() ? 0 : RedisCeilingGbps(benchmark, port, bytes, o.samples * 10);
@@ -418,14 +251,12 @@ int Run(Options& o, const std::string& command) {
   }
   std::printf(
       "tier_bench: %d-token shared prefix + %d-token unique suffix; %d layers, %d kv heads, %d q "
-      "heads, "
-      "head_dim %d, float16, page %d (%.0f KiB of K/V a page over every layer: a chunk of 1 page, "
-      "%lld-byte values); served path, kvarenad --num_threads=2 --tier_timeout=10s; %d samples a "
-      "hit "
-      "mode, %d misses; daemons and logs in %s\n",
+      "heads, head_dim %d, float16, page %d (%.0f KiB of K/V a page over every layer: a chunk of "
+      "%d page(s), %lld-byte values); served path, kvarenad --num_threads=2 --tier_timeout=10s; "
+      "%d samples a hit mode, %d misses; daemons and logs in %s\n",
       w.system, w.suffix, w.layers, w.kv_heads, w.q_heads, w.head_dim, w.page_size,
-      PositionBytes(w) * w.page_size / 1024, static_cast<long long>(ChunkValueBytes(w)), o.samples,
-      o.misses, o.dir.c_str());
+      PositionBytes(w) * w.page_size / 1024, ChunkPages(w),
+      static_cast<long long>(ChunkValueBytes(w)), o.samples, o.misses, o.dir.c_str());
   std::fflush(stdout);
   const Noise noise(w, w.system + w.suffix, 7);
   Row miss("miss", "computes every position"),
