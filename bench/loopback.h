@@ -40,6 +40,15 @@ inline int FreePort() {
   return port;
 }
 
+// Whether nothing listens on the loopback port now (it can be bound).
+inline bool PortFree(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const sockaddr_in a = LoopbackAddress(port);
+  const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return free;
+}
+
 // Waits (up to 10 s) until something accepts connections on the loopback port; `what`
 // names it in the error.
 inline absl::Status WaitListening(int port, const std::string& what) {

@@ -2,7 +2,8 @@
 // (docs/tiers.md, docs/redis-tier.md), side by side in one run: a miss, an arena hit, a
 // host-tier hit, a disk-tier hit (a cold read: every chunk file dropped from the OS page
 // cache with posix_fadvise(POSIX_FADV_DONTNEED) before each sample) and a Redis hit on node B
-// of a prefix node A computed. The request is prefix_bench's (bench/prefix_workload.h): a
+// of a prefix node A computed (over one plain redis-server, then over a 3+3 Redis Cluster).
+// The request is prefix_bench's (bench/prefix_workload.h): a
 // --system-token system prompt (2048) and a --suffix-token suffix unique to the request (16),
 // attention alone as the model, on the served path; TTFT runs from Allocate with the prompt to
 // the last prompt position's output on the last layer, computing what was not adopted.
@@ -11,9 +12,10 @@
 // load is cut short). A tier mode computes the prefix once, then before every sample fills
 // the arena (--arena_bytes=64Mi there) with a namespace-less cache, so that the prefix's pages
 // are reclaimed and only a tier holds them; the disk mode's host tier holds 1 MiB (3 chunks),
-// so the prefix goes down to disk. The Redis mode starts one plain redis-server (skipped with
-// the reason when there is none) and `redis-benchmark -t set,get` for the chunk's size beside
-// it, as the ceiling (its GET figure; SET first, else GET reads a nil).
+// so the prefix goes down to disk. The Redis modes start their servers (bench/redis_servers.h;
+// skipped with the reason when redis-server is not installed) and run `redis-benchmark -t
+// set,get` for the chunk's size beside them, as the ceiling (its GET figure; SET first, else
+// GET reads a nil).
 //
 // Per mode: samples, positions adopted and loaded from tiers (of the last sample; a tier
 // sample that loaded less than the whole prefix fails the run), Allocate p50, TTFT p50 / p99,
@@ -41,6 +43,7 @@
 #include "bench/child_daemon.h"
 #include "bench/loopback.h"
 #include "bench/prefix_workload.h"
+#include "bench/redis_servers.h"
 #include "bench/tier_ops.h"
 
 namespace kvarena {
@@ -97,7 +100,8 @@ absl::Status Sample(Client& client, const Options& o, const Noise& noise, int sy
                            TimeFirstToken(client, WorkloadSpec(w, "bench"),
                                           WorkloadPrompt(w, system_id, request), w, noise));
   KVARENA_RETURN_IF_ERROR(t.cache->release());
-  if (tier_hit && t.tier_loaded < w.system / w.page_size * w.page_size) {
+  const int64_t chunk_positions = int64_t(ChunkPages(w)) * w.page_size;
+  if (tier_hit && t.tier_loaded < w.system / chunk_positions * chunk_positions) {
     return absl::InternalError(absl::StrCat(row.name, ": sample ", request, " loaded ",
                                             t.tier_loaded, " positions from the tiers, want the ",
                                             w.system, " of the prefix"));
@@ -159,37 +163,25 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
   return absl::OkStatus();
 }
 
-// redis-benchmark's GET requests per second for `bytes`-byte values, one client, no
-// pipeline, as GB/s; 0 when it did not run. SET runs first: a GET of a key never set reads
-// a nil, not the value.
-double RedisCeilingGbps(const std::string& benchmark, int port, int64_t bytes, int requests) {
-  const std::string out = CommandOutput(
-      absl::StrCat(benchmark, " -p ", port, " -t set,get -d ", bytes, " -n ", requests,
-                   " -c 1 -q 2>/dev/null | tr '\\r' '\\n' | grep '^GET: [0-9]' | tail -1"));
-  double rps = 0;
-  if (std::sscanf(out.c_str(), "GET: %lf", &rps) != 1) return 0;
-  return rps * double(bytes) / 1e9;
-}
-
 // Node A computes the prefix (written through to Redis); node B, a separate arena, loads it.
-absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::string* ceiling) {
-  const std::string server = FindProgram("redis-server");
-  if (server.empty()) {
-    row.note = "skipped: redis-server is not installed";
+// `cluster`: a 3+3 Redis Cluster, else one plain redis-server.
+absl::Status RunRedis(const Options& o, const Noise& noise, bool cluster, Row& row,
+                      std::string* ceiling) {
+  const std::string server = FindProgram("redis-server"), cli = FindProgram("redis-cli");
+  if (server.empty() || (cluster && cli.empty())) {
+    row.note = cluster ? "skipped: redis-server or redis-cli is not installed"
+                       : "skipped: redis-server is not installed";
     return absl::OkStatus();
   }
-  const int port = FreePort();
-  const std::string dir = FreshDir(o, "redis");
-  ChildProcess redis(
-      {server, "--port", std::to_string(port), "--bind", "127.0.0.1", "--dir", dir, "--save", "",
-       "--appendonly", "no", "--maxmemory", "2gb", "--maxmemory-policy", "allkeys-lru"},
-      dir + "/redis.log", SIGKILL);
-  KVARENA_RETURN_IF_ERROR(
-      WaitListening(port, "redis-server"));  // a daemon started first would drop its writes
-  const std::string seeds = absl::StrCat("--tier_redis=127.0.0.1:", port);
+  // Started before the daemons: a daemon whose Redis is not up yet drops its writes.
+  KVARENA_ASSIGN_OR_RETURN(
+      std::unique_ptr<RedisServers> redis,
+      RedisServers::Start(server, cli, FreshDir(o, cluster ? "redis_cluster" : "redis"), cluster));
+  const std::string seeds = "--tier_redis=" + redis->Seeds();
   const int metrics_port = FreePort();
-  ChildDaemon a(o.kvarenad, FreshDir(o, "node_a"), DaemonFlags("2Gi", {seeds}));
-  ChildDaemon b(o.kvarenad, FreshDir(o, "node_b"),
+  const std::string node = cluster ? "cluster_node_" : "node_";
+  ChildDaemon a(o.kvarenad, FreshDir(o, node + "a"), DaemonFlags("2Gi", {seeds}));
+  ChildDaemon b(o.kvarenad, FreshDir(o, node + "b"),
                 DaemonFlags("64Mi", {seeds, absl::StrCat("--metrics_port=", metrics_port)}));
   auto client_a = ConnectWhenUp(a.address(), "tier_bench");
   auto client_b = ConnectWhenUp(b.address(), "tier_bench");
@@ -209,14 +201,12 @@ absl::Status RunRedis(const Options& o, const Noise& noise, Row& row, std::strin
   KVARENA_RETURN_IF_ERROR(SetStoreRate(*client_b, metrics_port, o.w, before, row));
   const std::string benchmark = FindProgram("redis-benchmark");
   const int64_t bytes = ChunkValueBytes(o.w);
-  const double gbps =
-      benchmark.empty() ? 0 : RedisCeilingGbps(benchmark, port, bytes, o.samples * 10);
-  *ceiling =
-      gbps > 0
-          ? absl::StrFormat(
-                "redis-benchmark -t set,get -d %d -c 1 (one client, no pipeline), GET: %.2f GB/s",
-                bytes, gbps)
-          : "redis-benchmark did not run";
+  const double gbps = benchmark.empty() ? 0 : redis->CeilingGbps(benchmark, bytes, o.samples * 10);
+  *ceiling = gbps > 0 ? absl::StrFormat(
+                            "redis-benchmark%s -t set,get -d %d -c 1 (one client, no "
+                            "pipeline), GET: %.2f GB/s",
+                            cluster ? " --cluster" : "", bytes, gbps)
+                      : "redis-benchmark did not run";
   return absl::OkStatus();
 }
 
@@ -265,17 +255,15 @@ int Run(Options& o, const std::string& command) {
            "--arena_bytes=64Mi --tier_host_bytes=256Mi, arena filled before each sample");
   Row disk("disk-tier hit (cold)",
            "--arena_bytes=64Mi --tier_host_bytes=1Mi --tier_disk_bytes=1Gi, arena filled and chunk "
-           "files "
-           "fadvise(DONTNEED) before each sample");
+           "files fadvise(DONTNEED) before each sample");
   Row redis("Redis hit on node B",
-            "node A computed it; B: --arena_bytes=64Mi --tier_redis=one plain redis-server, B's "
-            "arena filled "
-            "before each sample");
-  std::string ceiling;
+            "node A computed it; A and B: --tier_redis=one plain "
+            "redis-server; B: --arena_bytes=64Mi, filled before each sample");
+  Row cluster("Redis Cluster hit on node B", "as the Redis row, over a 3+3 Redis Cluster");
+  std::string ceiling, cluster_ceiling;
   std::printf(
-      "| mode | setup | samples | adopted / from tiers | Allocate p50 (ms) | TTFT p50 (ms) | TTFT "
-      "p99 (ms) "
-      "| load GB/s p50 (payload / Allocate) | store read GB/s (/metrics) | note |\n"
+      "| mode | setup | samples | adopted / from tiers | Allocate p50 (ms) | TTFT p50 (ms) | "
+      "TTFT p99 (ms) | load GB/s p50 (payload / Allocate) | store read GB/s (/metrics) | note |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
   absl::Status s = RunArena(o, noise, miss, arena);
   if (s.ok()) {
@@ -292,19 +280,28 @@ int Run(Options& o, const std::string& command) {
   }
   if (s.ok()) {
     Print(disk);
-    s = RunRedis(o, noise, redis, &ceiling);
+    s = RunRedis(o, noise, /*cluster=*/false, redis, &ceiling);
+  }
+  if (s.ok()) {
+    Print(redis);
+    s = RunRedis(o, noise, /*cluster=*/true, cluster, &cluster_ceiling);
   }
   if (!s.ok()) {
     std::fprintf(stderr, "tier_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  Print(redis);
+  Print(cluster);
   const double m = Percentile(miss.ttft_ms, 50);
-  std::printf("TTFT p50 vs a miss: arena hit %.1fx, host %.1fx, disk %.1fx, Redis %.1fx lower\n",
-              m / Percentile(arena.ttft_ms, 50), m / Percentile(host.ttft_ms, 50),
-              m / Percentile(disk.ttft_ms, 50),
-              redis.ttft_ms.empty() ? 0.0 : m / Percentile(redis.ttft_ms, 50));
+  std::printf("TTFT p50 vs a miss, lower by:");
+  for (const Row* r : {&arena, &host, &disk, &redis, &cluster}) {
+    if (r->ttft_ms.empty())
+      std::printf(" %s skipped;", r->name.c_str());
+    else
+      std::printf(" %s %.1fx;", r->name.c_str(), m / Percentile(r->ttft_ms, 50));
+  }
+  std::printf("\n");
   if (!ceiling.empty()) std::printf("Redis ceiling for the same value size: %s\n", ceiling.c_str());
+  if (!cluster_ceiling.empty()) std::printf("Redis Cluster ceiling: %s\n", cluster_ceiling.c_str());
   std::error_code ec;
   fs::remove_all(o.dir, ec);
   return 0;
@@ -342,8 +339,7 @@ int main(int argc, char** argv) {
                !int_flag(arg, "layers", &o.w.layers)) {
       std::fprintf(stderr,
                    "usage: %s [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] "
-                   "[--suffix=N] [--layers=N] "
-                   "[--quick]\n",
+                   "[--suffix=N] [--layers=N] [--quick]\n",
                    argv[0]);
       return 2;
     }
