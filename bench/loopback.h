@@ -1,6 +1,6 @@
-// Loopback helpers for benchmarks that start servers of their own (redis-server, kvarenad's
-// metrics endpoint): a free port, waiting for a listener, one HTTP GET, a program on the
-// usual paths and a shell command's output. Header-only; thread-compatible.
+// Loopback helpers for benchmarks that talk to servers of their own (kvarenad's metrics
+// endpoint, redis-benchmark): a free port, one HTTP GET and a shell command's output.
+// Header-only; thread-compatible.
 #ifndef KVARENA_BENCH_LOOPBACK_H_
 #define KVARENA_BENCH_LOOPBACK_H_
 
@@ -12,9 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
-
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 
 namespace kvarena {
 
@@ -40,30 +37,6 @@ inline int FreePort() {
   return port;
 }
 
-// Whether nothing listens on the loopback port now (it can be bound).
-inline bool PortFree(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  const sockaddr_in a = LoopbackAddress(port);
-  const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return free;
-}
-
-// Waits (up to 10 s) until something accepts connections on the loopback port; `what`
-// names it in the error.
-inline absl::Status WaitListening(int port, const std::string& what) {
-  for (int i = 0; i < 500; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const sockaddr_in a = LoopbackAddress(port);
-    const bool up = connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
-    close(fd);
-    if (up) return absl::OkStatus();
-    usleep(20'000);
-  }
-  return absl::UnavailableError(
-      absl::StrCat(what, " never listened on 127.0.0.1:", port, " in 10 s"));
-}
-
 // The whole HTTP/1.0 response (headers included) to GET `path` on the loopback port; ""
 // when nothing answers.
 inline std::string HttpGet(int port, const std::string& path) {
@@ -78,15 +51,6 @@ inline std::string HttpGet(int port, const std::string& path) {
   }
   close(fd);
   return out;
-}
-
-// The path of an executable `name` in /usr/bin, /usr/local/bin or /usr/sbin; "" if none.
-inline std::string FindProgram(const std::string& name) {
-  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
-    const std::string p = std::string(dir) + "/" + name;
-    if (access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
 }
 
 // The stdout of `command` run by /bin/sh; "" when it cannot run.

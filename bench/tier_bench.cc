@@ -12,8 +12,8 @@
 // load is cut short). A tier mode computes the prefix once, then before every sample fills
 // the arena (--arena_bytes=64Mi there) with a namespace-less cache, so that the prefix's pages
 // are reclaimed and only a tier holds them; the disk mode's host tier holds 1 MiB (3 chunks),
-// so the prefix goes down to disk. The Redis modes start their servers (bench/redis_servers.h;
-// skipped with the reason when redis-server is not installed) and run `redis-benchmark -t
+// so the prefix goes down to disk. The Redis modes start their servers (redis_harness.h;
+// skipped with the reason when redis-server is not on $PATH) and run `redis-benchmark -t
 // set,get` for the chunk's size beside them, as the ceiling (its GET figure; SET first, else
 // GET reads a nil).
 //
@@ -43,8 +43,8 @@
 #include "bench/child_daemon.h"
 #include "bench/loopback.h"
 #include "bench/prefix_workload.h"
-#include "bench/redis_servers.h"
 #include "bench/tier_ops.h"
+#include "tests/redis/redis_harness.h"
 
 namespace kvarena {
 namespace {
@@ -163,20 +163,32 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
   return absl::OkStatus();
 }
 
+// redis-benchmark's GET of `bytes`-byte values from the server on `port`, one client, no
+// pipeline, in GB/s (SET runs first: a GET of a key never set reads a nil); 0 when it did not
+// run.
+double RedisCeilingGbps(const std::string& benchmark, bool cluster, int port, int64_t bytes,
+                        int requests) {
+  const std::string out = CommandOutput(absl::StrCat(
+      benchmark, cluster ? " --cluster" : "", " -p ", port, " -t set,get -d ", bytes, " -n ",
+      requests, " -c 1 -q 2>/dev/null | tr '\\r' '\\n' | grep '^GET: [0-9]' | tail -1"));
+  double rps = 0;
+  if (std::sscanf(out.c_str(), "GET: %lf", &rps) != 1) return 0;
+  return rps * double(bytes) / 1e9;
+}
+
 // Node A computes the prefix (written through to Redis); node B, a separate arena, loads it.
-// `cluster`: a 3+3 Redis Cluster, else one plain redis-server.
+// `cluster`: a 3+3 Redis Cluster, else one plain redis-server (tests/redis/redis_harness.h
+// starts them on free loopback ports and SIGKILLs them when it goes, or with the bench).
 absl::Status RunRedis(const Options& o, const Noise& noise, bool cluster, Row& row,
                       std::string* ceiling) {
-  const std::string server = FindProgram("redis-server"), cli = FindProgram("redis-cli");
-  if (server.empty() || (cluster && cli.empty())) {
-    row.note = cluster ? "skipped: redis-server or redis-cli is not installed"
-                       : "skipped: redis-server is not installed";
+  if (!testing::RedisInstalled()) {
+    row.note = "skipped: redis-server or redis-cli is not on $PATH";
     return absl::OkStatus();
   }
   // Started before the daemons: a daemon whose Redis is not up yet drops its writes.
   KVARENA_ASSIGN_OR_RETURN(
-      std::unique_ptr<RedisServers> redis,
-      RedisServers::Start(server, cli, FreshDir(o, cluster ? "redis_cluster" : "redis"), cluster));
+      std::unique_ptr<testing::RedisTestCluster> redis,
+      testing::RedisTestCluster::Start(cluster ? testing::ClusterOf(3, 1) : testing::PlainRedis()));
   const std::string seeds = "--tier_redis=" + redis->Seeds();
   const int metrics_port = FreePort();
   const std::string node = cluster ? "cluster_node_" : "node_";
@@ -199,9 +211,11 @@ absl::Status RunRedis(const Options& o, const Noise& noise, bool cluster, Row& r
     KVARENA_RETURN_IF_ERROR(Sample(*client_b, o, noise, 1, i, true, row));
   }
   KVARENA_RETURN_IF_ERROR(SetStoreRate(*client_b, metrics_port, o.w, before, row));
-  const std::string benchmark = FindProgram("redis-benchmark");
+  const std::string benchmark = testing::FindProgram("redis-benchmark");
   const int64_t bytes = ChunkValueBytes(o.w);
-  const double gbps = benchmark.empty() ? 0 : redis->CeilingGbps(benchmark, bytes, o.samples * 10);
+  const double gbps = benchmark.empty() ? 0
+                                        : RedisCeilingGbps(benchmark, cluster, redis->ports()[0],
+                                                           bytes, o.samples * 10);
   *ceiling = gbps > 0 ? absl::StrFormat(
                             "redis-benchmark%s -t set,get -d %d -c 1 (one client, no "
                             "pipeline), GET: %.2f GB/s",
