@@ -13,7 +13,7 @@
 // the arena (--arena_bytes=64Mi there) with a namespace-less cache, so that the prefix's pages
 // are reclaimed and only a tier holds them; the disk mode's host tier holds 1 MiB (3 chunks),
 // so the prefix goes down to disk. The Redis modes start their servers (redis_harness.h;
-// skipped with the reason when redis-server is not on $PATH) and run `redis-benchmark -t
+// skipped with the reason without redis-server and redis-cli) and run `redis-benchmark -t
 // set,get` for the chunk's size beside them, as the ceiling (its GET figure; SET first, else
 // GET reads a nil).
 //
