@@ -29,53 +29,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/child_daemon.h"
-#include "core/status_macros.h"
-#include "kvarena/client.h"
+#include "bench/prefix_workload.h"
 
 namespace kvarena {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct Workload {
-  int workers = 4, requests = 8, system = 2048, suffix = 128, decode = 32;
-  int layers = 4, kv_heads = 2, q_heads = 8, head_dim = 64, page_size = 16;
-};
-
-double Ms(Clock::time_point from) { return std::chrono::duration<double, std::milli>(Clock::now() - from).count(); }
-
-// Random float32 [1, heads, n, head_dim]: the values do not matter to the timing.
-std::vector<float> Random(std::mt19937& rng, int heads, int64_t n, int dim) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(size_t(heads * n * dim));
-  for (float& x : v) x = u(rng);
-  return v;
-}
-TensorArg Arg(const std::vector<float>& v, int heads, int64_t n, int dim) {
-  return TensorArg{DType::kFloat32, {1, heads, n, dim}, v.data(), v.size() * sizeof(float)};
-}
-
-// Computes positions [from, from + n) on every layer; the time of the last output.
-absl::Status Compute(GenericKvCacheHandle& cache, const Workload& w, int64_t n, std::mt19937& rng) {
-  for (int l = 0; l < w.layers; ++l) {
-    const std::vector<float> q = Random(rng, w.q_heads, n, w.head_dim);
-    const std::vector<float> k = Random(rng, w.kv_heads, n, w.head_dim);
-    const std::vector<float> v = Random(rng, w.kv_heads, n, w.head_dim);
-    KVARENA_ASSIGN_OR_RETURN(auto out, cache.attention(l, Arg(q, w.q_heads, n, w.head_dim),
-                                                       Arg(k, w.kv_heads, n, w.head_dim),
-                                                       Arg(v, w.kv_heads, n, w.head_dim)));
-  }
-  return absl::OkStatus();
-}
-
 // One worker process: prints "request R cached C computed N ttft_ms T" per request.
-int RunWorker(const std::string& address, const std::string& prefix_namespace, int id, const Workload& w) {
+int RunWorker(const std::string& address, const std::string& prefix_namespace, int id,
+              const Workload& w) {
   ClientOptions options;
   options.client_name = "prefix_bench_worker";
   auto client = Client::Connect(address, options);
@@ -83,38 +49,29 @@ int RunWorker(const std::string& address, const std::string& prefix_namespace, i
     std::fprintf(stderr, "worker %d: %s\n", id, client.status().ToString().c_str());
     return 1;
   }
-  CacheSpec spec;
-  spec.num_layers = w.layers;
-  spec.num_kv_heads = w.kv_heads;
-  spec.head_dim = w.head_dim;
-  spec.dtype = DType::kFloat32;
-  spec.page_size = w.page_size;
-  spec.prefix_namespace = prefix_namespace;
-  std::mt19937 rng(uint32_t(1000 + id));
+  const CacheSpec spec = WorkloadSpec(w, prefix_namespace);
+  const Noise noise(w, w.system + w.suffix, uint32_t(1000 + id));
   for (int r = 0; r < w.requests; ++r) {
-    std::vector<int32_t> prompt;
-    for (int i = 0; i < w.system; ++i) prompt.push_back((i * 7919) % 50000);
-    for (int i = 0; i < w.suffix; ++i) prompt.push_back(50000 + ((id * w.requests + r) * w.suffix + i) % 1000000);
-    const auto start = Clock::now();
-    auto cache = (*client)->Allocate(spec, "", AllocateOptions{prompt});
-    if (!cache.ok()) {
-      std::fprintf(stderr, "worker %d: %s\n", id, cache.status().ToString().c_str());
+    auto first =
+        TimeFirstToken(**client, spec, WorkloadPrompt(w, 0, id * w.requests + r), w, noise);
+    if (!first.ok()) {
+      std::fprintf(stderr, "worker %d: %s\n", id, first.status().ToString().c_str());
       return 1;
     }
-    const int64_t cached = (*cache)->cached_tokens();
-    absl::Status s = Compute(**cache, w, int64_t(prompt.size()) - cached, rng);
-    const double ttft = Ms(start);
+    absl::Status s;
+    const int64_t prompt_len = first->cached + first->computed;
     for (int t = 0; s.ok() && t < w.decode; ++t) {
-      s = (*cache)->set_tokens(int64_t(prompt.size()) + t, {int32_t(900000 + t)});
-      if (s.ok()) s = Compute(**cache, w, 1, rng);
+      s = first->cache->set_tokens(prompt_len + t, {int32_t(900000 + t)});
+      if (s.ok()) s = Compute(*first->cache, w, 1, noise);
     }
-    if (s.ok()) s = (*cache)->release();
+    if (s.ok()) s = first->cache->release();
     if (!s.ok()) {
       std::fprintf(stderr, "worker %d request %d: %s\n", id, r, s.ToString().c_str());
       return 1;
     }
-    std::printf("request %d cached %lld computed %lld ttft_ms %.3f\n", r, static_cast<long long>(cached),
-                static_cast<long long>(int64_t(prompt.size()) - cached), ttft);
+    std::printf("request %d cached %lld computed %lld ttft_ms %.3f\n", r,
+                static_cast<long long>(first->cached), static_cast<long long>(first->computed),
+                first->ttft_ms);
     std::fflush(stdout);
   }
   return 0;
@@ -124,34 +81,24 @@ struct ModeResult {
   int64_t computed = 0, cached = 0;
   std::vector<double> ttft_ms;
   double total_s = 0;
-  int64_t peak_pages = 0;         // over the whole run
-  int64_t peak_pages_warm = 0;    // once every worker finished its first request
+  int64_t peak_pages = 0;       // over the whole run
+  int64_t peak_pages_warm = 0;  // once every worker finished its first request
   bool ok = false;
 };
 
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, size_t(p / 100.0 * double(v.size() - 1) + 0.5));
-  return v[i];
-}
-
 // Runs the workload's worker processes against a fresh kvarenad.
-ModeResult RunMode(const std::string& kvarenad, const std::string& self, const std::string& prefix_namespace,
-                   const Workload& w, const std::vector<std::string>& pass_through) {
+ModeResult RunMode(const std::string& kvarenad, const std::string& self,
+                   const std::string& prefix_namespace, const Workload& w,
+                   const std::vector<std::string>& pass_through) {
   ModeResult result;
   char dir_template[] = "/tmp/kvarena_prefix_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   ChildDaemon daemon(kvarenad, dir, {"--arena_bytes=2Gi", "--num_threads=2"});
-  std::shared_ptr<Client> observer;
-  for (int attempt = 0; daemon.ok() && observer == nullptr && attempt < 250; ++attempt) {
-    ClientOptions options;
-    options.client_name = "prefix_bench";
-    options.connect_timeout = absl::Seconds(1);
-    if (auto c = Client::Connect(daemon.address(), options); c.ok()) observer = *c;
-    else usleep(20'000);
-  }
+  std::shared_ptr<Client> observer =
+      daemon.ok() ? ConnectWhenUp(daemon.address(), "prefix_bench") : nullptr;
   if (observer == nullptr) {
-    std::fprintf(stderr, "prefix_bench: could not start or reach %s (log in %s)\n", kvarenad.c_str(), dir.c_str());
+    std::fprintf(stderr, "prefix_bench: could not start or reach %s (log in %s)\n",
+                 kvarenad.c_str(), dir.c_str());
     return result;
   }
   std::atomic<bool> done{false};
@@ -173,7 +120,8 @@ ModeResult RunMode(const std::string& kvarenad, const std::string& self, const s
   for (int id = 0; id < w.workers; ++id) {
     int fds[2];
     if (pipe(fds) != 0) break;
-    std::vector<std::string> argv = {self, "--worker=" + daemon.address(), "--namespace=" + prefix_namespace,
+    std::vector<std::string> argv = {self, "--worker=" + daemon.address(),
+                                     "--namespace=" + prefix_namespace,
                                      "--id=" + std::to_string(id)};
     argv.insert(argv.end(), pass_through.begin(), pass_through.end());
     const pid_t pid = fork();
@@ -201,8 +149,8 @@ ModeResult RunMode(const std::string& kvarenad, const std::string& self, const s
         int r = 0;
         long long cached = 0, computed = 0;
         double ttft = 0;
-        if (std::sscanf(line, "request %d cached %lld computed %lld ttft_ms %lf", &r, &cached, &computed, &ttft) !=
-            4) {
+        if (std::sscanf(line, "request %d cached %lld computed %lld ttft_ms %lf", &r, &cached,
+                        &computed, &ttft) != 4) {
           continue;
         }
         if (mine.ttft_ms.empty()) ++warm_workers;
@@ -232,38 +180,45 @@ ModeResult RunMode(const std::string& kvarenad, const std::string& self, const s
   return result;
 }
 
-int Run(const std::string& kvarenad, const Workload& w, const std::vector<std::string>& pass_through) {
+int Run(const std::string& kvarenad, const Workload& w,
+        const std::vector<std::string>& pass_through) {
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
-  std::printf("prefix_bench: %d workers x %d requests: %d shared + %d unique prompt tokens, %d decoded; "
-              "%d layers, %d kv heads, %d q heads, head_dim %d, float32, page %d; served path, kvarenad "
-              "--num_threads=2\n",
-              w.workers, w.requests, w.system, w.suffix, w.decode, w.layers, w.kv_heads, w.q_heads, w.head_dim,
-              w.page_size);
-  std::printf("| mode | prefill positions computed | adopted | TTFT p50 (ms) | TTFT p99 (ms) | total (s) | "
-              "peak pages in use | after the first requests |\n");
+  std::printf(
+      "prefix_bench: %d workers x %d requests: %d shared + %d unique prompt tokens, %d decoded; "
+      "%d layers, %d kv heads, %d q heads, head_dim %d, float32, page %d; served path, kvarenad "
+      "--num_threads=2\n",
+      w.workers, w.requests, w.system, w.suffix, w.decode, w.layers, w.kv_heads, w.q_heads,
+      w.head_dim, w.page_size);
+  std::printf(
+      "| mode | prefill positions computed | adopted | TTFT p50 (ms) | TTFT p99 (ms) | total (s) | "
+      "peak pages in use | after the first requests |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, ModeResult> results;
-  for (const auto& [mode, ns] : {std::pair<std::string, std::string>{"no reuse", ""}, {"prefix reuse", "bench"}}) {
+  for (const auto& [mode, ns] :
+       {std::pair<std::string, std::string>{"no reuse", ""}, {"prefix reuse", "bench"}}) {
     ModeResult r = RunMode(kvarenad, self, ns, w, pass_through);
     if (!r.ok) {
       std::fprintf(stderr, "prefix_bench: mode %s failed\n", mode.c_str());
       return 1;
     }
     std::printf("| %s | %lld | %lld | %.1f | %.1f | %.2f | %lld | %lld |\n", mode.c_str(),
-                static_cast<long long>(r.computed), static_cast<long long>(r.cached), Percentile(r.ttft_ms, 50),
-                Percentile(r.ttft_ms, 99), r.total_s, static_cast<long long>(r.peak_pages),
-                static_cast<long long>(r.peak_pages_warm));
+                static_cast<long long>(r.computed), static_cast<long long>(r.cached),
+                Percentile(r.ttft_ms, 50), Percentile(r.ttft_ms, 99), r.total_s,
+                static_cast<long long>(r.peak_pages), static_cast<long long>(r.peak_pages_warm));
     std::fflush(stdout);
     results[mode] = std::move(r);
   }
   const ModeResult& a = results["no reuse"];
   const ModeResult& b = results["prefix reuse"];
-  std::printf("reuse/no reuse: computed %.3f, TTFT p50 %.3f, p99 %.3f, total %.3f, peak pages %.3f (%.3f after "
-              "the first requests)\n",
-              double(b.computed) / double(a.computed), Percentile(b.ttft_ms, 50) / Percentile(a.ttft_ms, 50),
-              Percentile(b.ttft_ms, 99) / Percentile(a.ttft_ms, 99), b.total_s / a.total_s,
-              double(b.peak_pages) / double(a.peak_pages),
-              double(b.peak_pages_warm) / double(std::max<int64_t>(1, a.peak_pages_warm)));
+  std::printf(
+      "reuse/no reuse: computed %.3f, TTFT p50 %.3f, p99 %.3f, total %.3f, peak pages %.3f (%.3f "
+      "after "
+      "the first requests)\n",
+      double(b.computed) / double(a.computed),
+      Percentile(b.ttft_ms, 50) / Percentile(a.ttft_ms, 50),
+      Percentile(b.ttft_ms, 99) / Percentile(a.ttft_ms, 99), b.total_s / a.total_s,
+      double(b.peak_pages) / double(a.peak_pages),
+      double(b.peak_pages_warm) / double(std::max<int64_t>(1, a.peak_pages_warm)));
   return 0;
 }
 
@@ -283,9 +238,10 @@ int main(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    bool workload = int_flag(arg, "workers", &w.workers) || int_flag(arg, "requests", &w.requests) ||
-                    int_flag(arg, "system", &w.system) || int_flag(arg, "suffix", &w.suffix) ||
-                    int_flag(arg, "decode", &w.decode) || int_flag(arg, "layers", &w.layers);
+    bool workload = int_flag(arg, "workers", &w.workers) ||
+                    int_flag(arg, "requests", &w.requests) || int_flag(arg, "system", &w.system) ||
+                    int_flag(arg, "suffix", &w.suffix) || int_flag(arg, "decode", &w.decode) ||
+                    int_flag(arg, "layers", &w.layers);
     if (arg == "--quick") {
       w.requests = 2;
       w.system = 512;
@@ -304,10 +260,11 @@ int main(int argc, char** argv) {
     } else if (arg.rfind("--id=", 0) == 0) {
       id = std::atoi(arg.c_str() + 5);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--kvarenad=PATH] [--workers=N] [--requests=N] [--system=N] [--suffix=N] "
-                   "[--decode=N] [--layers=N] [--quick]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--kvarenad=PATH] [--workers=N] [--requests=N] [--system=N] [--suffix=N] "
+          "[--decode=N] [--layers=N] [--quick]\n",
+          argv[0]);
       return 2;
     }
   }

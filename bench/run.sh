@@ -31,3 +31,7 @@ if [ -x "$B/bench/scale_bench" ]; then
   echo; echo "== Reserve+Commit, Stats and daemon memory from 10 to 1M live caches (bench/scale_bench)"
   if [ "${1:-}" = quick ]; then "$B/bench/scale_bench" --quick; else "$B/bench/scale_bench"; fi
 fi
+if [ -x "$B/bench/tier_bench" ]; then
+  echo; echo "== TTFT for a prefix from the arena, host, disk (cold) and Redis tiers vs a miss (bench/tier_bench)"
+  if [ "${1:-}" = quick ]; then "$B/bench/tier_bench" --quick; else "$B/bench/tier_bench"; fi
+fi
