@@ -108,7 +108,8 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     return absl::InternalError(absl::StrCat("metadata_bytes counts ", impl_->metadata.used(),
                                             " bytes used but caches and pools hold ", metadata));
   }
-  if (const TierSet* tiers = impl_->options.tiers.get(); tiers != nullptr) return tiers->TEST_Audit();
+  if (const TierSet* tiers = impl_->options.tiers.get(); tiers != nullptr)
+    return tiers->TEST_Audit();
   return absl::OkStatus();
 }
 

@@ -24,7 +24,8 @@ namespace kvarena {
 
 class MapStore : public TierStore {
  public:
-  explicit MapStore(std::string medium, uint64_t limit = 0) : medium_(std::move(medium)), limit_(limit) {}
+  explicit MapStore(std::string medium, uint64_t limit = 0)
+      : medium_(std::move(medium)), limit_(limit) {}
   std::string medium() const override { return medium_; }
   absl::StatusOr<std::string> Get(const ChunkKey& key, absl::Time) override {
     absl::MutexLock lock(&mu_);
@@ -38,10 +39,12 @@ class MapStore : public TierStore {
     absl::MutexLock lock(&mu_);
     return values_.contains(key.Hex());
   }
-  absl::Status Put(const ChunkKey& key, absl::string_view value, std::vector<EvictedChunk>* evicted) override {
+  absl::Status Put(const ChunkKey& key, absl::string_view value,
+                   std::vector<EvictedChunk>* evicted) override {
     absl::MutexLock lock(&mu_);
     if (fail_) return absl::UnavailableError("map store: failing");
-    if (limit_ > 0 && value.size() > limit_) return absl::ResourceExhaustedError("map store: too big");
+    if (limit_ > 0 && value.size() > limit_)
+      return absl::ResourceExhaustedError("map store: too big");
     while (limit_ > 0 && !order_.empty() && bytes_ + value.size() > limit_) {
       const std::string old = order_.front();
       order_.erase(order_.begin());

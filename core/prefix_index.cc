@@ -193,12 +193,14 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
     }
     if (n.tier_flags != 0) {
       if ((n.tier_flags & ~tier_flags) != 0) {
-        return absl::InternalError(absl::StrCat("node ", serial, " has tier flags ", int(n.tier_flags),
-                                                " but its pool's tiers take only ", int(tier_flags)));
+        return absl::InternalError(
+            absl::StrCat("node ", serial, " has tier flags ", int(n.tier_flags),
+                         " but its pool's tiers take only ", int(tier_flags)));
       }
       if (n.block < 0 || n.tier_key == Hash128()) {
-        return absl::InternalError(absl::StrCat("node ", serial, " (block ", n.block, ") has tier flags ",
-                                                int(n.tier_flags), n.block < 0 ? " on a root" : " without a tier key"));
+        return absl::InternalError(
+            absl::StrCat("node ", serial, " (block ", n.block, ") has tier flags ",
+                         int(n.tier_flags), n.block < 0 ? " on a root" : " without a tier key"));
       }
     }
     if (n.holds == 0 && n.num_pages == 0 && n.children == 0) {

@@ -326,16 +326,18 @@ absl::Status TierSet::TEST_Audit() const {
     ++writes[w.id.key()];
   }
   if (bytes != queued_bytes_) {
-    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_bytes_, " bytes but holds ", bytes,
-                                            " in ", queue_.size(), " queued writes", writing_ ? " and one writing" : ""));
+    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_bytes_,
+                                            " bytes but holds ", bytes, " in ", queue_.size(),
+                                            " queued writes", writing_ ? " and one writing" : ""));
   }
   if (queued_bytes_ > options_.write_queue_bytes) {
-    return absl::InternalError(absl::StrCat("tier write queue holds ", queued_bytes_, " bytes, past its ",
-                                            options_.write_queue_bytes));
+    return absl::InternalError(absl::StrCat("tier write queue holds ", queued_bytes_,
+                                            " bytes, past its ", options_.write_queue_bytes));
   }
   if (writes != pending_) {
-    return absl::InternalError(absl::StrCat("tier write queue counts ", pending_.size(), " pending keys but holds ",
-                                            writes.size(), " (or their counts differ)"));
+    return absl::InternalError(absl::StrCat("tier write queue counts ", pending_.size(),
+                                            " pending keys but holds ", writes.size(),
+                                            " (or their counts differ)"));
   }
   for (const auto& [key, events] : waiting_events_) {
     if (!pending_.contains(key)) {
@@ -345,8 +347,9 @@ absl::Status TierSet::TEST_Audit() const {
   }
   const uint64_t in_queue = queue_.size() + (writing_ ? 1 : 0);
   if (written_total_ > queued_total_ || queued_total_ - written_total_ != in_queue) {
-    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_total_, " writes queued and ",
-                                            written_total_, " written but holds ", in_queue));
+    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_total_,
+                                            " writes queued and ", written_total_,
+                                            " written but holds ", in_queue));
   }
   return absl::OkStatus();
 }

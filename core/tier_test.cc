@@ -213,7 +213,8 @@ TEST_F(TierTest, WriteThroughStoresAChunkOnceItIsFull) {
   ASSERT_NO_FATAL_FAILURE(Compute(a->cache_id, prompt, 0));
   tiers_->Flush();
   EXPECT_EQ(stores_[0]->size(), 1u);  // no eviction needed
-  EXPECT_EQ(store_->Stats().tiers[0].stored_chunks, 1u);  ExpectInvariants();  // its nodes are marked kTierFull, which a write-through pool allows
+  EXPECT_EQ(store_->Stats().tiers[0].stored_chunks, 1u);
+  ExpectInvariants();  // its nodes are marked kTierFull, which a write-through pool allows
 }
 
 TEST_F(TierTest, EventsSayWhereAPageIsAndNeverThatItIsGoneWhileATierHoldsIt) {
@@ -262,7 +263,8 @@ TEST_F(TierTest, TheAuditCatchesAWriteQueueThatMiscountsItsBytes) {
   EXPECT_THAT(tiers_->TEST_Audit(), IsOk());
   tiers_->TEST_SkewQueuedBytes(512);
   EXPECT_THAT(store_->TEST_CheckInvariants(),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("tier write queue counts 512 bytes but holds 0")));
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("tier write queue counts 512 bytes but holds 0")));
   tiers_->TEST_SkewQueuedBytes(-512);
   ExpectInvariants();
 }
@@ -291,17 +293,20 @@ class TierFlagsAuditTest : public ::testing::Test {
 TEST_F(TierFlagsAuditTest, AFlagThePoolsTiersDoNotTakeIsCaught) {
   index_.MarkTiered(node_, Hash128{5, 6}, PrefixIndex::kTierEvicted);
   EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierEvicted), IsOk());
-  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull | PrefixIndex::kTierEvicted), IsOk());
+  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull | PrefixIndex::kTierEvicted),
+              IsOk());
   EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("has tier flags 2 but its pool's tiers take only 1")));
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("has tier flags 2 but its pool's tiers take only 1")));
   EXPECT_THAT(index_.TEST_Audit(holds_),  // a pool without tiers
               StatusIs(absl::StatusCode::kInternal, HasSubstr("but its pool's tiers take only 0")));
 }
 
 TEST_F(TierFlagsAuditTest, AFlagWithoutAKeyOrOnARootIsCaught) {
   index_.MarkTiered(node_, Hash128{}, PrefixIndex::kTierFull);
-  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("has tier flags 1 without a tier key")));
+  EXPECT_THAT(
+      index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
+      StatusIs(absl::StatusCode::kInternal, HasSubstr("has tier flags 1 without a tier key")));
   index_.MarkTiered(node_, Hash128{5, 6}, PrefixIndex::kTierFull);
   index_.MarkTiered(root_, Hash128{5, 6}, PrefixIndex::kTierFull);
   EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
