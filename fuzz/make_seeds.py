@@ -177,6 +177,14 @@ SEEDS = {
         cache("a") + step("tier_pressure") + allocate_prompt("b", SMALL_PROMPT[:8] + [0, 0, 0, 0, 1]) +
         set_tokens("b", 8, [3, 3, 3, 3]) + fork("b", "c") + step("tier_pressure") + step("tier_flush") +
         allocate_prompt("d", SMALL_PROMPT, windows=(0, 3))),
+    # The disk takes every full chunk (as the cluster tier does), the host the evicted ones:
+    # a chunk is in both; the host's copy is found first, a corrupt disk copy only after
+    # the host let it go.
+    "tiers_disk_write_through": tiered(0x11, computed("a", SMALL_PROMPT) + step("tier_flush") +
+        corrupt(0, 500) + corrupt(1, 64) + step("release") + cache("a") + step("tier_pressure") +
+        step("tier_flush") + allocate_prompt("b", SMALL_PROMPT) + computed("c", SMALL_PROMPT[::-1]) +
+        step("release") + cache("b") + step("release") + cache("c") + step("tier_pressure") +
+        step("tier_flush") + allocate_prompt("d", SMALL_PROMPT) + allocate_prompt("a", SMALL_PROMPT[::-1])),
     # A 4 KiB write queue drops writes; a sliding layer sends down only its window's pages.
     "tiers_small_queue": tiered(0x25, computed("a", SMALL_PROMPT, windows=(0, 5)) + computed("c", SMALL_PROMPT[::-1]) +
         step("release") + cache("a") + step("release") + cache("c") + step("tier_pressure") + step("tier_flush") +
