@@ -1,6 +1,6 @@
 // KvStore's test audit: the page, index, quota and metadata accounting checked against
-// what the caches hold (TEST_CheckInvariants), and everything a client could observe
-// (TEST_DebugState).
+// what the caches hold, and the tiers' write queue (TEST_CheckInvariants), and
+// everything a client could observe (TEST_DebugState).
 #include <map>
 #include <set>
 #include <utility>
@@ -108,6 +108,8 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     return absl::InternalError(absl::StrCat("metadata_bytes counts ", impl_->metadata.used(),
                                             " bytes used but caches and pools hold ", metadata));
   }
+  if (const TierSet* tiers = impl_->options.tiers.get(); tiers != nullptr)
+    return tiers->TEST_Audit();
   return absl::OkStatus();
 }
 

@@ -1,7 +1,8 @@
 // PagePool's audit, for tests and the fuzzers: every page's references, taken bit and
 // cached state checked against what the caches hold, the counts against the pages, and
-// the index against the caches' holds (TEST_Audit, which KvStore's TEST_CheckInvariants
-// runs on every pool), plus the pool's other TEST_ probes (page_pool.h).
+// the index against the caches' holds and its tier flags against the pool's tiers
+// (TEST_Audit, which KvStore's TEST_CheckInvariants runs on every pool), plus the pool's
+// other TEST_ probes (page_pool.h).
 #include "absl/strings/str_cat.h"
 #include "core/page_pool.h"
 
@@ -83,7 +84,15 @@ absl::Status PagePool::TEST_Audit(const absl::flat_hash_map<int32_t, int32_t>& r
         "pool ", id_, " counts ", pages_used_, " taken, ", pages_shared_, " shared, ",
         cache_->size(), " cached pages but holds ", taken, ", ", shared, ", ", parked));
   }
-  return index_.TEST_Audit(holds);
+  // Pages a cache loaded from a tier (InstallLoaded) need nothing of their own here: each
+  // came from Allocate with one reference, was registered like a computed page, and is
+  // held in the loading cache's tables, so the reference, taken and registered checks
+  // above count them like any other. What the tiers add is the index's tier flags: set
+  // only where this pool's tiers take that kind of chunk (a pool without tiers has none).
+  uint8_t tier_flags = 0;
+  if (TiersFor(PrefixIndex::kTierFull) != nullptr) tier_flags |= PrefixIndex::kTierFull;
+  if (TiersFor(PrefixIndex::kTierEvicted) != nullptr) tier_flags |= PrefixIndex::kTierEvicted;
+  return index_.TEST_Audit(holds, tier_flags);
 }
 
 }  // namespace kvarena

@@ -149,7 +149,8 @@ size_t PrefixIndex::TEST_NodeBytes() const {
   return bytes;
 }
 
-absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const {
+absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds,
+                                     uint8_t tier_flags) const {
   absl::flat_hash_map<uint64_t, int32_t> children;
   for (const auto& [serial, n] : nodes_) {
     if (n.parent != kNoNode) ++children[n.parent];
@@ -189,6 +190,18 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
     auto c = children.find(serial);
     if ((c == children.end() ? 0 : c->second) != n.children) {
       return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.children, " children"));
+    }
+    if (n.tier_flags != 0) {
+      if ((n.tier_flags & ~tier_flags) != 0) {
+        return absl::InternalError(
+            absl::StrCat("node ", serial, " has tier flags ", int(n.tier_flags),
+                         " but its pool's tiers take only ", int(tier_flags)));
+      }
+      if (n.block < 0 || n.tier_key == Hash128()) {
+        return absl::InternalError(
+            absl::StrCat("node ", serial, " (block ", n.block, ") has tier flags ",
+                         int(n.tier_flags), n.block < 0 ? " on a root" : " without a tier key"));
+      }
     }
     if (n.holds == 0 && n.num_pages == 0 && n.children == 0) {
       return absl::InternalError(absl::StrCat("node ", serial, " is kept by nothing"));

@@ -113,8 +113,10 @@ class PrefixIndex {
   int64_t registered() const { return int64_t(pages_.size()); }
   // INTERNAL naming the first inconsistency: holds and children counts against `holds`
   // (node -> holds the caches declare), every page's node naming it back, no node left
-  // that nothing keeps.
-  absl::Status TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds) const;
+  // that nothing keeps, and tier flags only on a page's node (not a root), with a key,
+  // and only those of `tier_flags` (the kinds of chunk the pool's tiers take).
+  absl::Status TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t>& holds,
+                          uint8_t tier_flags = 0) const;
 
  private:
   struct Node {

@@ -1,7 +1,10 @@
 #include "core/tier_set.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace kvarena {
 
@@ -85,6 +88,9 @@ void TierSet::WriterLoop() {
       if (queue_.empty()) return;  // stop_
       w = std::move(queue_.front());
       queue_.pop_front();
+      writing_ = true;
+      writing_key_ = w.id.key();
+      writing_bytes_ = w.payload.size();
     }
     const size_t bytes = w.payload.size();
     const ChunkKey key = w.id.key();
@@ -94,6 +100,8 @@ void TierSet::WriterLoop() {
       absl::MutexLock lock(&mu_);
       queued_bytes_ -= bytes;
       ++written_total_;
+      writing_ = false;
+      writing_bytes_ = 0;
       if (--pending_[key] == 0) {
         pending_.erase(key);
         auto it = waiting_events_.find(key);
@@ -306,6 +314,49 @@ void TierSet::Flush() {
   auto done = [this, target]()
                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_total_ >= target; };
   mu_.Await(absl::Condition(&done));
+}
+
+absl::Status TierSet::TEST_Audit() const {
+  absl::MutexLock lock(&mu_);
+  size_t bytes = writing_ ? writing_bytes_ : 0;
+  absl::flat_hash_map<ChunkKey, int> writes;
+  if (writing_) ++writes[writing_key_];
+  for (const ChunkWrite& w : queue_) {
+    bytes += w.payload.size();
+    ++writes[w.id.key()];
+  }
+  if (bytes != queued_bytes_) {
+    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_bytes_,
+                                            " bytes but holds ", bytes, " in ", queue_.size(),
+                                            " queued writes", writing_ ? " and one writing" : ""));
+  }
+  if (queued_bytes_ > options_.write_queue_bytes) {
+    return absl::InternalError(absl::StrCat("tier write queue holds ", queued_bytes_,
+                                            " bytes, past its ", options_.write_queue_bytes));
+  }
+  if (writes != pending_) {
+    return absl::InternalError(absl::StrCat("tier write queue counts ", pending_.size(),
+                                            " pending keys but holds ", writes.size(),
+                                            " (or their counts differ)"));
+  }
+  for (const auto& [key, events] : waiting_events_) {
+    if (!pending_.contains(key)) {
+      return absl::InternalError(absl::StrCat(events.size(), " events wait on chunk ", key.Hex(),
+                                              " that no queued write holds"));
+    }
+  }
+  const uint64_t in_queue = queue_.size() + (writing_ ? 1 : 0);
+  if (written_total_ > queued_total_ || queued_total_ - written_total_ != in_queue) {
+    return absl::InternalError(absl::StrCat("tier write queue counts ", queued_total_,
+                                            " writes queued and ", written_total_,
+                                            " written but holds ", in_queue));
+  }
+  return absl::OkStatus();
+}
+
+void TierSet::TEST_SkewQueuedBytes(int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  queued_bytes_ = size_t(int64_t(queued_bytes_) + delta);
 }
 
 }  // namespace kvarena

@@ -1,8 +1,9 @@
 // The tiers below the arena in one process (core/tier_set.h, docs/tiers.md): a prefix the
 // arena evicts goes down as chunks and comes back, bit for bit, into a new cache; what a
-// store hands back is verified first; events say where a page is. The stores here are an
-// in-memory map with knobs to fail (the real host and disk stores have their own tests in
-// tiers/, and tests/daemon/tiers_test.cc runs them in kvarenad).
+// store hands back is verified first; events say where a page is; the audit covers what
+// the tiers add. The stores here are an in-memory map with knobs to fail
+// (core/map_tier_store.h; the real host and disk stores have their own tests in tiers/,
+// and tests/daemon/tiers_test.cc runs them in kvarenad).
 #include <algorithm>
 #include <atomic>
 #include <functional>
@@ -10,102 +11,19 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "core/map_tier_store.h"
 #include "core/prefix_fixture.h"
+#include "core/prefix_index.h"
 #include "core/tier_set.h"
+#include "gmock/gmock.h"
+#include "tests/support/status_matchers.h"
 
 namespace kvarena {
 namespace {
 
-// A TierStore over a std::map, unbounded unless `limit` is set (then LRU-free: a Put that
-// does not fit evicts the oldest key).
-class MapStore : public TierStore {
- public:
-  explicit MapStore(std::string medium, uint64_t limit = 0)
-      : medium_(std::move(medium)), limit_(limit) {}
-  std::string medium() const override { return medium_; }
-  absl::StatusOr<std::string> Get(const ChunkKey& key, absl::Time) override {
-    absl::MutexLock lock(&mu_);
-    ++gets_;
-    if (fail_) return absl::UnavailableError("map store: failing");
-    auto it = values_.find(key.Hex());
-    if (it == values_.end()) return absl::NotFoundError("map store: no such key");
-    return it->second;
-  }
-  bool Contains(const ChunkKey& key) override {
-    absl::MutexLock lock(&mu_);
-    return values_.contains(key.Hex());
-  }
-  absl::Status Put(const ChunkKey& key, absl::string_view value,
-                   std::vector<EvictedChunk>* evicted) override {
-    absl::MutexLock lock(&mu_);
-    if (fail_) return absl::UnavailableError("map store: failing");
-    if (limit_ > 0 && value.size() > limit_)
-      return absl::ResourceExhaustedError("map store: too big");
-    while (limit_ > 0 && !order_.empty() && bytes_ + value.size() > limit_) {
-      const std::string old = order_.front();
-      order_.erase(order_.begin());
-      if (evicted != nullptr) evicted->push_back(EvictedChunk{keys_[old], values_[old]});
-      bytes_ -= values_[old].size();
-      values_.erase(old);
-    }
-    values_[key.Hex()] = std::string(value);
-    keys_[key.Hex()] = key;
-    order_.push_back(key.Hex());
-    bytes_ += value.size();
-    return absl::OkStatus();
-  }
-  void Erase(const ChunkKey& key) override {
-    absl::MutexLock lock(&mu_);
-    auto it = values_.find(key.Hex());
-    if (it == values_.end()) return;
-    bytes_ -= it->second.size();
-    values_.erase(it);
-    order_.erase(std::find(order_.begin(), order_.end(), key.Hex()));
-  }
-  TierUsage Usage() const override {
-    absl::MutexLock lock(&mu_);
-    return TierUsage{bytes_, limit_, int64_t(values_.size()), !fail_};
-  }
-
-  size_t size() const {
-    absl::MutexLock lock(&mu_);
-    return values_.size();
-  }
-  int64_t gets() const {
-    absl::MutexLock lock(&mu_);
-    return gets_;
-  }
-  void set_fail(bool f) {
-    absl::MutexLock lock(&mu_);
-    fail_ = f;
-  }
-  // Applies f to every value (to corrupt them).
-  void Mutate(const std::function<void(std::string*)>& f) {
-    absl::MutexLock lock(&mu_);
-    for (auto& [k, v] : values_) f(&v);
-  }
-  std::map<std::string, std::string> Values() const {
-    absl::MutexLock lock(&mu_);
-    return values_;
-  }
-  void Replace(std::map<std::string, std::string> values) {
-    absl::MutexLock lock(&mu_);
-    for (auto& [k, v] : values) {
-      if (values_.contains(k)) values_[k] = v;
-    }
-  }
-
- private:
-  const std::string medium_;
-  const uint64_t limit_;
-  mutable absl::Mutex mu_;
-  std::map<std::string, std::string> values_;
-  std::map<std::string, ChunkKey> keys_;
-  std::vector<std::string> order_;
-  uint64_t bytes_ = 0;
-  int64_t gets_ = 0;
-  bool fail_ = false;
-};
+using ::kvarena::testing::IsOk;
+using ::kvarena::testing::StatusIs;
+using ::testing::HasSubstr;
 
 // One store, as a list for TierSet (an initializer list would copy its unique_ptr).
 std::vector<TierEntry> OneStore(std::string medium, bool write_through = false) {
@@ -296,6 +214,7 @@ TEST_F(TierTest, WriteThroughStoresAChunkOnceItIsFull) {
   tiers_->Flush();
   EXPECT_EQ(stores_[0]->size(), 1u);  // no eviction needed
   EXPECT_EQ(store_->Stats().tiers[0].stored_chunks, 1u);
+  ExpectInvariants();  // its nodes are marked kTierFull, which a write-through pool allows
 }
 
 TEST_F(TierTest, EventsSayWhereAPageIsAndNeverThatItIsGoneWhileATierHoldsIt) {
@@ -337,6 +256,61 @@ TEST_F(TierTest, ManyCachesAdoptingOneChunkAtOnceShareOneCopy) {
   // One copy of the two pages of each layer, shared by all.
   EXPECT_EQ(store_->Stats().pages.pages_used, 2 * kLayers);
   ExpectInvariants();
+}
+
+TEST_F(TierTest, TheAuditCatchesAWriteQueueThatMiscountsItsBytes) {
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(Tokens(9)));
+  EXPECT_THAT(tiers_->TEST_Audit(), IsOk());
+  tiers_->TEST_SkewQueuedBytes(512);
+  EXPECT_THAT(store_->TEST_CheckInvariants(),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("tier write queue counts 512 bytes but holds 0")));
+  tiers_->TEST_SkewQueuedBytes(-512);
+  ExpectInvariants();
+}
+
+// A node of the index: a root and one page's node below it, held once each.
+class TierFlagsAuditTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = index_.HoldRoot("root", "m", Hash128{1, 2}, 1);
+    const int32_t tokens[kPage] = {1, 2, 3, 4};
+    node_ = index_.HoldChild(root_, Hash128{3, 4}, tokens, kPage);
+    ASSERT_NE(node_, PrefixIndex::kNoNode);
+    holds_ = {{root_, 1}, {node_, 1}};
+    ASSERT_THAT(index_.TEST_Audit(holds_), IsOk());
+  }
+  void TearDown() override {
+    index_.Unhold(node_);
+    index_.Unhold(root_);
+  }
+
+  PrefixIndex index_;
+  uint64_t root_ = PrefixIndex::kNoNode, node_ = PrefixIndex::kNoNode;
+  absl::flat_hash_map<uint64_t, int64_t> holds_;
+};
+
+TEST_F(TierFlagsAuditTest, AFlagThePoolsTiersDoNotTakeIsCaught) {
+  index_.MarkTiered(node_, Hash128{5, 6}, PrefixIndex::kTierEvicted);
+  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierEvicted), IsOk());
+  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull | PrefixIndex::kTierEvicted),
+              IsOk());
+  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("has tier flags 2 but its pool's tiers take only 1")));
+  EXPECT_THAT(index_.TEST_Audit(holds_),  // a pool without tiers
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("but its pool's tiers take only 0")));
+}
+
+TEST_F(TierFlagsAuditTest, AFlagWithoutAKeyOrOnARootIsCaught) {
+  index_.MarkTiered(node_, Hash128{}, PrefixIndex::kTierFull);
+  EXPECT_THAT(
+      index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
+      StatusIs(absl::StatusCode::kInternal, HasSubstr("has tier flags 1 without a tier key")));
+  index_.MarkTiered(node_, Hash128{5, 6}, PrefixIndex::kTierFull);
+  index_.MarkTiered(root_, Hash128{5, 6}, PrefixIndex::kTierFull);
+  EXPECT_THAT(index_.TEST_Audit(holds_, PrefixIndex::kTierFull),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("has tier flags 1 on a root")));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ class Program {
  public:
   Program(const uint8_t* data, size_t size) : data_(data), size_(size) {}
   bool done() const { return at_ >= size_; }
+  uint8_t Peek() const { return at_ < size_ ? data_[at_] : 0; }  // the next Byte()
   uint8_t Byte() { return at_ < size_ ? data_[at_++] : 0; }
   bool Bool() { return Byte() & 1; }
   template <typename T>

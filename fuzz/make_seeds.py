@@ -15,7 +15,10 @@ CORPUS = os.path.join(os.path.dirname(__file__), "corpus")
 OPS = {"allocate": 0, "append": 1, "attend": 2, "popn": 3, "reset": 4, "release": 5,
        "reserve": 6, "commit": 7, "get_kv": 8, "describe": 9, "stats": 10,
        "open_session": 11, "detach": 12, "reap": 13, "list": 14,
-       "allocate_prompt": 240, "set_tokens": 241, "fork": 242}
+       "allocate_prompt": 240, "set_tokens": 241, "fork": 242,
+       # tier mode only (an input starting with TIER_MODE: fuzz/requests_tiers.h)
+       "tier_flush": 243, "tier_corrupt": 244, "tier_pressure": 245}
+TIER_MODE = 0xFF
 IDS = {"a": 0, "b": 1, "c": 2, "d": 3}
 F32, F16, BF16 = 1, 2, 3
 NO_SESSION = 0  # with no session open, index 0 is "" (sessions + 0)
@@ -101,12 +104,27 @@ def attend(name, layer, pos, tokens, q_heads=4, with_kv=False, window=0, session
     return out + u32(window, 9)
 
 
+def tiered(config, program):  # config: fuzz/requests_tiers.h's configuration byte
+    return u8(TIER_MODE) + u8(config) + program
+
+
+def corrupt(which, at, mask=1):  # mask 0: the disk store starts (or stops) failing
+    return step("tier_corrupt") + u8(which) + u64(at, 255) + u8(mask)
+
+
+def computed(name, prompt, **kw):  # a prompt allocated and its K/V appended on both layers
+    n = len(prompt)
+    return allocate_prompt(name, prompt, **kw) + append(name, 0, 0, n) + append(name, 1, 0, n)
+
+
 def items(op, pairs, session=NO_SESSION):
     out = step(op, session) + u8(len(pairs))
     for name, n in pairs:
         out += cache(name) + u64(n, 20)
     return out
 
+
+SMALL_PROMPT = [1, 2, 3, 0, 1, 2, 3, 1, 0, 0, 2, 1, 3, 3, 0, 2, 1]  # 4 full pages of 4, and one token
 
 SEEDS = {
     "served_path": allocate("a", windows=(0, 3)) + append("a", 0, 0, 5) + append("a", 1, 0, 5) +
@@ -143,6 +161,34 @@ SEEDS = {
         append("a", 1, 9, 1) + set_tokens("a", 0, list(range(40, 50))) + append("a", 0, 9, 1) +
         allocate_prompt("b", list(range(40, 51)), windows=(0, 3)) + fork("b", "c") +
         items("reserve", [("b", 3), ("c", 2)]) + items("commit", [("b", 3)]),
+    # Tiers: a computed prompt's pages go down when pressure trims the arena (4 one-page
+    # chunks: the host's 4 KiB keeps three, the oldest goes to the disk), come back into
+    # b, then the disk's value is flipped (a corrupt miss) and the disk fails (an error).
+    "tiers_write_back": tiered(0x00, computed("a", SMALL_PROMPT) + step("release") + cache("a") +
+        step("tier_pressure") + step("tier_flush") + allocate_prompt("b", SMALL_PROMPT) +
+        append("b", 0, 16, 1) + append("b", 1, 16, 1) + step("get_kv") + cache("b") + u32(1) + u64(0) + u64(0) +
+        step("release") + cache("b") + step("tier_pressure") + step("tier_flush") + corrupt(0, 300) +
+        corrupt(1, 40, 0x80) + corrupt(2, 1000) + corrupt(3, 7) +
+        allocate_prompt("c", SMALL_PROMPT) + step("release") + cache("c") + step("tier_pressure") +
+        corrupt(0, 0, 0) + allocate_prompt("d", SMALL_PROMPT) + corrupt(0, 0, 0) + step("stats") + u8(0)),
+    # Write-through, chunks of 2 pages: full chunks go down as they fill; a second prompt
+    # shares the first chunk and diverges in the second; SetTokens declares an answer.
+    "tiers_write_through": tiered(0x03, computed("a", SMALL_PROMPT) + step("tier_flush") + step("release") +
+        cache("a") + step("tier_pressure") + allocate_prompt("b", SMALL_PROMPT[:8] + [0, 0, 0, 0, 1]) +
+        set_tokens("b", 8, [3, 3, 3, 3]) + fork("b", "c") + step("tier_pressure") + step("tier_flush") +
+        allocate_prompt("d", SMALL_PROMPT, windows=(0, 3))),
+    # The disk takes every full chunk (as the cluster tier does), the host the evicted ones:
+    # a chunk is in both; the host's copy is found first, a corrupt disk copy only after
+    # the host let it go.
+    "tiers_disk_write_through": tiered(0x11, computed("a", SMALL_PROMPT) + step("tier_flush") +
+        corrupt(0, 500) + corrupt(1, 64) + step("release") + cache("a") + step("tier_pressure") +
+        step("tier_flush") + allocate_prompt("b", SMALL_PROMPT) + computed("c", SMALL_PROMPT[::-1]) +
+        step("release") + cache("b") + step("release") + cache("c") + step("tier_pressure") +
+        step("tier_flush") + allocate_prompt("d", SMALL_PROMPT) + allocate_prompt("a", SMALL_PROMPT[::-1])),
+    # A 4 KiB write queue drops writes; a sliding layer sends down only its window's pages.
+    "tiers_small_queue": tiered(0x25, computed("a", SMALL_PROMPT, windows=(0, 5)) + computed("c", SMALL_PROMPT[::-1]) +
+        step("release") + cache("a") + step("release") + cache("c") + step("tier_pressure") + step("tier_flush") +
+        allocate_prompt("b", SMALL_PROMPT, windows=(0, 5)) + allocate_prompt("d", SMALL_PROMPT[::-1])),
 }
 
 

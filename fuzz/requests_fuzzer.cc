@@ -1,16 +1,21 @@
 // libFuzzer target: any sequence of wire requests, read from the input bytes, applied to
 // a KvStore through the daemon's own decode-and-dispatch path (daemon/requests.h), with
-// sessions, shared slices, reaping and a fake clock. After every request it checks that
-// the page accounting is whole (KvStore::TEST_CheckInvariants: every page owned once,
-// pools and quotas equal to what caches hold) and that a refused request changed
-// nothing a client can observe (KvStore::TEST_DebugState). Any violation aborts, which
+// sessions, shared slices, reaping, a fake clock and, in its tier mode, the tiers below
+// the arena. After every request it checks that the page accounting is whole
+// (KvStore::TEST_CheckInvariants: every page owned once, pools and quotas equal to what
+// caches hold, the index's tier flags, the tiers' write queue) and that a refused request
+// changed nothing a client can observe (KvStore::TEST_DebugState). Any violation aborts, which
 // libFuzzer reports as a crash. KVARENA_FUZZ_TRACE=1 prints every step's status.
 //
 // The input is read front to back as a program (fuzz/make_seeds.py writes seeds in it):
+//   input   := [0xFF config:u8] step...  (0xFF first: the store has tiers below its arena
+//                                         and whole page hashes, fuzz/requests_tiers.h)
 //   step    := op:u8 session:u8 fields...        (op < 240: op % 15, the original 15 ops;
 //                                                 op >= 240: (op - 240) % 3 + 15, prefix
 //                                                 reuse: Allocate with a namespace and
-//                                                 prompt_tokens, SetTokens, Fork;
+//                                                 prompt_tokens, SetTokens, Fork; with
+//                                                 tiers (op - 240) % 6 + 15, then the
+//                                                 tier ops: Flush, Corrupt, Pressure;
 //                                                 session % (sessions + 2); the
 //                                                 caller's tenant (session >> 6) % 4:
 //                                                 none, alpha, beta, the operator)
@@ -34,6 +39,7 @@
 #include "core/kv_store.h"
 #include "daemon/requests.h"
 #include "fuzz/fuzz_program.h"
+#include "fuzz/requests_tiers.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace kvarena {
@@ -46,7 +52,7 @@ namespace {
 
 class Harness {
  public:
-  Harness() {
+  explicit Harness(Program& in) {
     StoreOptions o;
     o.arena_bytes = size_t{12} << 20;
     o.default_page_size = 4;
@@ -65,6 +71,11 @@ class Harness {
     o.idle_ttl = absl::Seconds(30);
     o.clock = &clock_;
     o.TEST_prefix_hash_bits = 6;  // collisions happen: the token-id check must hold
+    if (in.Peek() == FuzzTiers::kTierMode && !in.done()) {
+      in.Byte();
+      tiers_ = std::make_unique<FuzzTiers>(in);
+      tiers_->Configure(&o);
+    }
     auto store = KvStore::Create(o, NewHostBackend());
     if (!store.ok()) Fail(std::string(store.status().message()));
     store_ = *std::move(store);
@@ -79,6 +90,7 @@ class Harness {
   void Run(Program& in) {
     for (int steps = 0; !in.done() && steps < 256; ++steps) Step(in);
     Check("end", absl::OkStatus(), "");
+    if (trace_ && tiers_) std::fprintf(stderr, "%s", tiers_->Summary().c_str());
   }
 
  private:
@@ -158,6 +170,7 @@ class Harness {
   void Step(Program& in);
 
   FakeClock clock_;
+  std::unique_ptr<FuzzTiers> tiers_;  // tier mode only
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Requests> requests_;
   std::vector<std::string> sessions_;
@@ -167,7 +180,7 @@ class Harness {
 
 void Harness::Step(Program& in) {
   const uint8_t code = in.Byte();
-  const int op = code < 240 ? code % 15 : 15 + (code - 240) % 3;
+  const int op = code < 240 ? code % 15 : 15 + (code - 240) % (tiers_ ? 3 + FuzzTiers::kOps : 3);
   const Caller session = CallerOf(in);
   const std::string before = store_->TEST_DebugState();
   absl::Status status;
@@ -344,14 +357,17 @@ void Harness::Step(Program& in) {
       status = requests_->SetTokens(session, req, &resp);
       break;
     }
-    default: {
+    case 17: {
       name = "Fork";
       v1::ForkRequest req;
       req.set_cache_id(CacheId(in));
       req.set_new_cache_id(CacheId(in));
       v1::ForkResponse resp;
       status = requests_->Fork(session, req, &resp);
+      break;
     }
+    default:  // the tier ops: their effects show only in the invariants
+      return Check(tiers_->Step(op - 18, in, store_.get()), absl::OkStatus(), before);
   }
   Check(name, status, before);
 }
@@ -361,7 +377,7 @@ void Harness::Step(Program& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvarena::Program in(data, size);
-  kvarena::Harness harness;
+  kvarena::Harness harness(in);
   harness.Run(in);
   return 0;
 }

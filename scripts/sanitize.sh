@@ -10,8 +10,9 @@
 #                                 shows TSan each absl::Mutex / CondVar / Notification, and
 #                                 scripts/tsan.supp drops what happens inside uninstrumented
 #                                 gRPC (docs/testing.md, "Sanitizers").
-# It builds the test binaries of core, arena, daemon, client, the zero-copy and the
-# multi-process tests (and the binaries they start) and runs all of their tests; with
+# It builds the test binaries of core, arena, daemon, client, the tiers, the Redis tier
+# (which skip where redis-server is missing), the zero-copy and the multi-process tests
+# (and the binaries they start) and runs all of their tests; with
 # SANITIZE_ALL=1 also kernels/cpu's (slow under TSan). Exits non-zero on any failure or
 # sanitizer report.
 set -euo pipefail
@@ -27,7 +28,8 @@ cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF "${extra[@]}" >/dev/null
 # The tests, the binaries they start, and nothing else (no benches, no fuzzers here).
 targets=(core_test arena_test client_test daemon_test mp_test zerocopy_test fd_socket_test
-         fd_limits_test remote_client_test kvarenad kvarena_worker kvarena)
+         fd_limits_test remote_client_test tiers_test redis_test redis_nodes_test
+         kvarenad kvarena_worker kvarena)
 [ "${SANITIZE_ALL:-0}" = 1 ] && targets+=(kernels_test)
 # Without libFuzzer (the thread build) the fuzz targets replay their corpora in ctest.
 [ "$mode" = thread ] && targets+=(requests_fuzzer decode_fuzzer fd_fuzzer)
