@@ -87,6 +87,16 @@ class Reader {
     return absl::DataLossError(
         absl::StrCat("tier chunk: ", field, " is ", got.Hex(), ", want ", want.Hex()));
   }
+  // The magic and the format version every chunk starts with.
+  absl::Status MagicAndVersion() {
+    absl::string_view magic;
+    KVARENA_RETURN_IF_ERROR(Bytes("magic", kMagic.size(), &magic));
+    if (magic != kMagic) {
+      return absl::DataLossError(
+          absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
+    }
+    return ExpectU32("format version", kChunkFormatVersion);
+  }
   size_t pos() const { return pos_; }
   size_t left() const { return v_.size() - pos_; }
 
@@ -182,13 +192,7 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
                                             " of an empty chunk"));
   }
   Reader r(value);
-  absl::string_view magic;
-  KVARENA_RETURN_IF_ERROR(r.Bytes("magic", kMagic.size(), &magic));
-  if (magic != kMagic) {
-    return absl::DataLossError(
-        absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
-  }
-  KVARENA_RETURN_IF_ERROR(r.ExpectU32("format version", kChunkFormatVersion));
+  KVARENA_RETURN_IF_ERROR(r.MagicAndVersion());
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("dtype", uint32_t(want.layout.dtype)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("page_size", uint32_t(want.layout.page_size)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("num_kv_heads", uint32_t(want.layout.num_kv_heads)));
@@ -251,13 +255,7 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
 absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
                        std::vector<int32_t>* first_page) {
   Reader r(value);
-  absl::string_view magic;
-  KVARENA_RETURN_IF_ERROR(r.Bytes("magic", kMagic.size(), &magic));
-  if (magic != kMagic) {
-    return absl::DataLossError(
-        absl::StrCat("tier chunk: magic is ", Quoted(magic), ", want ", Quoted(kMagic)));
-  }
-  KVARENA_RETURN_IF_ERROR(r.ExpectU32("format version", kChunkFormatVersion));
+  KVARENA_RETURN_IF_ERROR(r.MagicAndVersion());
   uint32_t f[6] = {};
   for (uint32_t& x : f) KVARENA_RETURN_IF_ERROR(r.U32("geometry", &x));
   id->layout = PageLayout{DType(f[0]), int(f[1]), int(f[2]), int(f[3])};
