@@ -50,4 +50,4 @@ cd "$build"
 # the Node client and the CUDA tests are not sanitizer business, and ScratchQuarantine
 # runs two attends over 64k tokens on one thread, a minute each under a sanitizer (it
 # runs in the ordinary build).
-ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT|prefix_bench"
+ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT|prefix_bench|tier_bench"
