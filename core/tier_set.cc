@@ -32,9 +32,7 @@ TierSet::~TierSet() {
     mu_.AwaitWithTimeout(absl::Condition(&drained), kDrainTimeout);
     for (ChunkWrite& w : queue_) {
       for (size_t i = 0; i < stores_.size(); ++i) counters_[i]->dropped_writes += 1;
-      for (PrefixEvent& e : w.after) {
-        if (PrefixEventLog* log = events_.load(); log != nullptr) log->Append(std::move(e));
-      }
+      Record(w.after);
     }
     queue_.clear();
     stop_ = true;
@@ -61,9 +59,7 @@ bool TierSet::Queue(ChunkWrite w) {
     }
   }
   for (size_t i : Targets(w.write_through)) counters_[i]->dropped_writes += 1;
-  if (PrefixEventLog* log = events_.load(); log != nullptr) {
-    for (PrefixEvent& e : w.after) log->Append(std::move(e));
-  }
+  Record(w.after);
   return false;
 }
 
@@ -75,7 +71,9 @@ void TierSet::RecordAfterWrite(const ChunkKey& key, PrefixEvent e) {
       return;
     }
   }
-  if (PrefixEventLog* log = events_.load(); log != nullptr) log->Append(std::move(e));
+  std::vector<PrefixEvent> one;
+  one.push_back(std::move(e));
+  Record(one);
 }
 
 void TierSet::WriterLoop() {
@@ -111,10 +109,8 @@ void TierSet::WriterLoop() {
         }
       }
     }
-    if (PrefixEventLog* log = events_.load(); log != nullptr) {
-      for (PrefixEvent& e : w.after) log->Append(std::move(e));
-      for (PrefixEvent& e : waiting) log->Append(std::move(e));
-    }
+    Record(w.after);
+    Record(waiting);
   }
 }
 
@@ -166,8 +162,6 @@ void TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, u
 
 void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id,
                                 const std::string& medium, bool stored) {
-  PrefixEventLog* log = events_.load();
-  if (log == nullptr) return;
   ChunkIdentity id;
   std::vector<int32_t> first_page;
   if (!PeekChunk(value, &id, &first_page).ok()) return;
@@ -179,6 +173,7 @@ void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id,
     hashes[size_t(b)] = PrefixPageHash(parent, id.tokens.data() + size_t(b) * size_t(page), page);
     parent = hashes[size_t(b)];
   }
+  std::vector<PrefixEvent> events;
   for (int l = 0; l < id.num_layers; ++l) {
     for (int b = first_page[size_t(l)]; b < id.chunk_pages; ++b) {
       PrefixEvent e;
@@ -193,9 +188,25 @@ void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id,
                            id.tokens.begin() + size_t(b + 1) * size_t(page));
         e.prefix_namespace = id.prefix_namespace;
       }
-      log->Append(std::move(e));
+      events.push_back(std::move(e));
     }
   }
+  Record(events);
+}
+
+void TierSet::SetEvents(PrefixEventLog* events) {
+  absl::MutexLock lock(&events_mu_);
+  events_ = events;
+}
+
+void TierSet::Record(std::vector<PrefixEvent>& events) {
+  // Under events_mu_ for the whole append: once SetEvents(nullptr) returns, no thread is
+  // still writing into the log the store is about to destroy.
+  absl::MutexLock lock(&events_mu_);
+  if (events_ != nullptr) {
+    for (PrefixEvent& e : events) events_->Append(std::move(e));
+  }
+  events.clear();
 }
 
 std::vector<std::shared_ptr<const LoadedChunk>> TierSet::Lookup(absl::Span<const ChunkIdentity> ids,

@@ -99,7 +99,8 @@ class TierSet {
   const TierOptions& options() const { return options_; }
   // Where the tiers' KvEvents go (null: nowhere); the log must outlive its use, so the
   // store sets it when it starts and clears it (after Flush) before it goes.
-  void SetEvents(PrefixEventLog* events) { events_.store(events); }
+  // No event is being recorded once it returns.
+  void SetEvents(PrefixEventLog* events) ABSL_LOCKS_EXCLUDED(events_mu_);
   // Pages per chunk for a pool of this geometry.
   int32_t ChunkPagesFor(const PageLayout& layout, int num_layers) const;
   // Whether any store takes write-back chunks / write-through chunks.
@@ -155,10 +156,15 @@ class TierSet {
   void RecordChunkEvents(const std::string& value, uint64_t pool_id, const std::string& medium,
                          bool stored);
   void Observe(size_t i, bool write, absl::Time start);
+  // Appends events (emptied) to the log, if any.
+  void Record(std::vector<PrefixEvent>& events) ABSL_LOCKS_EXCLUDED(events_mu_);
 
   const std::vector<TierEntry> stores_;
   const TierOptions options_;
-  std::atomic<PrefixEventLog*> events_;
+  // Where the tiers' events go; appended to only under events_mu_ (taken after a pool's
+  // lock and mu_, before the log's own).
+  mutable absl::Mutex events_mu_;
+  PrefixEventLog* events_ ABSL_GUARDED_BY(events_mu_);
   const bool takes_evicted_;
   const bool takes_full_;
   std::vector<std::unique_ptr<Counters>> counters_;
