@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -59,7 +60,7 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds, absl
     const ssize_t r = recvmsg(sock, &msg, flags);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (absl::Status s = AwaitReady(sock, POLLIN, deadline, "recvmsg"); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR(AwaitReady(sock, POLLIN, deadline, "recvmsg"));
       continue;
     }
     if (r < 0) return Errno("recvmsg");
@@ -70,8 +71,8 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds, absl
       fds->insert(fds->end(), p, p + count);
     }
     if (fds->size() > kMaxFdsPerMessage) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("recvmsg: ", fds->size(), " fds came with one message; at most ", kMaxFdsPerMessage));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recvmsg: ", fds->size(), " fds came with one message; at most ", kMaxFdsPerMessage));
     }
     if (r == 0) return absl::UnavailableError("recvmsg: peer closed the socket");
     if (msg.msg_flags & MSG_CTRUNC) return absl::InternalError("recvmsg: fds truncated");
@@ -85,8 +86,8 @@ absl::Status ReadFull(int sock, char* buf, size_t n, std::vector<int>* fds, absl
 absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int> fds,
                          absl::Time deadline) {
   if (bytes.size() > kMaxMessageBytes || fds.size() > kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat("send: ", bytes.size(), " bytes and ", fds.size(),
-                                                   " fds exceed one message"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("send: ", bytes.size(), " bytes and ", fds.size(), " fds exceed one message"));
   }
   const uint32_t len = uint32_t(bytes.size());
   std::string frame(reinterpret_cast<const char*>(&len), sizeof(len));
@@ -112,7 +113,7 @@ absl::Status SendMessage(int sock, absl::string_view bytes, absl::Span<const int
     const ssize_t r = sendmsg(sock, &msg, flags);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && timed && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (absl::Status s = AwaitReady(sock, POLLOUT, deadline, "sendmsg"); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR(AwaitReady(sock, POLLOUT, deadline, "sendmsg"));
       continue;
     }
     if (r < 0) return Errno("sendmsg");
@@ -150,14 +151,15 @@ absl::StatusOr<int> ConnectUnix(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path has ", path.size(), " bytes; at most ",
-                                                   sizeof(addr.sun_path) - 1));
+    return absl::InvalidArgumentError(absl::StrCat("socket path has ", path.size(),
+                                                   " bytes; at most ", sizeof(addr.sun_path) - 1));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    absl::Status s = absl::UnavailableError(absl::StrCat("connect ", path, ": ", std::strerror(errno)));
+    absl::Status s =
+        absl::UnavailableError(absl::StrCat("connect ", path, ": ", std::strerror(errno)));
     close(fd);
     return s;
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/piece_page.h"
 #include "arena/region.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -40,7 +41,7 @@ class HostRegion final : public Region {
   }
 
   absl::Status Decommit(size_t offset, size_t bytes) override {
-    if (absl::Status s = CheckRegionRange("decommit", offset, bytes, size_); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(CheckRegionRange("decommit", offset, bytes, size_));
     // Punch whole file-system blocks only: a partial block at either end may hold the
     // neighbouring range's live bytes, which a punch would zero.
     const size_t begin = (offset + kBlock - 1) / kBlock * kBlock;
@@ -124,11 +125,12 @@ class HostMapping final : public MappedRegion {
     absl::Status status;
     for (const SharedPiece& p : pieces) {
       if (status.ok() && (p.offset + p.bytes > size_ || p.fd < 0)) {
-        status = absl::InvalidArgumentError(absl::StrCat("piece [", p.offset, ", +", p.bytes,
-                                                         ") lies outside a region of ", size_, " bytes"));
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "piece [", p.offset, ", +", p.bytes, ") lies outside a region of ", size_, " bytes"));
       }
-      if (status.ok() && mmap(base_ + p.offset, p.bytes, PROT_READ | PROT_WRITE,
-                              MAP_SHARED | MAP_FIXED | MAP_NORESERVE, p.fd, off_t(p.offset)) == MAP_FAILED) {
+      if (status.ok() &&
+          mmap(base_ + p.offset, p.bytes, PROT_READ | PROT_WRITE,
+               MAP_SHARED | MAP_FIXED | MAP_NORESERVE, p.fd, off_t(p.offset)) == MAP_FAILED) {
         status = ErrnoStatus("mmap(piece)", errno);
       }
       if (p.fd >= 0) close(p.fd);

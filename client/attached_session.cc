@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 
@@ -27,7 +28,7 @@ AttachedSession::~AttachedSession() {
 }
 
 absl::Status AttachedSession::Open() {
-  if (auto s = OpenStream("", options_.connect_timeout); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(OpenStream("", options_.connect_timeout));
   session_id_ = stream_->session_id();
   resume_token_ = stream_->resume_token();
   fd_socket_ = stream_->fd_socket();
@@ -71,9 +72,9 @@ void AttachedSession::Supervise() {
     if (options_.resume && !stream_->ended_by_shutdown() && !absl::IsAborted(why)) {
       const absl::Status resumed = Resume();
       if (resumed.ok()) continue;
-      why = absl::Status(why.code(), absl::StrCat(why.message(),
-                                                  "; resuming the session failed: ",
-                                                  resumed.message()));
+      why = absl::Status(
+          why.code(),
+          absl::StrCat(why.message(), "; resuming the session failed: ", resumed.message()));
     }
     stream_.reset();
     channel_.reset();  // a draining daemon waits for its connections to close

@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/refusal.h"
 #include "core/small_file.h"
 #include "core/status_macros.h"
 
@@ -19,8 +20,7 @@ constexpr size_t kMaxFileBytes = size_t{1} << 20;
 absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::string& path) {
   absl::StatusOr<std::string> out = ReadSmallFile(path, kMaxFileBytes);
   if (!out.ok()) {
-    return absl::Status(out.status().code(),
-                        absl::StrCat("Connect: ", option, "=", out.status().message()));
+    return Annotated(out.status(), absl::StrCat("Connect: ", option, "="));
   }
   return out;
 }
@@ -41,8 +41,8 @@ absl::StatusOr<std::string> Token(const ClientOptions& o) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "Connect: byte %d of the auth token is 0x%02x; a token is visible ASCII (0x21..0x7e)",
-          i, c));
+          "Connect: byte %d of the auth token is 0x%02x; a token is visible ASCII (0x21..0x7e)", i,
+          c));
     }
   }
   return token;
@@ -90,7 +90,7 @@ bool HasTcpSecurity(const ClientOptions& o) {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> NewChannelCredentials(
     const std::string& address, const ClientOptions& options, grpc::ChannelArguments* args) {
   if (!HasTcpSecurity(options)) return grpc::InsecureChannelCredentials();
-  if (absl::Status s = CheckCombination(address, options); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckCombination(address, options));
   if (absl::StartsWith(address, "unix:")) {
     // gRPC sends call credentials only over a channel it deems private: a Unix socket's
     // local credentials are (the daemon's side needs nothing of them).

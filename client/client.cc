@@ -8,6 +8,7 @@
 #include "client/cache_state.h"
 #include "client/channel_credentials.h"
 #include "client/transport.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 
 namespace kvarena {
@@ -29,10 +30,14 @@ std::string SessionIdForLog(const std::string& session_id) {
 
 const char* ServingStatusName(ServingStatus s) {
   switch (s) {
-    case ServingStatus::kServing: return "SERVING";
-    case ServingStatus::kNotServing: return "NOT_SERVING";
-    case ServingStatus::kServiceUnknown: return "SERVICE_UNKNOWN";
-    case ServingStatus::kUnknown: break;
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    case ServingStatus::kUnknown:
+      break;
   }
   return "UNKNOWN";
 }
@@ -45,9 +50,9 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
   }
   const size_t limit = options.max_message_bytes;
   if (limit < kMinMessageBytes || limit > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Connect: max_message_bytes=", limit, " is outside [",
-        kMinMessageBytes, ", ", kMaxMessageBytes, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("Connect: max_message_bytes=", limit,
+                                                   " is outside [", kMinMessageBytes, ", ",
+                                                   kMaxMessageBytes, "]"));
   }
   const bool inproc = address == kInprocAddress || address == "inproc";
   if (inproc && client_internal::HasTcpSecurity(options)) {
@@ -55,9 +60,8 @@ absl::StatusOr<std::shared_ptr<Client>> Client::Connect(const std::string& addre
         "Connect: tls_* and auth_token options apply to HOST:PORT addresses, not inproc:");
   }
   absl::StatusOr<std::shared_ptr<Transport>> t =
-      inproc
-          ? client_internal::NewInprocTransport(options)
-          : client_internal::NewRemoteTransport(address, options);
+      inproc ? client_internal::NewInprocTransport(options)
+             : client_internal::NewRemoteTransport(address, options);
   KVARENA_RETURN_IF_ERROR(t.status());
   return std::shared_ptr<Client>(new Client(*std::move(t)));
 }
@@ -94,7 +98,7 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> Client::OpenCache(
 absl::Status Client::Release(const std::string& cache_id) {
   if (!connected()) return transport_->DisconnectedStatus();
   if (absl::Status s = transport_->SynchronizeLocalKernels(); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("release: cache ", cache_id, ": ", s.message()));
+    return Annotated(s, absl::StrCat("release: cache ", cache_id, ": "));
   }
   return transport_->Release(cache_id);
 }

@@ -15,13 +15,14 @@
 #include "client/cache_state.h"
 #include "client/decode_batch_impl.h"
 #include "core/checked.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
 
 namespace kvarena {
 
 using client_internal::CacheState;
-using client_internal::LocalLayer;
+using client_internal::Pending;
 
 namespace {
 
@@ -47,12 +48,14 @@ absl::StatusOr<std::unique_ptr<DecodeBatch>> DecodeBatch::Create(
   std::set<std::string> ids;
   for (size_t b = 0; b < caches.size(); ++b) {
     const GenericKvCacheHandle* h = caches[b].get();
-    if (h == nullptr) return absl::InvalidArgumentError(absl::StrCat(op, ": caches[", b, "] is null"));
-    if (auto s = h->CheckLocal(op); !s.ok()) return s;
+    if (h == nullptr)
+      return absl::InvalidArgumentError(absl::StrCat(op, ": caches[", b, "] is null"));
+    KVARENA_RETURN_IF_ERROR(h->CheckLocal(op));
     const GenericKvCacheHandle& first = *caches[0];
     if (h->transport_ != first.transport_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": cache ", h->cache_id(), " comes from another Client than cache ", first.cache_id()));
+      return absl::InvalidArgumentError(absl::StrCat(op, ": cache ", h->cache_id(),
+                                                     " comes from another Client than cache ",
+                                                     first.cache_id()));
     }
     if (!ids.insert(h->cache_id()).second) {
       return absl::InvalidArgumentError(
@@ -76,7 +79,7 @@ absl::StatusOr<std::unique_ptr<DecodeBatch>> DecodeBatch::Create(
     }
   }
   GenericKvCacheHandle& first = *caches[0];
-  if (auto s = first.LocalPool(op, &impl->base, &impl->kernels); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(first.LocalPool(op, &impl->base, &impl->kernels));
   const KernelLimits reach = impl->kernels->limits();
   impl->limits = LimitsFor(reach, reach.max_positions);
   if (options.tokens_per_step < 1 || options.tokens_per_step > impl->limits.max_request_tokens) {
@@ -124,11 +127,12 @@ absl::Status DecodeBatch::Impl::CheckNoPending(const char* op) const {
     CacheState& st = state(b);
     absl::MutexLock lock(&st.mu);
     for (int l = 0; l < st.table.num_layers(); ++l) {
-      if (st.table.layer(l).pending != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            op, ": cache ", caches[size_t(b)]->cache_id(), " layer ", l, " holds ",
-            st.table.layer(l).pending, " uncommitted local tokens (a step is under way); Commit it, or "
-            "drop them with popn / reset first"));
+      if (Pending(st.table.layer(l)) != 0) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(op, ": cache ", caches[size_t(b)]->cache_id(), " layer ", l, " holds ",
+                         Pending(st.table.layer(l)),
+                         " uncommitted local tokens (a step is under way); Commit it, or "
+                         "drop them with popn / reset first"));
       }
     }
   }
@@ -139,9 +143,9 @@ absl::Status DecodeBatch::Plan() {
   const char* op = "DecodeBatch::Plan";
   Impl& m = *impl_;
   m.planned = false;
-  if (auto s = m.CheckNoPending(op); !s.ok()) return s;
-  if (auto s = GenericKvCacheHandle::ReserveAll(m.items); !s.ok()) return s;
-  if (auto s = m.Snapshot(op); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(m.CheckNoPending(op));
+  KVARENA_RETURN_IF_ERROR(GenericKvCacheHandle::ReserveAll(m.items));
+  KVARENA_RETURN_IF_ERROR(m.Snapshot(op));
   m.UpdateTables();
   m.planned = true;
   ++m.stats.steps;
@@ -180,15 +184,15 @@ absl::Status DecodeBatch::Impl::CheckUnchanged(const char* op, int layer) const 
   const Layer& l = layers[size_t(layer)];
   for (int b = 0; b < batch(); ++b) {
     const GenericKvCacheHandle& h = *caches[size_t(b)];
-    if (auto s = h.CheckUsable(op); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(h.CheckUsable(op));
     CacheState& st = state(b);
     absl::MutexLock lock(&st.mu);
-    const LocalLayer& ll = st.table.layer(layer);
-    if (!st.table.fresh() || ll.len != l.pos[size_t(b)] || ll.pending != 0 ||
+    const LayerPages& ll = st.table.layer(layer);
+    if (!st.table.fresh() || ll.len != l.pos[size_t(b)] || Pending(ll) != 0 ||
         ll.first_pos != l.first_block[size_t(b)] * spec.page_size) {
       return absl::FailedPreconditionError(absl::StrCat(
           op, ": cache ", h.cache_id(), " layer ", layer, " changed since Plan (length ", ll.len,
-          " + ", ll.pending, " uncommitted, planned at ", l.pos[size_t(b)],
+          " + ", Pending(ll), " uncommitted, planned at ", l.pos[size_t(b)],
           st.table.fresh() ? "" : ", table reloaded", "); Plan again"));
     }
   }
@@ -207,15 +211,15 @@ absl::Status DecodeBatch::Impl::Write(const char* op, int layer, const TensorArg
   }
   Layer& l = layers[size_t(layer)];
   if (l.ran) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, ": layer ", layer, " already ran this step (at position ", l.pos[0],
-        " of sequence 0); Commit ends the step"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": layer ", layer, " already ran this step (at position ", l.pos[0],
+                     " of sequence 0); Commit ends the step"));
   }
   const int kv = spec.num_kv_heads;
-  if (auto s = CheckTensor(op, "k", k, kv, kv); !s.ok()) return s;
-  if (auto s = CheckTensor(op, "v", v, kv, kv); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckTensor(op, "k", k, kv, kv));
+  KVARENA_RETURN_IF_ERROR(CheckTensor(op, "v", v, kv, kv));
   if (q != nullptr) {
-    if (auto s = CheckTensor(op, "q", *q, kv, kv * limits.max_group); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(CheckTensor(op, "q", *q, kv, kv * limits.max_group));
     if (out->data == nullptr || out->bytes != q->bytes) {
       return absl::InvalidArgumentError(absl::StrCat(op, ": out: ", out->bytes, " bytes at ",
                                                      out->data == nullptr ? "null" : "a buffer",
@@ -226,7 +230,7 @@ absl::Status DecodeBatch::Impl::Write(const char* op, int layer, const TensorArg
           absl::StrCat(op, ": scale=", opts.scale, " must be finite and >= 0"));
     }
   }
-  if (auto s = CheckUnchanged(op, layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUnchanged(op, layer));
 
   const int64_t n = options.tokens_per_step;
   if (auto s = kernels->AppendKvBatch(l.views.data(), l.pos.data(), batch(), n, k.data, v.data);
@@ -236,7 +240,7 @@ absl::Status DecodeBatch::Impl::Write(const char* op, int layer, const TensorArg
   for (int b = 0; b < batch(); ++b) {
     CacheState& st = state(b);
     absl::MutexLock lock(&st.mu);
-    st.table.layer(layer).pending += n;
+    st.table.layer(layer).written += n;
   }
   l.ran = true;
   if (q == nullptr) return absl::OkStatus();
@@ -253,9 +257,8 @@ absl::Status DecodeBatch::Impl::Write(const char* op, int layer, const TensorArg
   return absl::OkStatus();
 }
 
-absl::Status DecodeBatch::Run(int layer, const TensorArg& q, const TensorArg& k,
-                              const TensorArg& v, const TensorBuffer& out,
-                              const AttentionOptions& opts) {
+absl::Status DecodeBatch::Run(int layer, const TensorArg& q, const TensorArg& k, const TensorArg& v,
+                              const TensorBuffer& out, const AttentionOptions& opts) {
   return impl_->Write("DecodeBatch::Run", layer, &q, k, v, &out, opts);
 }
 
@@ -271,11 +274,11 @@ absl::Status DecodeBatch::Commit() {
   }
   for (size_t l = 0; l < m.layers.size(); ++l) {
     if (!m.layers[l].ran) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(op, ": layer ", l, " has not run this step; Run or Append every layer first"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          op, ": layer ", l, " has not run this step; Run or Append every layer first"));
     }
   }
-  if (auto s = GenericKvCacheHandle::CommitAll(m.items); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(GenericKvCacheHandle::CommitAll(m.items));
   m.planned = false;
   return absl::OkStatus();
 }

@@ -13,7 +13,6 @@
 namespace kvarena {
 
 using client_internal::CacheState;
-using client_internal::LocalLayer;
 
 // Copies every (sequence, layer) table and position out of the handles, checking the step
 // can be taken: equal layer lengths, within the kernels' reach, within max_blocks.
@@ -30,7 +29,7 @@ absl::Status DecodeBatch::Impl::Snapshot(const char* op) {
     }
     const int64_t len = st.table.layer(0).len;
     for (size_t l = 0; l < num_layers; ++l) {
-      const LocalLayer& ll = st.table.layer(int(l));
+      const LayerPages& ll = st.table.layer(int(l));
       if (ll.len != len) {
         return absl::FailedPreconditionError(absl::StrCat(
             op, ": cache ", id, " layer ", l, " holds ", ll.len, " tokens but layer 0 holds ", len,

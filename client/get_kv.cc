@@ -6,13 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/transport.h"
+#include "core/status_macros.h"
 #include "kvarena/kv_cache_handle.h"
 
 namespace kvarena {
 
 absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv(int layer) const {
-  if (auto s = CheckUsable("get_kv"); !s.ok()) return s;
-  if (auto s = CheckLayer("get_kv", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("get_kv"));
+  KVARENA_RETURN_IF_ERROR(CheckLayer("get_kv", layer));
   const PageLayout l = layout();
   const size_t row = size_t(l.head_dim) * l.ElemBytes();  // one head of one token
   const int64_t chunk =
@@ -60,23 +61,24 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv(int layer) const {
     }
     return absl::OkStatus();
   };
-  if (auto s = place(*first, r.first_pos, got); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(place(*first, r.first_pos, got));
   for (int64_t at = r.first_pos + got; at < end;) {
     auto c = transport_->GetKv(cache_id(), layer, GetKvRange{at, std::min(chunk, end - at)});
     if (!c.ok()) return failed(c.status());
     const int64_t n = c->k.shape.size() == 4 ? c->k.shape[2] : 0;
     if (c->first_pos != at || n == 0 || c->layer_len < end) {
-      return absl::AbortedError(absl::StrCat(
-          "get_kv: cache ", cache_id(), " layer ", layer,
-          " changed while it was read in chunks of ", chunk, " tokens: reading [", r.first_pos, ", ", end, ") at ", at,
-          ", the layer now holds [", c->first_pos, ", ", c->layer_len, "); read it again"));
+      return absl::AbortedError(absl::StrCat("get_kv: cache ", cache_id(), " layer ", layer,
+                                             " changed while it was read in chunks of ", chunk,
+                                             " tokens: reading [", r.first_pos, ", ", end, ") at ",
+                                             at, ", the layer now holds [", c->first_pos, ", ",
+                                             c->layer_len, "); read it again"));
     }
     if (n > end - at) {
       return absl::InternalError(absl::StrCat("get_kv: cache ", cache_id(), " layer ", layer,
                                               " asked for at most ", end - at, " tokens at ", at,
                                               " and got ", n));
     }
-    if (auto s = place(*c, at, n); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(place(*c, at, n));
     at += n;
   }
   return r;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
 #include "client/transport.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 
 namespace kvarena {
@@ -20,9 +21,7 @@ uint8_t* KvCacheRef::TokenPtr(int kv, int64_t t) const {
          (size_t(kv) * layout.page_size + size_t(slot)) * layout.TokenBytes();
 }
 
-uint8_t* KvCacheRef::TokenPtr(int64_t t) const {
-  return TokenPtr(part == Part::kValue ? 1 : 0, t);
-}
+uint8_t* KvCacheRef::TokenPtr(int64_t t) const { return TokenPtr(part == Part::kValue ? 1 : 0, t); }
 
 PagedKvView KvCacheRef::view() const {
   PagedKvView v;
@@ -81,9 +80,8 @@ absl::Status GenericKvCacheHandle::CheckUsable(const char* op) const {
 
 absl::Status GenericKvCacheHandle::CheckLayer(const char* op, int layer) const {
   if (layer >= 0 && layer < num_layers()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(op, ": layer=", layer, " but cache ", cache_id(), " has ", num_layers(),
-                   " layers"));
+  return absl::InvalidArgumentError(absl::StrCat(op, ": layer=", layer, " but cache ", cache_id(),
+                                                 " has ", num_layers(), " layers"));
 }
 
 absl::Status GenericKvCacheHandle::Observe(const absl::Status& s) const {
@@ -94,7 +92,7 @@ absl::Status GenericKvCacheHandle::Observe(const absl::Status& s) const {
 absl::Status GenericKvCacheHandle::FinishLocalKernels(const char* op) const {
   absl::Status s = transport_->SynchronizeLocalKernels();
   if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(op, ": cache ", cache_id(), ": ", s.message()));
+  return Annotated(s, absl::StrCat(op, ": cache ", cache_id(), ": "));
 }
 
 bool GenericKvCacheHandle::HasSlidingLayer() const {
@@ -108,7 +106,7 @@ absl::Status GenericKvCacheHandle::refresh() {
 }
 
 absl::StatusOr<CacheDescription> GenericKvCacheHandle::describe() const {
-  if (auto s = CheckUsable("describe"); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("describe"));
   auto d = transport_->Describe(cache_id());
   if (!d.ok()) return Observe(d.status());
   state_->Load(*d);
@@ -116,8 +114,8 @@ absl::StatusOr<CacheDescription> GenericKvCacheHandle::describe() const {
 }
 
 absl::StatusOr<LayerPages> GenericKvCacheHandle::Pages(const char* op, int layer) const {
-  if (auto s = CheckUsable(op); !s.ok()) return s;
-  if (auto s = CheckLayer(op, layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable(op));
+  KVARENA_RETURN_IF_ERROR(CheckLayer(op, layer));
   KVARENA_ASSIGN_OR_RETURN(auto d, describe());
   if (int(d.layers.size()) <= layer) {
     return absl::InternalError(absl::StrCat(op, ": Describe of cache ", cache_id(), " returned ",
@@ -141,10 +139,10 @@ absl::StatusOr<std::vector<int32_t>> GenericKvCacheHandle::block_table(int layer
 absl::StatusOr<KvCacheRef> GenericKvCacheHandle::View(KvCacheRef::Part part, int layer) const {
   static constexpr const char* kOps[] = {"kv_cache", "key_cache", "value_cache"};
   const char* op = kOps[int(part)];
-  if (auto s = CheckUsable(op); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable(op));
   auto base = transport_->PoolBase(info_.pool_id);
   if (!base.ok()) {
-    return absl::Status(base.status().code(), absl::StrCat(op, ": ", base.status().message()));
+    return Annotated(base.status(), absl::StrCat(op, ": "));
   }
   KVARENA_ASSIGN_OR_RETURN(auto lp, Pages(op, layer));
   KvCacheRef ref;
@@ -172,7 +170,7 @@ absl::StatusOr<KvCacheRef> GenericKvCacheHandle::kv_cache(int layer) const {
 }
 
 absl::StatusOr<PageStats> GenericKvCacheHandle::stats() const {
-  if (auto s = CheckUsable("stats"); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("stats"));
   auto st = transport_->CacheStats(cache_id());
   if (!st.ok()) return Observe(st.status());
   return st;
@@ -201,16 +199,16 @@ absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> GenericKvCacheHandle::with
 
 absl::StatusOr<AppendResult> GenericKvCacheHandle::append(int layer, const TensorArg& k,
                                                           const TensorArg& v) {
-  if (auto s = CheckLayer("append", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLayer("append", layer));
   return append(layer, state_->LayerLen(layer), k, v);
 }
 
 absl::StatusOr<AppendResult> GenericKvCacheHandle::append(int layer, int64_t pos,
                                                           const TensorArg& k, const TensorArg& v) {
-  if (auto s = CheckUsable("append"); !s.ok()) return s;
-  if (auto s = CheckLayer("append", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("append"));
+  KVARENA_RETURN_IF_ERROR(CheckLayer("append", layer));
   if (HasSlidingLayer()) {  // the window may evict pages
-    if (auto s = FinishLocalKernels("append"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(FinishLocalKernels("append"));
   }
   auto r = transport_->Append(cache_id(), layer, pos, k, v);
   if (!r.ok()) return Observe(r.status());
@@ -231,7 +229,7 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::attention_opts(int layer, const 
                                                                const TensorArg& k,
                                                                const TensorArg& v,
                                                                const AttentionOptions& opts) {
-  if (auto s = CheckLayer("attention", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLayer("attention", layer));
   return Attend(layer, state_->LayerLen(layer), q, &k, &v, opts);
 }
 
@@ -244,10 +242,10 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::attention(int layer, int64_t pos
 absl::StatusOr<TensorOut> GenericKvCacheHandle::Attend(int layer, int64_t pos, const TensorArg& q,
                                                        const TensorArg* k, const TensorArg* v,
                                                        const AttentionOptions& opts) {
-  if (auto s = CheckUsable("attention"); !s.ok()) return s;
-  if (auto s = CheckLayer("attention", layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("attention"));
+  KVARENA_RETURN_IF_ERROR(CheckLayer("attention", layer));
   if (k != nullptr && HasSlidingLayer()) {  // appending: the window may evict pages
-    if (auto s = FinishLocalKernels("attention"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(FinishLocalKernels("attention"));
   }
   AttendArgs args;
   args.cache_id = cache_id();
@@ -278,11 +276,12 @@ int64_t GenericKvCacheHandle::tier_loaded_tokens() const {
   return state_->tier_loaded_tokens;
 }
 
-absl::Status GenericKvCacheHandle::set_tokens(int64_t first_pos, const std::vector<int32_t>& token_ids) {
-  if (auto s = CheckUsable("set_tokens"); !s.ok()) return s;
+absl::Status GenericKvCacheHandle::set_tokens(int64_t first_pos,
+                                              const std::vector<int32_t>& token_ids) {
+  KVARENA_RETURN_IF_ERROR(CheckUsable("set_tokens"));
   // Pages this declaration completes become readable by other caches (as at commit).
   if (PublishesPages()) {
-    if (auto s = FinishLocalKernels("set_tokens"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(FinishLocalKernels("set_tokens"));
   }
   auto info = transport_->SetTokens(SetTokensArgs{cache_id(), first_pos, token_ids});
   if (!info.ok()) return Observe(info.status());
@@ -291,18 +290,19 @@ absl::Status GenericKvCacheHandle::set_tokens(int64_t first_pos, const std::vect
 
 absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> GenericKvCacheHandle::fork(
     const std::string& new_cache_id) const {
-  if (auto s = CheckUsable("fork"); !s.ok()) return s;
-  if (auto s = FinishLocalKernels("fork"); !s.ok()) return s;  // it copies the partial pages
+  KVARENA_RETURN_IF_ERROR(CheckUsable("fork"));
+  KVARENA_RETURN_IF_ERROR(FinishLocalKernels("fork"));  // it copies the partial pages
   auto info = transport_->Fork(cache_id(), new_cache_id);
   if (!info.ok()) return Observe(info.status());
-  auto state = std::make_shared<client_internal::CacheState>(*info);  // its table loads with Describe
+  auto state =
+      std::make_shared<client_internal::CacheState>(*info);  // its table loads with Describe
   return std::shared_ptr<GenericKvCacheHandle>(
       new GenericKvCacheHandle(transport_, *std::move(info), std::move(state), -1));
 }
 
 absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
-  if (auto s = CheckUsable("popn"); !s.ok()) return s;
-  if (auto s = FinishLocalKernels("popn"); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("popn"));
+  KVARENA_RETURN_IF_ERROR(FinishLocalKernels("popn"));
   auto r = transport_->Popn(cache_id(), n);
   if (!r.ok()) return Observe(r.status());
   if (r->popped > 0) {
@@ -315,8 +315,8 @@ absl::StatusOr<PopnResult> GenericKvCacheHandle::popn(int64_t n) {
 }
 
 absl::Status GenericKvCacheHandle::reset(bool keep_pages) {
-  if (auto s = CheckUsable("reset"); !s.ok()) return s;
-  if (auto s = FinishLocalKernels("reset"); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("reset"));
+  KVARENA_RETURN_IF_ERROR(FinishLocalKernels("reset"));
   auto info = transport_->Reset(cache_id(), keep_pages);
   if (!info.ok()) return Observe(info.status());
   state_->Update(*info);
@@ -325,8 +325,8 @@ absl::Status GenericKvCacheHandle::reset(bool keep_pages) {
 }
 
 absl::Status GenericKvCacheHandle::release() {
-  if (auto s = CheckUsable("release"); !s.ok()) return s;
-  if (auto s = FinishLocalKernels("release"); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable("release"));
+  KVARENA_RETURN_IF_ERROR(FinishLocalKernels("release"));
   if (auto s = transport_->Release(cache_id()); !s.ok()) return Observe(s);
   state_->released.store(true);
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #if defined(KVARENA_CLIENT_CUDA)
+#include "core/refusal.h"
 #include "kernels/cuda/cuda_kv_kernels.h"
 #endif
 
@@ -17,10 +18,10 @@ absl::StatusOr<std::unique_ptr<KvKernels>> NewDeviceKernels(int device) {
 #if defined(KVARENA_CLIENT_CUDA)
   return NewCudaKvKernels(device);
 #else
-  return absl::FailedPreconditionError(absl::StrCat(
-      "the pool lives on CUDA device ", device,
-      " but this client was built without CUDA: run attention through the daemon "
-      "(attention()) or rebuild with the CUDA toolkit"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("the pool lives on CUDA device ", device,
+                   " but this client was built without CUDA: run attention through the daemon "
+                   "(attention()) or rebuild with the CUDA toolkit"));
 #endif
 }
 
@@ -40,9 +41,8 @@ absl::StatusOr<KvKernels*> LocalKernels::For(RegionKind kind, int device) {
     absl::StatusOr<std::unique_ptr<KvKernels>> made = NewDeviceKernels(device);
     if (!made.ok()) {
       cuda_.erase(device);
-      return absl::Status(made.status().code(),
-                          absl::StrCat("local kernels for a ", RegionKindName(kind),
-                                       " pool: ", made.status().message()));
+      return Annotated(made.status(),
+                       absl::StrCat("local kernels for a ", RegionKindName(kind), " pool: "));
     }
     k = *std::move(made);
     if (wrap_) k = wrap_(std::move(k));
@@ -59,8 +59,7 @@ absl::Status LocalKernels::SynchronizeAll() {
   }
   for (KvKernels* k : sets) {  // a set lives as long as this object once created
     if (absl::Status s = k->Synchronize(); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("synchronizing the ", k->name(),
-                                                 " local kernels: ", s.message()));
+      return Annotated(s, absl::StrCat("synchronizing the ", k->name(), " local kernels: "));
     }
   }
   return absl::OkStatus();

@@ -12,6 +12,7 @@
 #include "client/cache_state.h"
 #include "client/transport.h"
 #include "core/checked.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "core/validate.h"
 #include "kvarena/client.h"
@@ -20,7 +21,7 @@
 namespace kvarena {
 
 using client_internal::CacheState;
-using client_internal::LocalLayer;
+using client_internal::Pending;
 using client_internal::Transport;
 
 namespace {
@@ -31,7 +32,8 @@ using HandleTokens = std::vector<std::pair<GenericKvCacheHandle*, int64_t>>;
 
 // Tokens a Reserve asks for a cache at committed length seq that needs `tokens` more: ahead
 // to a page boundary past reserve_ahead, within max_tokens (0: none); never less than tokens.
-int64_t AheadOf(int64_t seq, int64_t tokens, int64_t reserve_ahead, int page_size, int64_t max_tokens) {
+int64_t AheadOf(int64_t seq, int64_t tokens, int64_t reserve_ahead, int page_size,
+                int64_t max_tokens) {
   int64_t end = RoundUp(seq + std::max(tokens, reserve_ahead), page_size);
   if (max_tokens > 0) end = std::min(end, max_tokens);
   return std::max(end, seq + tokens) - seq;
@@ -46,11 +48,11 @@ HandleTokens Raw(const CacheTokenList& items) {
 }  // namespace
 
 absl::Status GenericKvCacheHandle::CheckLocal(const char* op) const {
-  if (auto s = CheckUsable(op); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable(op));
   if (limit_ >= 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        op, ": this handle of cache ", cache_id(),
-        " is a with_sequence_length view; write through the handle it came from"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(op, ": this handle of cache ", cache_id(),
+                     " is a with_sequence_length view; write through the handle it came from"));
   }
   return absl::OkStatus();
 }
@@ -61,7 +63,7 @@ absl::Status GenericKvCacheHandle::EnsureTable(const char* op) const {
     if (state_->table.fresh()) return absl::OkStatus();
   }
   auto d = describe();  // loads the table
-  if (!d.ok()) return absl::Status(d.status().code(), absl::StrCat(op, ": ", d.status().message()));
+  if (!d.ok()) return Annotated(d.status(), absl::StrCat(op, ": "));
   return absl::OkStatus();
 }
 
@@ -74,10 +76,10 @@ absl::Status GenericKvCacheHandle::LocalPool(const char* op, uint8_t** base,
   }
   auto pool = transport_->MapPool(info_.pool_id);
   if (!pool.ok()) {
-    return absl::Status(pool.status().code(), absl::StrCat(op, ": ", pool.status().message()));
+    return Annotated(pool.status(), absl::StrCat(op, ": "));
   }
   auto k = transport_->LocalKernelsFor(*pool);
-  if (!k.ok()) return absl::Status(k.status().code(), absl::StrCat(op, ": ", k.status().message()));
+  if (!k.ok()) return Annotated(k.status(), absl::StrCat(op, ": "));
   state_->pool_base.store(pool->base, std::memory_order_relaxed);
   state_->kernels.store(*k, std::memory_order_release);
   *base = pool->base;
@@ -100,9 +102,7 @@ int64_t GenericKvCacheHandle::reserved_until() const {
   return state_->table.fresh() ? state_->table.Capacity() : 0;
 }
 
-absl::Status GenericKvCacheHandle::reserve(int64_t tokens) {
-  return ReserveAll({{this, tokens}});
-}
+absl::Status GenericKvCacheHandle::reserve(int64_t tokens) { return ReserveAll({{this, tokens}}); }
 
 absl::Status GenericKvCacheHandle::commit(int64_t tokens) { return CommitAll({{this, tokens}}); }
 
@@ -116,12 +116,12 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
     if (h == nullptr || h->transport_.get() != transport) {
       return absl::InvalidArgumentError("reserve: every handle must come from the same Client");
     }
-    if (auto s = h->CheckLocal("reserve"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(h->CheckLocal("reserve"));
     if (tokens < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("reserve: cache ", h->cache_id(), " tokens=", tokens, " < 0"));
     }
-    if (auto s = h->EnsureTable("reserve"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(h->EnsureTable("reserve"));
     absl::MutexLock lock(&h->state_->mu);
     const int64_t seq = h->state_->table.SeqLen();
     const bool within_max = h->max_tokens() == 0 || seq + tokens <= h->max_tokens();
@@ -129,7 +129,8 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
       covered.emplace_back(h, tokens);
       continue;
     }
-    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(), h->max_tokens())});
+    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(),
+                                          h->max_tokens())});
     exact.push_back({h->cache_id(), tokens});
     asked.push_back(h);
   }
@@ -144,7 +145,8 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
     const int64_t ahead = std::max(tokens, h->state_->reserve_ahead);
     const int64_t end = h->max_tokens() > 0 ? std::min(seq + ahead, h->max_tokens()) : seq + ahead;
     if (end <= h->state_->table.Capacity()) continue;
-    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(), h->max_tokens())});
+    ask.push_back({h->cache_id(), AheadOf(seq, tokens, h->state_->reserve_ahead, h->page_size(),
+                                          h->max_tokens())});
     asked.push_back(h);
   }
   auto reserved = transport->Reserve(ask);
@@ -171,7 +173,7 @@ absl::Status GenericKvCacheHandle::ReserveAll(const HandleTokens& items) {
     }
     // The cache changed behind the table (another handle, served writes): read it whole.
     if (!merged) {
-      if (auto s = h->EnsureTable("reserve"); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR(h->EnsureTable("reserve"));
     }
   }
   return absl::OkStatus();
@@ -185,7 +187,7 @@ absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
     if (h == nullptr || h->transport_.get() != transport) {
       return absl::InvalidArgumentError("commit: every handle must come from the same Client");
     }
-    if (auto s = h->CheckLocal("commit"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(h->CheckLocal("commit"));
     if (tokens < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("commit: cache ", h->cache_id(), " tokens=", tokens, " < 0"));
@@ -195,26 +197,25 @@ absl::Status GenericKvCacheHandle::CommitAll(const HandleTokens& items) {
     client_internal::CacheState* state = h->state_.get();
     absl::MutexLock lock(&state->mu);
     bool any = false;
-    for (int l = 0; l < state->table.num_layers(); ++l) any |= state->table.layer(l).pending != 0;
+    for (int l = 0; l < state->table.num_layers(); ++l) any |= Pending(state->table.layer(l)) != 0;
     for (int l = 0; any && l < state->table.num_layers(); ++l) {
-      const int64_t pending = state->table.layer(l).pending;
+      const int64_t pending = Pending(state->table.layer(l));
       if (pending != tokens) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "commit: cache ", h->cache_id(), " tokens=", tokens, " but layer ", l, " wrote ",
-            pending, " tokens locally since the last commit"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("commit: cache ", h->cache_id(), " tokens=", tokens, " but layer ", l,
+                         " wrote ", pending, " tokens locally since the last commit"));
       }
     }
     commit.push_back({h->cache_id(), tokens});
   }
   // A sliding window evicts pages as the commit advances the lengths ("Page lifetime").
-  const bool evicts = std::any_of(items.begin(), items.end(),
-                                  [](const auto& item) {
-                                    // ...and with a prefix namespace, other caches may adopt what
-                                    // it commits: the local writes must have landed.
-                                    return item.first->HasSlidingLayer() || item.first->PublishesPages();
-                                  });
+  const bool evicts = std::any_of(items.begin(), items.end(), [](const auto& item) {
+    // ...and with a prefix namespace, other caches may adopt what
+    // it commits: the local writes must have landed.
+    return item.first->HasSlidingLayer() || item.first->PublishesPages();
+  });
   if (evicts) {
-    if (auto s = items.front().first->FinishLocalKernels("commit"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(items.front().first->FinishLocalKernels("commit"));
   }
   auto infos = transport->Commit(commit);
   if (!infos.ok()) {
@@ -235,19 +236,19 @@ absl::StatusOr<TensorOut> GenericKvCacheHandle::attention_local(int layer, const
                                                                 const TensorArg& v,
                                                                 const AttentionOptions& opts) {
   TensorOut out;
-  if (auto s = WriteLocal("attention_local", layer, &q, k, v, opts, &out); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(WriteLocal("attention_local", layer, &q, k, v, opts, &out));
   return out;
 }
 
 absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const TensorArg* q,
                                               const TensorArg& k, const TensorArg& v,
                                               const AttentionOptions& opts, TensorOut* out) {
-  if (auto s = CheckLocal(op); !s.ok()) return s;
-  if (auto s = CheckLayer(op, layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLocal(op));
+  KVARENA_RETURN_IF_ERROR(CheckLayer(op, layer));
   const CacheSpec& spec = info_.spec;
   uint8_t* base = nullptr;
   KvKernels* kernels = nullptr;
-  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(LocalPool(op, &base, &kernels));
   // The same checks as the served path, within what these kernels index.
   const KernelLimits reach = kernels->limits();
   const RequestLimits limits = LimitsFor(reach, reach.max_positions);
@@ -267,28 +268,28 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
                                                    q != nullptr ? absl::StrCat(", q ", nq) : ""));
   }
   const int64_t n = nk;
-  if (auto s = EnsureTable(op); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(EnsureTable(op));
 
   std::vector<int32_t> blocks;  // a snapshot: a concurrent reserve may grow the table
   int64_t first_pos = 0, pos = 0;
   {
     absl::MutexLock lock(&state_->mu);
-    const LocalLayer& l = state_->table.layer(layer);
-    pos = l.len + l.pending;
-    if (auto s = CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits); !s.ok()) {
+    const LayerPages& l = state_->table.layer(layer);
+    pos = l.written;
+    if (auto s = CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits);
+        !s.ok()) {
       return s;
     }
     if (pos + n > l.end(page_size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, ": cache ", cache_id(), " layer ", layer, " needs pages up to position ", pos + n,
-          " but holds pages up to ", l.end(page_size()), "; call reserve(", pos + n - l.len,
-          ") first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": cache ", cache_id(), " layer ", layer, " needs pages up to position ",
+                       pos + n, " but holds pages up to ", l.end(page_size()), "; call reserve(",
+                       pos + n - l.len, ") first"));
     }
     // Pages come whole, so they may reach past max_tokens; the tokens may not (as append).
     if (max_tokens() > 0 && pos + n > max_tokens()) {
-      return absl::ResourceExhaustedError(absl::StrCat(op, ": layer ", layer, " would hold ",
-                                                       pos + n, " tokens but max_tokens=",
-                                                       max_tokens()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          op, ": layer ", layer, " would hold ", pos + n, " tokens but max_tokens=", max_tokens()));
     }
     blocks = l.page_ids;
     first_pos = l.first_pos;
@@ -305,7 +306,7 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   }
   {
     absl::MutexLock lock(&state_->mu);
-    state_->table.layer(layer).pending += n;
+    state_->table.layer(layer).written += n;
   }
   if (q == nullptr) return absl::OkStatus();
   AttentionParams p;
@@ -324,11 +325,11 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
 
 absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const {
   const char* op = "get_kv_local";
-  if (auto s = CheckUsable(op); !s.ok()) return s;
-  if (auto s = CheckLayer(op, layer); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckUsable(op));
+  KVARENA_RETURN_IF_ERROR(CheckLayer(op, layer));
   uint8_t* base = nullptr;
   KvKernels* kernels = nullptr;
-  if (auto s = LocalPool(op, &base, &kernels); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(LocalPool(op, &base, &kernels));
   auto lp = Pages(op, layer);  // fresh from the arena, narrowed by with_sequence_length
   KVARENA_RETURN_IF_ERROR(lp.status());
   const int64_t n = std::max<int64_t>(0, lp->len - lp->first_pos);
@@ -348,7 +349,8 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   view.first_block = lp->first_pos / page_size();
   view.num_blocks = int64_t(lp->page_ids.size());
   view.len = lp->len;
-  if (auto s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data()); !s.ok()) {
+  if (auto s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data());
+      !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
   }
   return r;

@@ -21,20 +21,12 @@
 
 namespace kvarena::client_internal {
 
-struct LocalLayer {
-  std::vector<int32_t> page_ids;
-  int64_t first_pos = 0;  // a multiple of page_size
-  int64_t len = 0;        // committed (absolute)
-  int64_t pending = 0;    // written locally past len, not yet committed
-
-  // First position with no page: [first_pos, end) is covered.
-  int64_t end(int page_size) const { return first_pos + int64_t(page_ids.size()) * page_size; }
-};
+// Tokens written locally past a layer's len, not yet committed.
+inline int64_t Pending(const LayerPages& l) { return l.written - l.len; }
 
 class LocalTable {
  public:
-  LocalTable(int num_layers, int page_size)
-      : page_size_(page_size), layers_(size_t(num_layers)) {}
+  LocalTable(int num_layers, int page_size) : page_size_(page_size), layers_(size_t(num_layers)) {}
 
   bool fresh() const { return fresh_; }
   void MarkStale() { fresh_ = false; }
@@ -48,8 +40,8 @@ class LocalTable {
 
   int page_size() const { return page_size_; }
   int num_layers() const { return int(layers_.size()); }
-  const LocalLayer& layer(int i) const { return layers_[size_t(i)]; }
-  LocalLayer& layer(int i) { return layers_[size_t(i)]; }
+  const LayerPages& layer(int i) const { return layers_[size_t(i)]; }
+  LayerPages& layer(int i) { return layers_[size_t(i)]; }
   // The committed length (the most any layer holds, as the arena counts seq_len).
   int64_t SeqLen() const;
   // Positions below this have a page on every layer.
@@ -64,7 +56,7 @@ class LocalTable {
 
  private:
   const int page_size_;
-  std::vector<LocalLayer> layers_;
+  std::vector<LayerPages> layers_;
   bool fresh_ = false;
 };
 

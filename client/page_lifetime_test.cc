@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/client_test_peer.h"
+#include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_kernels.h"
@@ -35,7 +36,7 @@ class ProbeKernels final : public testing::ForwardingKvKernels {
   ProbeKernels(std::unique_ptr<KvKernels> inner, std::function<absl::Status()> on_sync)
       : ForwardingKvKernels(std::move(inner)), on_sync_(std::move(on_sync)) {}
   absl::Status Synchronize() override {
-    if (absl::Status s = on_sync_(); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(on_sync_());
     return ForwardingKvKernels::Synchronize();
   }
 

@@ -11,12 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "client/cache_state.h"
 #include "client/transport.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "kvarena/kv_cache_handle.h"
 
 namespace kvarena {
-
-using client_internal::LocalLayer;
 
 absl::StatusOr<LocalLayerTable> GenericKvCacheHandle::local_table(int layer) const {
   const char* op = "local_table";
@@ -26,11 +25,7 @@ absl::StatusOr<LocalLayerTable> GenericKvCacheHandle::local_table(int layer) con
   LocalLayerTable t;
   {
     absl::MutexLock lock(&state_->mu);
-    const LocalLayer& l = state_->table.layer(layer);
-    t.page_ids = l.page_ids;
-    t.first_pos = l.first_pos;
-    t.len = l.len;
-    t.written = l.len + l.pending;
+    t = state_->table.layer(layer);
   }
   const int64_t ps = page_size();
   if (limit_ >= 0) {  // a with_sequence_length view sees its n tokens and their pages only
@@ -40,7 +35,6 @@ absl::StatusOr<LocalLayerTable> GenericKvCacheHandle::local_table(int layer) con
     const size_t blocks = size_t(PagesCovering(t.first_pos, bound, ps));
     if (t.page_ids.size() > blocks) t.page_ids.resize(blocks);
   }
-  t.reserved_until = t.first_pos + int64_t(t.page_ids.size()) * ps;
   return t;
 }
 
@@ -49,7 +43,7 @@ absl::StatusOr<KvPoolView> GenericKvCacheHandle::pool_view() const {
   KVARENA_RETURN_IF_ERROR(CheckUsable(op));
   auto pool = transport_->MapPool(info_.pool_id);
   if (!pool.ok()) {
-    return absl::Status(pool.status().code(), absl::StrCat(op, ": ", pool.status().message()));
+    return Annotated(pool.status(), absl::StrCat(op, ": "));
   }
   KvPoolView v;
   v.base = pool->base;
@@ -83,30 +77,29 @@ struct PageTableAccess {
     if (n > 0) KVARENA_RETURN_IF_ERROR(h.CheckLocal(op));  // a view may not write
     auto t = h.local_table(layer);
     if (!t.ok()) {
-      return absl::Status(t.status().code(),
-                          absl::StrCat(op, ": sequence ", b, ": ", t.status().message()));
+      return Annotated(t.status(), absl::StrCat(op, ": sequence ", b, ": "));
     }
     if (t->written < t->first_pos) {  // windows evict only below a layer's length
-      return absl::InternalError(absl::StrCat(op, ": sequence ", b, " layer ", layer,
-                                              " starts at ", t->first_pos, " past its end ",
-                                              t->written));
+      return absl::InternalError(absl::StrCat(op, ": sequence ", b, " layer ", layer, " starts at ",
+                                              t->first_pos, " past its end ", t->written));
     }
     // Written this way round so that a huge n cannot wrap.
-    if (n > t->reserved_until - t->written) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, ": sequence ", b, " (cache ", h.cache_id(), ") layer ", layer, ": ", n,
-          " new tokens past position ", t->written, " but pages only up to ", t->reserved_until,
-          "; reserve them first"));
+    const int64_t reserved_until = t->end(h.page_size());
+    if (n > reserved_until - t->written) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": sequence ", b, " (cache ", h.cache_id(), ") layer ", layer, ": ", n,
+                       " new tokens past position ", t->written, " but pages only up to ",
+                       reserved_until, "; reserve them first"));
     }
     SeqSpan s;
     s.written = t->written;
     s.end = t->written + n;
     const int64_t keys = s.end - t->first_pos;
     if (keys > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": sequence ", b, " covers ", keys,
-                                                     " tokens; the arrays hold int32"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": sequence ", b, " covers ", keys, " tokens; the arrays hold int32"));
     }
-    s.blocks = (keys + h.page_size() - 1) / h.page_size();
+    s.blocks = CeilDiv(keys, int64_t(h.page_size()));
     s.table = *std::move(t);
     return s;
   }
@@ -119,8 +112,8 @@ namespace {
 using client_internal::SeqSpan;
 
 // Every sequence's span, after checking the batch as a whole: one pool, int32 totals.
-absl::StatusOr<std::vector<SeqSpan>> Spans(const char* op, const CacheTokenList& batch,
-                                           int layer, int* page_size) {
+absl::StatusOr<std::vector<SeqSpan>> Spans(const char* op, const CacheTokenList& batch, int layer,
+                                           int* page_size) {
   if (batch.empty()) return absl::InvalidArgumentError(absl::StrCat(op, ": empty batch"));
   std::vector<SeqSpan> spans;
   spans.reserve(batch.size());
@@ -137,18 +130,18 @@ absl::StatusOr<std::vector<SeqSpan>> Spans(const char* op, const CacheTokenList&
           ") comes from another Client than sequence 0: page ids index one mapped pool"));
     }
     if (h->pool_id() != first->pool_id()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": sequence ", b, " (cache ", h->cache_id(), ") lives in pool ", h->pool_id(),
-          ", sequence 0 (cache ", first->cache_id(), ") in pool ", first->pool_id(),
-          "; page ids index one pool"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": sequence ", b, " (cache ", h->cache_id(), ") lives in pool ",
+                       h->pool_id(), ", sequence 0 (cache ", first->cache_id(), ") in pool ",
+                       first->pool_id(), "; page ids index one pool"));
     }
     KVARENA_ASSIGN_OR_RETURN(auto s, client_internal::PageTableAccess::Span(op, b, *h, layer, n));
     blocks += s.blocks;  // each below 2^31, so the sums cannot wrap int64
     tokens += s.end - s.written;
     if (blocks > INT32_MAX || tokens > INT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": the batch up to sequence ", b, " holds ", blocks, " pages and ", tokens,
-          " new tokens; the arrays hold int32"));
+      return absl::InvalidArgumentError(absl::StrCat(op, ": the batch up to sequence ", b,
+                                                     " holds ", blocks, " pages and ", tokens,
+                                                     " new tokens; the arrays hold int32"));
     }
     spans.push_back(std::move(s));
   }
@@ -190,16 +183,15 @@ absl::StatusOr<VllmBlockTables> BuildVllmBlockTables(const CacheTokenList& batch
     if (max_blocks == 0) {
       width = std::max(width, s.blocks);
     } else if (s.blocks > max_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": max_blocks=", max_blocks,
-                                                     " but sequence ", b, " (cache ",
-                                                     batch[b].first->cache_id(), ") needs ",
-                                                     s.blocks, " blocks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": max_blocks=", max_blocks, " but sequence ", b, " (cache ",
+                       batch[b].first->cache_id(), ") needs ", s.blocks, " blocks"));
     }
   }
   const int64_t batch_size = int64_t(spans.size());
   if (width > INT32_MAX / batch_size) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", batch_size, " rows of ", width,
-                                                   " blocks exceed the int32 arrays"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", batch_size, " rows of ", width, " blocks exceed the int32 arrays"));
   }
   VllmBlockTables t;
   t.max_blocks = width;

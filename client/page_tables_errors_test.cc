@@ -52,7 +52,7 @@ TEST_F(PageTableEdgesTest, LocalTableFollowsReserveWritesAndCommitWithoutRpc) {
   auto t = h->local_table(0);
   ASSERT_THAT(t, IsOk());
   EXPECT_TRUE(t->page_ids.empty());
-  EXPECT_EQ(t->reserved_until, 0);
+  EXPECT_EQ(t->end(kPageSize), 0);
   ASSERT_THAT(h->reserve(1), IsOk());
   Write(*h, 0, 1);
   t = h->local_table(0);
@@ -60,7 +60,7 @@ TEST_F(PageTableEdgesTest, LocalTableFollowsReserveWritesAndCommitWithoutRpc) {
   EXPECT_EQ(t->page_ids.size(), 1u);
   EXPECT_EQ(t->len, 0);
   EXPECT_EQ(t->written, 1);  // written locally, not committed
-  EXPECT_EQ(t->reserved_until, kPageSize);
+  EXPECT_EQ(t->end(kPageSize), kPageSize);
   EXPECT_EQ(h->local_table(1)->written, 0);
   Write(*h, 1, 1);
   ASSERT_THAT(h->commit(1), IsOk());
@@ -139,9 +139,8 @@ TEST_F(PageTableEdgesTest, VllmRowsHaveTheAskedWidthAndPad) {
   auto v = BuildVllmBlockTables({{a, 0}, {b, 0}, {empty, 0}}, 1, /*max_blocks=*/4, /*pad=*/0);
   ASSERT_THAT(v, IsOk());
   EXPECT_EQ(v->max_blocks, 4);
-  const std::vector<int32_t> want = {ta->page_ids[0], 0, 0, 0,
-                                     tb->page_ids[0], tb->page_ids[1], tb->page_ids[2], 0,
-                                     0, 0, 0, 0};
+  const std::vector<int32_t> want = {
+      ta->page_ids[0], 0, 0, 0, tb->page_ids[0], tb->page_ids[1], tb->page_ids[2], 0, 0, 0, 0, 0};
   EXPECT_EQ(v->block_tables, want);
   EXPECT_EQ(v->seq_lens, (std::vector<int32_t>{4, 9, 0}));
   auto fi = BuildFlashInferPageTable({{a, 0}, {b, 0}, {empty, 0}}, 1);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "kvarena/v1/kvarena.pb.h"
 
@@ -32,7 +33,7 @@ absl::StatusOr<v1::FdReply> Decode(absl::StatusOr<Message> m, std::vector<int>* 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RegionClient>> RegionClient::Connect(const std::string& fd_socket,
-                                                                     const std::string& session_id) {
+                                                                    const std::string& session_id) {
   KVARENA_ASSIGN_OR_RETURN(int sock, ConnectUnix(fd_socket));
   return std::unique_ptr<RegionClient>(new RegionClient(fd_socket, sock, session_id));
 }
@@ -64,7 +65,7 @@ absl::StatusOr<Message> RegionClient::RoundTripLocked(const std::string& request
     sock_ = -1;
     if (!absl::IsUnavailable(failed)) break;
   }
-  return absl::Status(failed.code(), absl::StrCat("fd socket ", fd_socket_, ": ", failed.message()));
+  return Annotated(failed, absl::StrCat("fd socket ", fd_socket_, ": "));
 }
 
 absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind, uint64_t size,
@@ -75,7 +76,7 @@ absl::Status RegionClient::MapLocked(uint64_t region_id, const std::string& kind
   m.region_id = region_id;
   m.kind = *ParseRegionKind(kind);  // ImportRegion refused any other name
   m.region = std::move(region);
-  if (absl::Status s = FetchPiecesLocked(&m); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(FetchPiecesLocked(&m));
   *out = std::move(m);
   return absl::OkStatus();
 }
@@ -103,7 +104,7 @@ absl::Status RegionClient::FetchPiecesLocked(Mapped* m) {
       pieces.push_back({p.offset(), p.bytes(), fds[size_t(i)], p.generation()});
       newest = std::max<uint64_t>(newest, p.generation());
     }
-    if (absl::Status s = m->region->MapPieces(std::move(pieces)); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(m->region->MapPieces(std::move(pieces)));
     const bool done = uint32_t(reply.pieces_size()) >= reply.total_pieces();
     if (done || newest == m->generation) {
       m->generation = newest;
@@ -132,7 +133,8 @@ absl::Status RegionClient::RefreshLocked() {
                                   : pools_.contains(r.pool_id());
     if (have) continue;
     Mapped m;
-    if (absl::Status s = MapLocked(r.region_id(), r.kind(), r.size(), r.ipc_handle(), &m); !s.ok()) {
+    if (absl::Status s = MapLocked(r.region_id(), r.kind(), r.size(), r.ipc_handle(), &m);
+        !s.ok()) {
       // Listed, then destroyed with its last cache (another process's) before its export:
       // nothing to map, and no reason to fail the pool the caller asked for.
       if (!r.scratch() && absl::IsNotFound(s)) continue;
@@ -156,10 +158,11 @@ absl::Status RegionClient::RefreshLocked() {
 absl::StatusOr<RegionClient::Pool> RegionClient::GetPool(uint64_t pool_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!pools_.contains(pool_id)) {
-    if (absl::Status s = RefreshLocked(); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(RefreshLocked());
   }
   auto it = pools_.find(pool_id);
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrCat("pool ", pool_id, " is not shared with this session"));
+  if (it == pools_.end())
+    return absl::NotFoundError(absl::StrCat("pool ", pool_id, " is not shared with this session"));
   const MappedRegion& r = *it->second.region;
   return Pool{r.base(), it->second.kind, r.device()};
 }
@@ -178,8 +181,7 @@ absl::Status RegionClient::SyncPools() {
       continue;
     }
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("mapping the pages pool ", it->first,
-                                                 " gained: ", s.message()));
+      return Annotated(s, absl::StrCat("mapping the pages pool ", it->first, " gained: "));
     }
     ++it;
   }
@@ -189,10 +191,11 @@ absl::Status RegionClient::SyncPools() {
 absl::StatusOr<RegionClient::Scratch> RegionClient::GetScratch() {
   std::lock_guard<std::mutex> lock(mu_);
   if (scratch_.region == nullptr && scratch_refused_.ok()) {
-    if (absl::Status s = RefreshLocked(); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(RefreshLocked());
   }
-  if (!scratch_refused_.ok()) return scratch_refused_;
-  if (scratch_.region == nullptr) return absl::FailedPreconditionError("the daemon gave this session no scratch region");
+  KVARENA_RETURN_IF_ERROR(scratch_refused_);
+  if (scratch_.region == nullptr)
+    return absl::FailedPreconditionError("the daemon gave this session no scratch region");
   return Scratch{scratch_.region_id, scratch_.region->base(), scratch_.region->size()};
 }
 

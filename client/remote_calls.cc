@@ -3,6 +3,8 @@
 // the reply (proto/wire.h); SetTokens, Popn and GetKv first refuse the negative values
 // their unsigned fields cannot carry. The calls with tensor bytes or mapped pages have a
 // rule more and live in remote_tensor_calls.cc and remote_pool_calls.cc.
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/remote_transport.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
-#include <grpcpp/grpcpp.h>
 
 namespace kvarena::client_internal {
 
@@ -25,7 +27,7 @@ absl::StatusOr<CacheInfo> RemoteTransport::Allocate(const CacheSpec& spec,
   req.set_cache_id(cache_id);
   req.mutable_prompt_tokens()->Assign(options.prompt_tokens.begin(), options.prompt_tokens.end());
   v1::AllocateResponse resp;
-  if (auto s = channel_.Call(&Stub::Allocate, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Allocate, req, &resp));
   return FromProto(resp.cache());
 }
 
@@ -39,7 +41,7 @@ absl::StatusOr<CacheInfo> RemoteTransport::SetTokens(const SetTokensArgs& args) 
   req.set_first_pos(uint64_t(args.first_pos));
   req.mutable_token_ids()->Assign(args.token_ids.begin(), args.token_ids.end());
   v1::SetTokensResponse resp;
-  if (auto s = channel_.Call(&Stub::SetTokens, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::SetTokens, req, &resp));
   return FromProto(resp.cache());
 }
 
@@ -49,7 +51,7 @@ absl::StatusOr<CacheInfo> RemoteTransport::Fork(const std::string& cache_id,
   req.set_cache_id(cache_id);
   req.set_new_cache_id(new_cache_id);
   v1::ForkResponse resp;
-  if (auto s = channel_.Call(&Stub::Fork, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Fork, req, &resp));
   return FromProto(resp.cache());
 }
 
@@ -61,7 +63,7 @@ absl::StatusOr<PopnResult> RemoteTransport::Popn(const std::string& cache_id, in
   req.set_cache_id(cache_id);
   req.set_n(uint64_t(n));
   v1::PopnResponse resp;
-  if (auto s = channel_.Call(&Stub::Popn, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Popn, req, &resp));
   PopnResult r;
   r.popped = int64_t(resp.popped());
   r.seq_len = int64_t(resp.seq_len());
@@ -74,7 +76,7 @@ absl::StatusOr<CacheInfo> RemoteTransport::Reset(const std::string& cache_id, bo
   req.set_cache_id(cache_id);
   req.set_keep_pages(keep_pages);
   v1::ResetResponse resp;
-  if (auto s = channel_.Call(&Stub::Reset, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Reset, req, &resp));
   return FromProto(resp.cache());
 }
 
@@ -98,7 +100,7 @@ absl::StatusOr<GetKvResult> RemoteTransport::GetKv(const std::string& cache_id, 
   req.set_from_pos(uint64_t(range.from_pos));
   req.set_max_tokens(uint64_t(range.max_tokens));
   v1::GetKvResponse resp;
-  if (auto s = channel_.Call(&Stub::GetKv, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::GetKv, req, &resp));
   GetKvResult r;
   r.k = TensorOutFromProto(resp.k());
   r.v = TensorOutFromProto(resp.v());
@@ -113,7 +115,7 @@ absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::Commit(
   v1::CommitRequest req;
   for (const CacheTokens& item : items) ToProto(item, req.add_items());
   v1::CommitResponse resp;
-  if (auto s = channel_.Call(&Stub::Commit, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Commit, req, &resp));
   std::vector<CacheInfo> out;
   for (const v1::CacheInfo& c : resp.caches()) out.push_back(FromProto(c));
   return out;
@@ -122,7 +124,7 @@ absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::Commit(
 absl::StatusOr<ArenaStats> RemoteTransport::Stats() {
   v1::StatsRequest req;
   v1::StatsResponse resp;
-  if (auto s = channel_.Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Stats, req, &resp));
   return FromProto(resp);
 }
 
@@ -130,7 +132,7 @@ absl::StatusOr<PageStats> RemoteTransport::CacheStats(const std::string& cache_i
   v1::StatsRequest req;
   req.set_cache_id(cache_id);
   v1::StatsResponse resp;
-  if (auto s = channel_.Call(&Stub::Stats, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Stats, req, &resp));
   return FromProto(resp.pages());
 }
 
@@ -140,7 +142,7 @@ absl::StatusOr<std::vector<CacheInfo>> RemoteTransport::ListCaches() {
   v1::ListCachesRequest req;
   do {
     v1::ListCachesResponse resp;
-    if (auto s = channel_.Call(&Stub::ListCaches, req, &resp); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::ListCaches, req, &resp));
     for (const v1::CacheInfo& c : resp.caches()) caches.push_back(FromProto(c));
     if (!resp.next_page_token().empty() && resp.next_page_token() == req.page_token()) {
       return absl::InternalError("list_caches: the daemon gave the same page token twice");
@@ -158,7 +160,7 @@ absl::StatusOr<ServingStatus> RemoteTransport::Health(const std::string& service
   channel_.Prepare(&ctx);
   std::shared_ptr<const RemoteChannel::Stubs> stubs = channel_.GetStubs();
   if (stubs == nullptr) return DisconnectedStatus();
-  if (auto s = channel_.Finish(stubs->health->Check(&ctx, req, &resp)); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Finish(stubs->health->Check(&ctx, req, &resp)));
   return static_cast<ServingStatus>(resp.status());
 }
 

@@ -20,14 +20,14 @@ absl::StatusOr<CacheDescription> RemoteTransport::Describe(const std::string& ca
   v1::DescribeRequest req;
   req.set_cache_id(cache_id);
   v1::DescribeResponse resp;
-  if (auto s = channel_.Call(&Stub::Describe, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Describe, req, &resp));
   CacheDescription d;
   d.info = FromProto(resp.cache());
   d.layers.resize(d.info.spec.num_layers);
   for (const v1::LayerPages& p : resp.layers()) {
     if (p.layer() < d.layers.size()) d.layers[p.layer()] = FromProto(p);
   }
-  if (auto s = zero_copy_->SyncPools(); !s.ok()) return s;  // the pages named are mapped
+  KVARENA_RETURN_IF_ERROR(zero_copy_->SyncPools());  // the pages named are mapped
   return d;
 }
 
@@ -37,11 +37,11 @@ absl::StatusOr<std::vector<ReserveResult>> RemoteTransport::Reserve(
   v1::ReserveRequest req;
   for (const CacheTokens& item : items) ToProto(item, req.add_items());
   v1::ReserveResponse resp;
-  if (auto s = channel_.Call(&Stub::Reserve, req, &resp); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::Reserve, req, &resp));
   std::vector<ReserveResult> out;
   for (const v1::CacheReservation& c : resp.caches()) out.push_back(FromProto(c));
   // The reservation may have grown a pool: map its new memory before the pages are used.
-  if (auto s = zero_copy_->SyncPools(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(zero_copy_->SyncPools());
   return out;
 }
 

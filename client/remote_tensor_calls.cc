@@ -10,6 +10,7 @@
 #include "client/remote_transport.h"
 #include "client/scratch_lanes.h"
 #include "client/zero_copy.h"
+#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
@@ -29,7 +30,7 @@ absl::StatusOr<AppendResult> RemoteTransport::Append(const std::string& cache_id
   v1::AppendResponse resp;
   absl::Status s = channel_.Call(&Stub::Append, req, &resp);
   lease.Settle(s);
-  if (!s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(s);
   AppendResult r;
   r.layer_len = int64_t(resp.layer_len());
   r.seq_len = int64_t(resp.seq_len());
@@ -56,7 +57,7 @@ absl::StatusOr<AttendResult> RemoteTransport::Attend(const AttendArgs& args, Ten
   v1::AttendResponse resp;
   absl::Status s = channel_.Call(&Stub::Attend, req, &resp);
   lease.Settle(s);
-  if (!s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(s);
   *out = TensorOutFromProto(resp.out());
   if (shared_out != nullptr) {
     out->data.assign(reinterpret_cast<const char*>(shared_out), args.q.bytes);

@@ -27,7 +27,7 @@ absl::Status RemoteTransport::Attach() {
   session_ = std::make_unique<AttachedSession>(
       channel_.GetStubs()->channel, channel_.address(), options_,
       [this](const absl::Status& why) { channel_.Disconnect(why); });
-  if (auto s = session_->Open(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(session_->Open());
   channel_.set_session_id(session_->session_id());
   return absl::OkStatus();
 }
@@ -37,8 +37,8 @@ void RemoteTransport::ConnectRegions() {
     zero_copy_ = std::make_unique<ZeroCopy>("the client has no session (attach=false)");
     return;
   }
-  zero_copy_ = ZeroCopy::Connect(channel_.address(), session_->fd_socket(),
-                                 channel_.session_id(), options_.inline_tensors);
+  zero_copy_ = ZeroCopy::Connect(channel_.address(), session_->fd_socket(), channel_.session_id(),
+                                 options_.inline_tensors);
 }
 
 absl::Status RemoteTransport::LearnDevice() {
@@ -66,8 +66,8 @@ absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string&
   KVARENA_RETURN_IF_ERROR(credentials.status());
   auto t = std::make_shared<RemoteTransport>(address, options, *credentials, std::move(args));
   if (options.attach) {
-    if (auto s = t->Attach(); !s.ok()) return s;
-    if (auto s = t->LearnDevice(); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(t->Attach());
+    KVARENA_RETURN_IF_ERROR(t->LearnDevice());
   }
   t->ConnectRegions();
   return std::shared_ptr<Transport>(std::move(t));

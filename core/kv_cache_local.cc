@@ -14,13 +14,14 @@ namespace kvarena {
 
 absl::StatusOr<CacheDescription> KvCache::Describe() {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckLiveLocked(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckLiveLocked());
   CacheDescription d;
   d.info = InfoLocked();
   d.layers.reserve(layers_.size());
   for (const LayerTable& t : layers_) {
     d.layers.push_back(LayerPages{t.first_pos(spec_.page_size), t.len(),
-                                  std::vector<int32_t>(t.blocks(), t.blocks() + t.num_blocks())});
+                                  std::vector<int32_t>(t.blocks(), t.blocks() + t.num_blocks()),
+                                  t.len()});
   }
   return d;
 }
@@ -70,7 +71,8 @@ ReserveResult KvCache::AddReservedLocked(int64_t tokens, const std::vector<int32
     *next += size_t(missing);
     pages_held_ += missing;
     const int64_t from = t.len() / spec_.page_size * spec_.page_size;
-    r.layers.push_back(LayerPages{from, t.len(), t.BlocksCovering(from, end, spec_.page_size)});
+    r.layers.push_back(
+        LayerPages{from, t.len(), t.BlocksCovering(from, end, spec_.page_size), t.len()});
   }
   PublishLocked(seq, old_mat);
   return r;

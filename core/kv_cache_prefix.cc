@@ -29,24 +29,29 @@ PrefixQuery KvCache::QueryLocked() const {
 
 size_t KvCache::DeclaredBytes(int64_t n) const {
   const size_t blocks = size_t(n) / size_t(spec_.page_size);
-  return size_t(n) * sizeof(int32_t) + blocks * (2 * sizeof(Hash128) + (sharing() ? sizeof(uint64_t) : 0));
+  return size_t(n) * sizeof(int32_t) +
+         blocks * (2 * sizeof(Hash128) + (sharing() ? sizeof(uint64_t) : 0));
 }
 
 absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool new_nodes) {
   const size_t want = fixed_metadata_ + DeclaredBytes(n);
   ByteBudget* budget = metadata_.budget();
-  if (want <= metadata_.bytes() || (budget == nullptr && metadata_.Resize(want))) return absl::OkStatus();
+  if (want <= metadata_.bytes() || (budget == nullptr && metadata_.Resize(want)))
+    return absl::OkStatus();
   const int64_t new_blocks = n / spec_.page_size - int64_t(prefix_.chain.nodes.size());
-  const size_t nodes = new_nodes && sharing() && new_blocks > 0
-                           ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
-                           : 0;
+  const size_t nodes =
+      new_nodes && sharing() && new_blocks > 0
+          ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
+          : 0;
   const size_t more = want - metadata_.bytes();
   if (more + nodes <= budget->available() && metadata_.Resize(want)) return absl::OkStatus();
   CountRefusal();
-  return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
-      op, ": ", n, " token ids (page_size=", spec_.page_size, ", ", spec_.num_layers,
-      " layers) and the cache's tables take ", more, " more bytes of metadata", nodes > 0 ? absl::StrCat(" and up to ", nodes, " for prefix-index nodes") : "",
-      " but ", budget->Describe(), "; declare fewer"));
+  return RefusedError(
+      Refusal::kMetadataBytes,
+      absl::StrCat(op, ": ", n, " token ids (page_size=", spec_.page_size, ", ", spec_.num_layers,
+                   " layers) and the cache's tables take ", more, " more bytes of metadata",
+                   nodes > 0 ? absl::StrCat(" and up to ", nodes, " for prefix-index nodes") : "",
+                   " but ", budget->Describe(), "; declare fewer"));
 }
 
 void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
@@ -146,8 +151,8 @@ absl::StatusOr<CacheInfo> KvCache::SetTokens(int64_t first_pos, const std::vecto
   const int64_t known = int64_t(prefix_.tokens.size());
   if (first_pos < 0 || first_pos > known) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "set_tokens: first_pos=", first_pos, " but cache ", Quoted(id_), " knows the token ids of positions [0, ",
-        known, ") only; declare them in order"));
+        "set_tokens: first_pos=", first_pos, " but cache ", Quoted(id_),
+        " knows the token ids of positions [0, ", known, ") only; declare them in order"));
   }
   const int64_t n = int64_t(ids.size());
   KVARENA_RETURN_IF_ERROR(CheckGrowth("set_tokens", "first_pos", first_pos, n, limits()));
@@ -204,10 +209,12 @@ absl::Status KvCache::CopyKeptPagesLocked(int64_t end) {
   std::vector<int32_t> ids, chunks;
   if (absl::Status s = AllocateLocked(n, &ids, &chunks); !s.ok()) {
     ctx_.quota->RefundPages(n);
-    return absl::Status(s.code(), absl::StrCat("popn: copying ", n, " shared page(s) it cuts into: ", s.message()));
+    return Annotated(s, absl::StrCat("popn: copying ", n, " shared page(s) it cuts into: "));
   }
   for (size_t i = 0; i < copies.size(); ++i) copies[i].dst = ids[i];
-  if (absl::Status s = kernels().CopyPages(ctx_.pool->layout(), ctx_.pool->base(), copies.data(), n); !s.ok()) {
+  if (absl::Status s =
+          kernels().CopyPages(ctx_.pool->layout(), ctx_.pool->base(), copies.data(), n);
+      !s.ok()) {
     ctx_.pool->Unallocate(ids, chunks);
     ctx_.quota->RefundPages(n);
     return absl::InternalError(absl::StrCat("popn: ", s.message()));
@@ -238,7 +245,8 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   std::vector<int32_t> all_shared;
   for (int l = 0; l < spec_.num_layers; ++l) {
     const LayerTable& t = src.layers_[size_t(l)];
-    for (int64_t b = t.first_block(); b < t.len() / page; ++b) shared[size_t(l)].push_back(t.block(b));
+    for (int64_t b = t.first_block(); b < t.len() / page; ++b)
+      shared[size_t(l)].push_back(t.block(b));
     all_shared.insert(all_shared.end(), shared[size_t(l)].begin(), shared[size_t(l)].end());
     if (t.len() % page != 0 && t.len() / page >= t.first_block()) {
       copy_layers.push_back(l);
@@ -266,7 +274,7 @@ absl::Status KvCache::ForkFrom(KvCache& src) {
   if (absl::Status s = AllocateLocked(int64_t(copies.size()), &ids, &chunks); !s.ok()) {
     ctx_.quota->RefundPages(total);
     CountRefusal();
-    return absl::Status(s.code(), absl::StrCat("fork: copying ", copies.size(), " partial page(s): ", s.message()));
+    return Annotated(s, absl::StrCat("fork: copying ", copies.size(), " partial page(s): "));
   }
   for (size_t i = 0; i < copies.size(); ++i) copies[i].dst = ids[i];
   if (!copies.empty()) {

@@ -29,7 +29,8 @@ absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& 
   {
     absl::ReaderMutexLock lock(&mu);
     auto it = caches.find(id);
-    if (it == caches.end()) return absl::NotFoundError(absl::StrCat("cache ", Quoted(id), " not found"));
+    if (it == caches.end())
+      return absl::NotFoundError(absl::StrCat("cache ", Quoted(id), " not found"));
     cache = it->second;
   }
   if (check_owner && !cache->owner().empty() && cache->owner() != session) {
@@ -40,7 +41,8 @@ absl::StatusOr<std::shared_ptr<KvCache>> KvStore::Impl::Find(const std::string& 
   return cache;
 }
 
-CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shared_ptr<Quota> quota) {
+CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool,
+                                       std::shared_ptr<Quota> quota) {
   CacheContext ctx;
   ctx.pool = std::move(pool);
   ctx.quota = std::move(quota);
@@ -55,18 +57,21 @@ CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool, std::shar
   return ctx;
 }
 
-absl::StatusOr<BudgetCharge> KvStore::Impl::ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
-                                                                 const std::string& cache_id, Quota* quota) {
+absl::StatusOr<BudgetCharge> KvStore::Impl::ChargeCacheMetadata(absl::string_view op,
+                                                                const CacheSpec& spec,
+                                                                const std::string& cache_id,
+                                                                Quota* quota) {
   ByteBudget* budget = quota->metadata();
   // A generated id ("cache-N") is at most this long.
   constexpr size_t kGeneratedIdBytes = 32;
-  const size_t bytes = KvCache::FixedMetadataBytes(spec, cache_id.empty() ? std::string(kGeneratedIdBytes, ' ') : cache_id);
+  const size_t bytes = KvCache::FixedMetadataBytes(
+      spec, cache_id.empty() ? std::string(kGeneratedIdBytes, ' ') : cache_id);
   BudgetCharge charge(budget);
   if (!charge.Resize(bytes)) {
     counters.refusals += 1;
-    return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
-        op, ": a cache of ", spec.num_layers, " layers takes ", bytes, " bytes of metadata but ",
-        budget->Describe()));
+    return RefusedError(Refusal::kMetadataBytes,
+                        absl::StrCat(op, ": a cache of ", spec.num_layers, " layers takes ", bytes,
+                                     " bytes of metadata but ", budget->Describe()));
   }
   return charge;
 }
@@ -85,8 +90,8 @@ void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& options,
                                                          std::unique_ptr<Backend> backend) {
   if (options.arena_bytes < kChunkGranularity) {
-    return absl::InvalidArgumentError(absl::StrCat("arena_bytes=", options.arena_bytes,
-                                                   " is below one chunk (", kChunkGranularity, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arena_bytes=", options.arena_bytes, " is below one chunk (", kChunkGranularity, ")"));
   }
   if (options.default_page_size < 1 || options.default_page_size > kMaxPageSize) {
     return absl::InvalidArgumentError(absl::StrCat("page_size=", options.default_page_size,
@@ -99,21 +104,22 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
                              std::pair("max_caches_per_session", options.max_caches_per_session),
                              std::pair("max_request_tokens", options.max_request_tokens),
                              std::pair("max_attend_work", options.max_attend_work)}) {
-    if (value < 1) return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
+    if (value < 1)
+      return absl::InvalidArgumentError(absl::StrCat(name, "=", value, " must be >= 1"));
   }
   if (options.prefix_event_capacity < 1 || options.prefix_event_bytes < 1) {
     return absl::InvalidArgumentError("prefix_event_capacity and prefix_event_bytes must be >= 1");
   }
   if (options.TEST_prefix_hash_bits < 0 || options.TEST_prefix_hash_bits > 128) {
-    return absl::InvalidArgumentError(absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits,
-                                                   " must be in [0, 128]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits, " must be in [0, 128]"));
   }
   if (options.session_max_pages < 0 || options.idle_ttl < absl::ZeroDuration() ||
       options.max_reply_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "session_max_pages=", options.session_max_pages, ", idle_ttl=",
-        absl::FormatDuration(options.idle_ttl), " and max_reply_bytes=", options.max_reply_bytes,
-        " must not be negative (max_reply_bytes > 0)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_max_pages=", options.session_max_pages,
+                     ", idle_ttl=", absl::FormatDuration(options.idle_ttl), " and max_reply_bytes=",
+                     options.max_reply_bytes, " must not be negative (max_reply_bytes > 0)"));
   }
   return std::unique_ptr<KvStore>(new KvStore(std::make_unique<Impl>(options, std::move(backend))));
 }
@@ -141,11 +147,12 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   KVARENA_RETURN_IF_ERROR(im.CheckSession(session));
   KVARENA_ASSIGN_OR_RETURN(CacheSpec resolved,
                            ResolveSpec(spec, im.options.default_page_size, im.limits));
-  KVARENA_RETURN_IF_ERROR(CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
+  KVARENA_RETURN_IF_ERROR(
+      CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
   if (absl::Status s = im.kernels->CheckLayout(
           PageLayout{resolved.dtype, resolved.page_size, resolved.num_kv_heads, resolved.head_dim});
       !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("allocate: ", s.message()));
+    return Annotated(s, "allocate: ");
   }
   if (cache_id.size() > kMaxCacheIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("allocate: cache_id has ", cache_id.size(),
@@ -177,19 +184,23 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     absl::Status refused;
     const size_t alive = im.caches.size() + im.pending.size();
     if (int64_t(alive) >= im.options.max_caches) {
-      refused = RefusedError(Refusal::kMaxCaches, absl::StrCat(
-          "allocate: ", alive, " caches are alive; max_caches=", im.options.max_caches));
+      refused = RefusedError(Refusal::kMaxCaches,
+                             absl::StrCat("allocate: ", alive,
+                                          " caches are alive; max_caches=", im.options.max_caches));
     } else if (id.empty()) {
       do id = absl::StrCat("cache-", im.next_cache++);
       while (im.caches.contains(id) || im.pending.contains(id));
     } else if (im.caches.contains(id) || im.pending.contains(id)) {
-      refused = absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
+      refused =
+          absl::AlreadyExistsError(absl::StrCat("allocate: cache ", Quoted(id), " already exists"));
     }
     if (refused.ok()) {
       absl::StatusOr<std::shared_ptr<PagePool>> p =
           im.pools.PoolFor(resolved, *pool_owner, &created);
-      if (p.ok()) pool = *std::move(p);
-      else refused = p.status();
+      if (p.ok())
+        pool = *std::move(p);
+      else
+        refused = p.status();
     }
     if (refused.ok() && !session.empty()) refused = im.sessions.AddCache(session, id);
     if (!refused.ok()) {
@@ -211,7 +222,8 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     absl::MutexLock lock(&im.mu);
     im.pending.erase(id);
     // A session reaped meanwhile takes its caches with it, this one included.
-    if (started.ok() && !session.empty() && !im.sessions.Contains(session)) started = im.CheckSession(session);
+    if (started.ok() && !session.empty() && !im.sessions.Contains(session))
+      started = im.CheckSession(session);
     if (started.ok()) {
       im.AddLocked(cache);
     } else {
@@ -225,9 +237,9 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   return cache->Info();
 }
 
-absl::StatusOr<AppendResult> KvStore::Append(const std::string& session, const std::string& cache_id,
-                                             int layer, int64_t pos, const TensorArg& k,
-                                             const TensorArg& v) {
+absl::StatusOr<AppendResult> KvStore::Append(const std::string& session,
+                                             const std::string& cache_id, int layer, int64_t pos,
+                                             const TensorArg& k, const TensorArg& v) {
   KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, cache_id));
   return (cache)->Append(layer, pos, k, v);
 }

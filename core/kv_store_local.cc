@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> KvStore::Impl::FindAll(
   absl::flat_hash_set<std::string> seen;
   for (size_t i = 0; i < items.size(); ++i) {
     if (!seen.insert(items[i].cache_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": items[", i, "] lists cache ", Quoted(items[i].cache_id), " a second time"));
+      return absl::InvalidArgumentError(absl::StrCat(op, ": items[", i, "] lists cache ",
+                                                     Quoted(items[i].cache_id), " a second time"));
     }
     KVARENA_ASSIGN_OR_RETURN(auto cache, Find(session, items[i].cache_id));
     caches.push_back(std::move(cache));
@@ -72,7 +72,8 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
     std::optional<int64_t> pool_total = CheckedAdd(need[raw[i]->pool()], *pages);
     std::optional<int64_t> quota_total = CheckedAdd(charge[raw[i]->quota()], *pages);
     if (!pool_total || !quota_total) {
-      return absl::InvalidArgumentError(absl::StrCat("reserve: items[", i, "] makes the page count overflow"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reserve: items[", i, "] makes the page count overflow"));
     }
     need[raw[i]->pool()] = *pool_total;
     charge[raw[i]->quota()] = *quota_total;
@@ -98,7 +99,8 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
   // no other pool has reclaimed cached pages for this call yet.
   std::vector<std::pair<PagePool*, int64_t>> order(need.begin(), need.end());
   if (order.size() > 1) {
-    std::stable_partition(order.begin(), order.end(), [](const auto& p) { return !p.first->CanAllocate(p.second); });
+    std::stable_partition(order.begin(), order.end(),
+                          [](const auto& p) { return !p.first->CanAllocate(p.second); });
   }
   for (const auto& [pool, n] : order) {
     std::vector<int32_t>& ids = taken[pool];
@@ -130,7 +132,7 @@ absl::StatusOr<std::vector<CacheInfo>> KvStore::Commit(const std::string& sessio
   MultiLock lock(raw);
   for (size_t i = 0; i < raw.size(); ++i) {
     raw[i]->mu().AssertHeld();
-    if (absl::Status s = raw[i]->CheckCommitLocked(items[i].tokens); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(raw[i]->CheckCommitLocked(items[i].tokens));
   }
   std::vector<CacheInfo> out;
   for (size_t i = 0; i < raw.size(); ++i) {

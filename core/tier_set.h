@@ -48,8 +48,6 @@ namespace kvarena {
 struct TierOptions {
   // Pages per chunk (--tier_chunk_pages); 0: DefaultChunkPages of each pool's geometry.
   int32_t chunk_pages = 0;
-  // Every store takes each chunk once it is full and registered, not only on eviction.
-  bool write_through = false;
   // Bytes of chunks waiting for the writer; past it a write is dropped and counted.
   size_t write_queue_bytes = size_t{256} << 20;
   // A lookup's time in the tiers (--tier_timeout): past it the rest is a miss.

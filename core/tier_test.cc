@@ -40,12 +40,11 @@ class TierTest : public PrefixTest {
   void SetUp() override { Start(OneStore("host")); }
 
   // A store whose arena holds `arena_pages` pages of the prefix geometry.
-  void Start(std::vector<TierEntry> stores, bool write_through = false) {
+  void Start(std::vector<TierEntry> stores) {
     stores_.clear();
     for (const TierEntry& e : stores) stores_.push_back(static_cast<MapStore*>(e.store.get()));
     TierOptions t;
     t.chunk_pages = kChunkPages;
-    t.write_through = write_through;
     tiers_ = std::make_shared<TierSet>(std::move(stores), t);
     StoreOptions o = Options(kChunkGranularity);  // one arena chunk: 4096 pages of 512 bytes
     o.tiers = tiers_;
@@ -206,7 +205,7 @@ TEST_F(TierTest, AHostTierThatOverflowsDemotesToTheNextTier) {
 }
 
 TEST_F(TierTest, WriteThroughStoresAChunkOnceItIsFull) {
-  Start(OneStore("host", /*write_through=*/true), /*write_through=*/true);
+  Start(OneStore("host", /*write_through=*/true));
   const std::vector<int32_t> prompt = Tokens(9);
   auto a = AllocPrompt(PrefixSpec("m"), prompt);
   ASSERT_TRUE(a.ok());

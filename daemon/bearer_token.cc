@@ -3,6 +3,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/refusal.h"
 #include "core/small_file.h"
 
 namespace kvarena {
@@ -37,13 +38,13 @@ absl::StatusOr<std::string> ReadBearerTokenFile(absl::string_view what, const st
   constexpr size_t kMaxTokenFileBytes = 4096;
   absl::StatusOr<std::string> file = ReadSmallFile(path, kMaxTokenFileBytes);
   if (!file.ok()) {
-    return absl::Status(file.status().code(), absl::StrCat(what, "=", file.status().message()));
+    return Annotated(file.status(), absl::StrCat(what, "="));
   }
   const absl::string_view token = absl::StripAsciiWhitespace(*file);
   if (token.size() < kMinTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, "=", path, ": the token has ", token.size(), " bytes; use at least ",
-        kMinTokenBytes, " (e.g. the output of `openssl rand -hex 32`)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, "=", path, ": the token has ", token.size(), " bytes; use at least ",
+                     kMinTokenBytes, " (e.g. the output of `openssl rand -hex 32`)"));
   }
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);

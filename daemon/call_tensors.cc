@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/refusal.h"
 #include "core/status_macros.h"
 #include "proto/wire.h"
 
@@ -10,8 +11,9 @@ namespace kvarena {
 
 absl::StatusOr<ResolvedSlice> CallTensors::Resolve(absl::string_view field,
                                                    const v1::SharedSlice& s) {
-  absl::StatusOr<ResolvedSlice> r = store_->ResolveSlice(session_, s.region_id(), s.offset(), s.length());
-  if (!r.ok()) return absl::Status(r.status().code(), absl::StrCat(field, ": ", r.status().message()));
+  absl::StatusOr<ResolvedSlice> r =
+      store_->ResolveSlice(session_, s.region_id(), s.offset(), s.length());
+  if (!r.ok()) return Annotated(r.status(), absl::StrCat(field, ": "));
   held_.push_back(*r);
   return r;
 }

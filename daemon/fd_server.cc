@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
 #include "core/refusal.h"
+#include "core/status_macros.h"
 #include "daemon/fd_requests.h"
 #include "daemon/listen.h"
 #include "kvarena/v1/kvarena.pb.h"
@@ -39,12 +40,13 @@ absl::Status CheckOptions(const FdServerOptions& o) {
         absl::StrCat("--max_fd_connections=", o.max_connections, " must be at least 1"));
   }
   if (o.idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--fd_idle_timeout=", absl::FormatDuration(o.idle_timeout), " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fd_idle_timeout=", absl::FormatDuration(o.idle_timeout), " must be positive"));
   }
   if (o.request_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fd socket: request_timeout=", absl::FormatDuration(o.request_timeout), " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fd socket: request_timeout=", absl::FormatDuration(o.request_timeout),
+                     " must be positive"));
   }
   if (o.accept_backoff <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -57,14 +59,17 @@ absl::Status CheckOptions(const FdServerOptions& o) {
 
 absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& path, KvStore* store,
                                                           FdServerOptions options) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(CheckOptions(options));
   if (!options.accept) {
-    options.accept = [](int listen_fd) { return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC); };
+    options.accept = [](int listen_fd) {
+      return accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    };
   }
   // A socket file nobody answers on is stale (a daemon that died); a live one is not ours.
   if (absl::StatusOr<int> live = ConnectUnix(path); live.ok()) {
     close(*live);
-    return absl::FailedPreconditionError(absl::StrCat("fd socket ", path, " is in use by a live daemon"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fd socket ", path, " is in use by a live daemon"));
   }
   unlink(path.c_str());
   absl::StatusOr<int> listening = ListenUnix(path, options.access);
@@ -77,7 +82,8 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(const std::string& pat
   try {
     server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   } catch (const std::exception& e) {  // std::system_error: no thread to be had now
-    return absl::ResourceExhaustedError(absl::StrCat("fd socket: cannot start its thread: ", e.what()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("fd socket: cannot start its thread: ", e.what()));
   }
   return server;
 }
@@ -147,8 +153,8 @@ void FdServer::Admit(int conn) {
     close(conn);  // the peer reads EOF at once; everyone already connected is still served
     if (options_.metrics != nullptr) options_.metrics->ConnectionRefused();
     if (!refusing_) {
-      Log(absl::StrCat("closing new connections: ", conns_.size(), " are open (--max_fd_connections=",
-                       options_.max_connections, ")"));
+      Log(absl::StrCat("closing new connections: ", conns_.size(),
+                       " are open (--max_fd_connections=", options_.max_connections, ")"));
       refusing_ = true;
     }
     return;
@@ -204,7 +210,8 @@ bool FdServer::RefusedPeer(int conn) {
   std::vector<SharedPiece> none;
   FdOp op = FdOp::kNone;
   const v1::FdReply reply = HandleFdRequest(*store_, "", access, &none, &op);
-  if (options_.metrics != nullptr) options_.metrics->CountRequest(op, absl::StatusCode(reply.code()));
+  if (options_.metrics != nullptr)
+    options_.metrics->CountRequest(op, absl::StatusCode(reply.code()));
   // A past deadline: sent only if it fits the socket's empty buffer at once, as it does.
   (void)SendMessage(conn, reply.SerializeAsString(), {}, absl::InfinitePast());
   close(conn);

@@ -12,27 +12,34 @@
 #include "daemon/byte_size.h"
 #include "daemon/socket_access.h"
 
-ABSL_FLAG(std::vector<std::string>, listen, {"unix:/tmp/kvarena.sock"},
+namespace {
+// Every flag's default is its option's (daemon/server.h, core/kv_store.h): one place each.
+const kvarena::DaemonOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::vector<std::string>, listen, kDefaults.listen,
           "Where to serve, comma separated: unix:PATH (stale socket files are replaced; mode "
           "and group: --socket_mode, --socket_group) and/or HOST:PORT (plaintext unless "
           "--tls_cert).");
-ABSL_FLAG(std::string, backend, "auto",
+ABSL_FLAG(std::string, backend, kDefaults.backend,
           "Memory backend: host (memfd, CPU kernels), cuda (device 0: VMM / IPC regions, "
           "CUDA kernels; exits with an error where the build has no CUDA or no device is "
           "usable) or auto (cuda when usable, else host).");
-ABSL_FLAG(kvarena::ByteSize, arena_bytes, kvarena::ByteSize{uint64_t{1} << 30},
+ABSL_FLAG(kvarena::ByteSize, arena_bytes, kvarena::ByteSize{kDefaults.store.arena_bytes},
           "Arena budget every pool draws from: bytes, or with a unit K/M/G/T (1000s) or "
           "Ki/Mi/Gi/Ti (1024s), e.g. 512Mi.");
-ABSL_FLAG(int, page_size, 16, "Tokens per page for caches whose spec leaves page_size 0.");
-ABSL_FLAG(absl::Duration, session_grace, absl::Seconds(5),
+ABSL_FLAG(int, page_size, kDefaults.store.default_page_size,
+          "Tokens per page for caches whose spec leaves page_size 0.");
+ABSL_FLAG(absl::Duration, session_grace, kDefaults.session_grace,
           "How long a session's caches outlive its broken Attach stream (e.g. 5s, 500ms).");
-ABSL_FLAG(int, metrics_port, 0,
+ABSL_FLAG(int, metrics_port, kDefaults.metrics_port,
           "Serve Prometheus metrics on --metrics_address:PORT/metrics; 0 = off.");
-ABSL_FLAG(std::string, metrics_address, "127.0.0.1",
+ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "The IP address the metrics endpoint binds: loopback by default; 0.0.0.0 (or ::) "
           "to let other hosts scrape it.");
-ABSL_FLAG(int, num_threads, -1, "CPU attention threads; -1 = one per core.");
-ABSL_FLAG(std::string, fd_socket, "",
+ABSL_FLAG(int, num_threads, kDefaults.store.num_threads,
+          "CPU attention threads; -1 = one per core.");
+ABSL_FLAG(std::string, fd_socket, kDefaults.fd_socket,
           "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
           "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
           "no unix: address); \"none\" = off.");
@@ -66,60 +73,63 @@ ABSL_FLAG(std::string, tenants_file, "",
           "only that tenant's caches, sessions, namespaces and events. Health and reflection "
           "stay open. Excludes --auth_token_file.");
 
-ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{uint64_t{64} << 20},
+ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{kDefaults.store.max_reply_bytes},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
           "refused (RESOURCE_EXHAUSTED): page it with from_pos / max_tokens.");
-ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{uint64_t{16} << 20},
+ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{kDefaults.store.scratch_bytes},
           "Scratch region per attached session (zero-copy tensors), charged to "
           "--arena_bytes while the session lives; 0 = none (tensors travel inline).");
-ABSL_FLAG(kvarena::ByteSize, metadata_bytes, kvarena::ByteSize{uint64_t{256} << 20},
+ABSL_FLAG(kvarena::ByteSize, metadata_bytes, kvarena::ByteSize{kDefaults.store.metadata_bytes},
           "Bookkeeping requests may make kvarenad hold besides the arena: caches' per-layer "
           "tables, declared token ids (prompt_tokens, SetTokens, Fork) and prefix-index nodes. "
           "A request beyond it is refused (RESOURCE_EXHAUSTED naming metadata_bytes).");
-ABSL_FLAG(kvarena::ByteSize, session_metadata_bytes, kvarena::ByteSize{0},
+ABSL_FLAG(kvarena::ByteSize, session_metadata_bytes,
+          kvarena::ByteSize{kDefaults.store.session_metadata_bytes},
           "One session's share of --metadata_bytes (the caches allocated without a session "
           "count as one session); 0 = no share beyond --metadata_bytes.");
-ABSL_FLAG(kvarena::ByteSize, event_log_bytes, kvarena::ByteSize{uint64_t{64} << 20},
+ABSL_FLAG(kvarena::ByteSize, event_log_bytes, kvarena::ByteSize{kDefaults.store.prefix_event_bytes},
           "Most bytes of prefix-index events kept for WatchEvents replay (the oldest go "
           "first; a watcher asking for them learns events_lost).");
-ABSL_FLAG(int, max_pools, 64,
+ABSL_FLAG(int, max_pools, kDefaults.store.max_pools,
           "Most pools (distinct geometries) alive at once; an empty pool is destroyed.");
-ABSL_FLAG(int64_t, max_sessions, 1024, "Most sessions, attached or in their grace period.");
-ABSL_FLAG(int64_t, max_caches, 16384, "Most caches alive at once.");
-ABSL_FLAG(int64_t, max_caches_per_session, 4096,
+ABSL_FLAG(int64_t, max_sessions, kDefaults.store.max_sessions,
+          "Most sessions, attached or in their grace period.");
+ABSL_FLAG(int64_t, max_caches, kDefaults.store.max_caches, "Most caches alive at once.");
+ABSL_FLAG(int64_t, max_caches_per_session, kDefaults.store.max_caches_per_session,
           "Most caches one session may hold (caches allocated without a session count as "
           "one session, here and for --session_max_pages).");
-ABSL_FLAG(int64_t, session_max_pages, 0,
+ABSL_FLAG(int64_t, session_max_pages, kDefaults.store.session_max_pages,
           "Most pages the caches of one session may hold; 0 = no quota beyond the arena.");
-ABSL_FLAG(int64_t, max_request_tokens, 1 << 20,
+ABSL_FLAG(int64_t, max_request_tokens, kDefaults.store.max_request_tokens,
           "Most tokens one Append / Attend / Reserve / Commit item may carry.");
-ABSL_FLAG(int64_t, max_attend_work, int64_t{1} << 37,
+ABSL_FLAG(int64_t, max_attend_work, kDefaults.store.max_attend_work,
           "Most work one served Attend may ask for: queries x keys it may see (past + new, "
           "or the window) x q heads; above it the call is refused (RESOURCE_EXHAUSTED) before "
           "anything is appended. The default (2^37) passes an 8k-token prefill chunk over a "
           "128k context at 64 q heads. An Attend also stops, its append undone, when its "
           "caller cancels or its deadline passes.");
-ABSL_FLAG(absl::Duration, idle_ttl, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, idle_ttl, kDefaults.store.idle_ttl,
           "Release caches allocated without a session after this long untouched; 0 = never.");
-ABSL_FLAG(int, max_attach_per_peer, 64,
+ABSL_FLAG(int, max_attach_per_peer, kDefaults.max_attach_per_peer,
           "Most Attach streams one TCP peer address may hold open (Unix-socket peers count "
           "against --max_sessions only).");
-ABSL_FLAG(int64_t, max_sessions_per_peer, 256,
+ABSL_FLAG(int64_t, max_sessions_per_peer, kDefaults.store.max_sessions_per_peer,
           "Most sessions of one TCP peer address or one Unix-socket uid (under --max_sessions).");
-ABSL_FLAG(int, max_watchers_per_peer, 8,
+ABSL_FLAG(int, max_watchers_per_peer, kDefaults.max_watchers_per_peer,
           "Most WatchEvents streams one TCP peer address or one Unix-socket uid (all its "
           "connections together) may hold (all peers together: 64).");
-ABSL_FLAG(uint64_t, watcher_max_backlog, 4096,
+ABSL_FLAG(uint64_t, watcher_max_backlog, kDefaults.watcher_max_backlog,
           "A WatchEvents stream is dropped (RESOURCE_EXHAUSTED naming the from_seq to resume "
           "from) once more than this many events were recorded while one of its writes "
           "waited for the client to read.");
-ABSL_FLAG(int, max_fd_connections, 256, "Most open connections to the fd socket.");
-ABSL_FLAG(absl::Duration, fd_idle_timeout, absl::Seconds(60),
+ABSL_FLAG(int, max_fd_connections, kDefaults.max_fd_connections,
+          "Most open connections to the fd socket.");
+ABSL_FLAG(absl::Duration, fd_idle_timeout, kDefaults.fd_idle_timeout,
           "An fd-socket connection idle this long is closed (clients reconnect).");
-ABSL_FLAG(absl::Duration, fd_request_timeout, absl::Seconds(5),
+ABSL_FLAG(absl::Duration, fd_request_timeout, kDefaults.fd_request_timeout,
           "One fd-socket request must arrive whole and its reply be taken within this long of "
           "its first byte, however the peer paces it (else the connection is closed).");
-ABSL_FLAG(int, test_prefix_hash_bits, 128,
+ABSL_FLAG(int, test_prefix_hash_bits, kDefaults.store.TEST_prefix_hash_bits,
           "Tests only: keep this many bits (0-128) of each prefix page hash, so that hashes "
           "collide and the token-id check must catch them. Leave at 128.");
 ABSL_FLAG(bool, mutex_deadlock_detection, false,
@@ -127,34 +137,35 @@ ABSL_FLAG(bool, mutex_deadlock_detection, false,
           "included: hundreds of instructions per lock where abseil is a debug build (as "
           "Debian's is), about a third of an empty RPC. For debugging; off by default.");
 
-ABSL_FLAG(kvarena::ByteSize, tier_host_bytes, kvarena::ByteSize{0},
+ABSL_FLAG(kvarena::ByteSize, tier_host_bytes, kvarena::ByteSize{kDefaults.tiers.host_bytes},
           "Host memory for the host tier below the arena: chunks of prefixes the arena evicted "
           "(docs/tiers.md); 0 = no host tier.");
-ABSL_FLAG(std::string, tier_disk_dir, "",
+ABSL_FLAG(std::string, tier_disk_dir, kDefaults.tiers.disk_dir,
           "Directory of the disk tier: chunk files that outlive a restart; \"\" = no disk tier.");
-ABSL_FLAG(kvarena::ByteSize, tier_disk_bytes, kvarena::ByteSize{0},
+ABSL_FLAG(kvarena::ByteSize, tier_disk_bytes, kvarena::ByteSize{kDefaults.tiers.disk_bytes},
           "Bytes of chunk files the disk tier may keep in --tier_disk_dir (required with it).");
-ABSL_FLAG(int, tier_chunk_pages, 0,
+ABSL_FLAG(int, tier_chunk_pages, kDefaults.tiers.chunk_pages,
           "Pages of a prefix (every layer, K and V) per tier chunk; 0 = the fewest that make "
           "256 KiB.");
-ABSL_FLAG(bool, tier_write_through, false,
+ABSL_FLAG(bool, tier_write_through, kDefaults.tiers.write_through,
           "Copy each chunk to the tiers once it is full and registered, not only when the arena "
           "evicts it.");
-ABSL_FLAG(absl::Duration, tier_timeout, absl::Milliseconds(200),
+ABSL_FLAG(absl::Duration, tier_timeout, kDefaults.tiers.timeout,
           "How long one Allocate may spend reading the tiers; the rest of its prefix is a miss.");
-ABSL_FLAG(std::string, tier_redis, "",
+ABSL_FLAG(std::string, tier_redis, kDefaults.tiers.redis,
           "Seed nodes HOST:PORT[,HOST:PORT...] of a Redis Cluster (or one plain Redis) shared by "
           "every node: the lowest tier, write-through (docs/redis-tier.md); \"\" = none.");
-ABSL_FLAG(std::string, tier_redis_user, "",
+ABSL_FLAG(std::string, tier_redis_user, kDefaults.tiers.redis_user,
           "ACL user of --tier_redis (\"\": AUTH with the password alone).");
 ABSL_FLAG(
-    std::string, tier_redis_password_file, "",
+    std::string, tier_redis_password_file, kDefaults.tiers.redis_password_file,
     "File holding the password of --tier_redis (trailing whitespace dropped); \"\" = no AUTH.");
-ABSL_FLAG(std::string, tier_redis_key_prefix, "kva",
+ABSL_FLAG(std::string, tier_redis_key_prefix, kDefaults.tiers.redis_key_prefix,
           "Prefix of every key the cluster tier writes.");
-ABSL_FLAG(absl::Duration, tier_redis_ttl, absl::ZeroDuration(),
+ABSL_FLAG(absl::Duration, tier_redis_ttl, kDefaults.tiers.redis_ttl,
           "Expiry of a chunk in Redis, renewed when read; 0 = none (let maxmemory-policy evict).");
-ABSL_FLAG(kvarena::ByteSize, tier_write_queue_bytes, kvarena::ByteSize{uint64_t{256} << 20},
+ABSL_FLAG(kvarena::ByteSize, tier_write_queue_bytes,
+          kvarena::ByteSize{kDefaults.tiers.write_queue_bytes},
           "Chunks waiting to be written to the tiers; past it a write is dropped (counted).");
 
 namespace kvarena {
@@ -185,12 +196,12 @@ DaemonOptions OptionsFromFlags() {
   DaemonOptions o;
   o.listen = absl::GetFlag(FLAGS_listen);
   o.backend = absl::GetFlag(FLAGS_backend);
-  o.arena_bytes = absl::GetFlag(FLAGS_arena_bytes).bytes;
-  o.page_size = absl::GetFlag(FLAGS_page_size);
+  o.store.arena_bytes = absl::GetFlag(FLAGS_arena_bytes).bytes;
+  o.store.default_page_size = absl::GetFlag(FLAGS_page_size);
   o.session_grace = absl::GetFlag(FLAGS_session_grace);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
-  o.num_threads = absl::GetFlag(FLAGS_num_threads);
+  o.store.num_threads = absl::GetFlag(FLAGS_num_threads);
   o.fd_socket = absl::GetFlag(FLAGS_fd_socket);
   o.socket_mode = absl::GetFlag(FLAGS_socket_mode).bits;
   o.socket_group = absl::GetFlag(FLAGS_socket_group);
@@ -200,27 +211,27 @@ DaemonOptions OptionsFromFlags() {
   o.tcp.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   o.tcp.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   o.tenants_file = absl::GetFlag(FLAGS_tenants_file);
-  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
-  o.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
-  o.metadata_bytes = absl::GetFlag(FLAGS_metadata_bytes).bytes;
-  o.event_log_bytes = absl::GetFlag(FLAGS_event_log_bytes).bytes;
-  o.session_metadata_bytes = absl::GetFlag(FLAGS_session_metadata_bytes).bytes;
-  o.max_pools = absl::GetFlag(FLAGS_max_pools);
-  o.max_sessions = absl::GetFlag(FLAGS_max_sessions);
-  o.max_caches = absl::GetFlag(FLAGS_max_caches);
-  o.max_caches_per_session = absl::GetFlag(FLAGS_max_caches_per_session);
-  o.session_max_pages = absl::GetFlag(FLAGS_session_max_pages);
-  o.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
-  o.max_attend_work = absl::GetFlag(FLAGS_max_attend_work);
-  o.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
+  o.store.max_reply_bytes = absl::GetFlag(FLAGS_max_message_bytes).bytes;
+  o.store.scratch_bytes = absl::GetFlag(FLAGS_scratch_bytes).bytes;
+  o.store.metadata_bytes = absl::GetFlag(FLAGS_metadata_bytes).bytes;
+  o.store.prefix_event_bytes = absl::GetFlag(FLAGS_event_log_bytes).bytes;
+  o.store.session_metadata_bytes = absl::GetFlag(FLAGS_session_metadata_bytes).bytes;
+  o.store.max_pools = absl::GetFlag(FLAGS_max_pools);
+  o.store.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  o.store.max_caches = absl::GetFlag(FLAGS_max_caches);
+  o.store.max_caches_per_session = absl::GetFlag(FLAGS_max_caches_per_session);
+  o.store.session_max_pages = absl::GetFlag(FLAGS_session_max_pages);
+  o.store.max_request_tokens = absl::GetFlag(FLAGS_max_request_tokens);
+  o.store.max_attend_work = absl::GetFlag(FLAGS_max_attend_work);
+  o.store.idle_ttl = absl::GetFlag(FLAGS_idle_ttl);
   o.max_attach_per_peer = absl::GetFlag(FLAGS_max_attach_per_peer);
   o.max_watchers_per_peer = absl::GetFlag(FLAGS_max_watchers_per_peer);
-  o.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
+  o.store.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
   o.fd_request_timeout = absl::GetFlag(FLAGS_fd_request_timeout);
   o.watcher_max_backlog = absl::GetFlag(FLAGS_watcher_max_backlog);
-  o.test_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);
+  o.store.TEST_prefix_hash_bits = absl::GetFlag(FLAGS_test_prefix_hash_bits);
   o.tiers.host_bytes = absl::GetFlag(FLAGS_tier_host_bytes).bytes;
   o.tiers.disk_dir = absl::GetFlag(FLAGS_tier_disk_dir);
   o.tiers.disk_bytes = absl::GetFlag(FLAGS_tier_disk_bytes).bytes;

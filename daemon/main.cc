@@ -28,7 +28,8 @@ std::string RaiseOpenFileLimit() {
   r.rlim_cur = r.rlim_max;
   if (soft != r.rlim_max && setrlimit(RLIMIT_NOFILE, &r) != 0) {
     return absl::StrCat("kvarenad: open files (RLIMIT_NOFILE): soft limit stays ", Limit(soft),
-                        ", raising it to the hard limit ", Limit(r.rlim_max), " failed: ", strerror(errno));
+                        ", raising it to the hard limit ", Limit(r.rlim_max),
+                        " failed: ", strerror(errno));
   }
   return absl::StrCat("kvarenad: open files (RLIMIT_NOFILE): soft limit ", Limit(soft), " -> ",
                       Limit(r.rlim_max), " (the hard limit)");
@@ -41,11 +42,13 @@ std::string RaiseOpenFileLimit() {
 void WarnIfFewFdsLeft(const kvarena::DaemonOptions& o) {
   rlimit r{};
   if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return;
-  const uint64_t own = uint64_t(o.max_pools) + uint64_t(o.max_sessions) + uint64_t(o.max_fd_connections) + 64;
+  const uint64_t own = uint64_t(o.store.max_pools) + uint64_t(o.store.max_sessions) +
+                       uint64_t(o.max_fd_connections) + 64;
   constexpr uint64_t kWantedConnections = 1024;
   if (r.rlim_cur >= own + kWantedConnections) return;
   std::cerr << "kvarenad: warning: RLIMIT_NOFILE=" << r.rlim_cur << " leaves room for "
-            << (r.rlim_cur > own ? r.rlim_cur - own : 0) << " gRPC connections after kvarenad's own "
+            << (r.rlim_cur > own ? r.rlim_cur - own : 0)
+            << " gRPC connections after kvarenad's own "
             << "bounds (--max_pools + --max_sessions + --max_fd_connections + 64 = " << own
             << "); gRPC stops accepting for good when it runs out of fds: raise the hard limit "
             << "(ulimit -Hn, LimitNOFILE=) or lower those flags" << std::endl;

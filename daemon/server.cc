@@ -1,15 +1,14 @@
 #include "daemon/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <sys/random.h>
 
 #include <algorithm>
 #include <chrono>
 #include <optional>
 #include <utility>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -91,17 +90,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   KVARENA_ASSIGN_OR_RETURN(std::vector<ListenAddress> addresses,
                            ParseListenAddresses(options.listen));
   d->addresses_ = std::move(addresses);
-  if (options.max_message_bytes < (uint64_t{1} << 16) || options.max_message_bytes > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_message_bytes=", options.max_message_bytes,
-                                                   " must be in [64Ki, 1Gi]"));
+  if (options.store.max_reply_bytes < (size_t{1} << 16) ||
+      options.store.max_reply_bytes > (size_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes=", options.store.max_reply_bytes, " must be in [64Ki, 1Gi]"));
   }
   if (options.max_attach_per_peer < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_attach_per_peer=", options.max_attach_per_peer,
-                                                   " must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_attach_per_peer=", options.max_attach_per_peer, " must be at least 1"));
   }
-  if (options.max_sessions_per_peer < 1) {
+  if (options.store.max_sessions_per_peer < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max_sessions_per_peer=", options.max_sessions_per_peer, " must be at least 1"));
+        "--max_sessions_per_peer=", options.store.max_sessions_per_peer, " must be at least 1"));
   }
   if (options.fd_request_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -150,21 +150,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
 
   KVARENA_ASSIGN_OR_RETURN(ServingBackend backend, MakeServingBackend(options.backend));
-  StoreOptions store_options;
-  store_options.arena_bytes = options.arena_bytes;
-  store_options.default_page_size = options.page_size;
-  store_options.num_threads = options.num_threads;
+  StoreOptions store_options = options.store;
   store_options.kernels = std::move(backend.kernels);
-  store_options.scratch_bytes = options.scratch_bytes;
-  store_options.metadata_bytes = options.metadata_bytes;
-  store_options.prefix_event_bytes = options.event_log_bytes;
-  store_options.session_metadata_bytes = options.session_metadata_bytes;
-  store_options.max_pools = options.max_pools;
-  store_options.max_sessions = options.max_sessions;
-  store_options.max_sessions_per_peer = options.max_sessions_per_peer;
-  store_options.max_caches = options.max_caches;
-  store_options.max_caches_per_session = options.max_caches_per_session;
-  store_options.session_max_pages = options.session_max_pages;
   if (d->tenants_ != nullptr) {
     // Every tenant gets its own quota (its sessionless caches apart from the others'),
     // bounded by its line's max_caches / max_pages.
@@ -172,11 +159,6 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       if (!t.operator_role) store_options.owners[t.name] = OwnerBounds{t.max_caches, t.max_pages};
     }
   }
-  store_options.max_request_tokens = options.max_request_tokens;
-  store_options.max_attend_work = options.max_attend_work;
-  store_options.max_reply_bytes = options.max_message_bytes;
-  store_options.idle_ttl = options.idle_ttl;
-  store_options.TEST_prefix_hash_bits = options.test_prefix_hash_bits;
   KVARENA_ASSIGN_OR_RETURN(DaemonTiers tiers, MakeTiers(options.tiers, &d->tier_latency_));
   store_options.tiers = tiers.set;
   d->redis_ = tiers.redis;
@@ -214,7 +196,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   for (const ListenAddress& a : d->addresses_) {
     if (a.unix_path.empty()) continue;
-    if (absl::Status s = PrepareUnixSocket(a.unix_path); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(PrepareUnixSocket(a.unix_path));
   }
   if (!fd_path.empty()) {
     FdServerOptions fd_options;
@@ -227,8 +209,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     absl::StatusOr<std::unique_ptr<FdServer>> fd_server =
         FdServer::Start(fd_path, d->store_.get(), std::move(fd_options));
     if (!fd_server.ok()) {
-      return absl::Status(fd_server.status().code(),
-                          absl::StrCat("--fd_socket: ", fd_server.status().message()));
+      return Annotated(fd_server.status(), "--fd_socket: ");
     }
     d->fd_server_ = *std::move(fd_server);
   }
@@ -253,15 +234,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     d->unix_listeners_.push_back(*std::move(listener));
   }
   builder.RegisterService(d->service_.get());
-  ConfigureBuilder(int(options.max_message_bytes), &builder);
+  ConfigureBuilder(int(options.store.max_reply_bytes), &builder);
   {
     OwnerOnlyUmask owner_only;  // Unix sockets are born 0600, then opened to `access`
     d->server_ = builder.BuildAndStart();
   }
   if (d->server_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ",
-                                               absl::StrJoin(options.listen, ","),
-                                               " (the gRPC log above says why)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", absl::StrJoin(options.listen, ","), " (the gRPC log above says why)"));
   }
   for (size_t i = 0; i < d->addresses_.size(); ++i) {
     ListenAddress& a = d->addresses_[i];
@@ -289,8 +269,8 @@ Daemon::~Daemon() {
     stop_reaper_.Notify();
     reaper_.join();
   }
-  unix_listeners_.clear();  // no connection reaches server_ any more
-  if (server_ != nullptr) {  // both no-ops after Shutdown(deadline)
+  unix_listeners_.clear();     // no connection reaches server_ any more
+  if (server_ != nullptr) {    // both no-ops after Shutdown(deadline)
     attach_->BeginShutdown();  // else Shutdown() would wait for attached workers forever
     events_->BeginShutdown();  // ... and for watchers
     server_->Shutdown();
@@ -301,7 +281,7 @@ void Daemon::Shutdown(absl::Duration deadline) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(false);  // Watch streams see NOT_SERVING ...
   health->Shutdown();               // ... and then end, so they do not hold up the drain
-  unix_listeners_.clear();  // no new connection reaches server_
+  unix_listeners_.clear();          // no new connection reaches server_
   attach_->BeginShutdown();
   events_->BeginShutdown();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
@@ -313,14 +293,15 @@ void Daemon::Wait() { server_->Wait(); }
 std::string Daemon::StartLine() const {
   std::vector<std::string> uris;
   for (const ListenAddress& a : addresses_) uris.push_back(a.uri);
-  return absl::StrCat(
-      "kvarenad: serving backend=", store_->Stats().backend, " arena_bytes=", options_.arena_bytes,
-      " (", AbslUnparseFlag(ByteSize{options_.arena_bytes}), ") page_size=", options_.page_size,
-      " session_grace=", absl::FormatDuration(options_.session_grace),
-      " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
-      absl::StrJoin(uris, ","), tcp_security_,
-      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none",
-      DescribeTiers(options_.tiers));
+  return absl::StrCat("kvarenad: serving backend=", store_->Stats().backend,
+                      " arena_bytes=", options_.store.arena_bytes, " (",
+                      AbslUnparseFlag(ByteSize{options_.store.arena_bytes}),
+                      ") page_size=", options_.store.default_page_size,
+                      " session_grace=", absl::FormatDuration(options_.session_grace),
+                      " metrics=", metrics_ != nullptr ? metrics_->bind_address() : "off", " on ",
+                      absl::StrJoin(uris, ","), tcp_security_,
+                      " fd_socket=", fd_server_ != nullptr ? fd_server_->path() : "none",
+                      DescribeTiers(options_.tiers));
 }
 
 std::string Daemon::fd_socket() const { return fd_server_ != nullptr ? fd_server_->path() : ""; }

@@ -37,14 +37,16 @@
 namespace kvarena {
 
 struct DaemonOptions {
+  // The store's knobs (core/kv_store.h: their defaults and meaning), which the daemon's
+  // flags of the same names set. store.max_reply_bytes (--max_message_bytes) also bounds
+  // every gRPC message both ways; store.kernels, on_* and tiers are the daemon's to fill.
+  StoreOptions store;
+
   std::vector<std::string> listen = {"unix:/tmp/kvarena.sock"};
   std::string backend = "auto";  // auto | host | cuda (daemon/backend.h)
-  uint64_t arena_bytes = uint64_t{1} << 30;
-  int page_size = 16;
   absl::Duration session_grace = absl::Seconds(5);
   int metrics_port = 0;  // 0: no metrics endpoint
   std::string metrics_address = "127.0.0.1";
-  int num_threads = -1;  // CPU attention threads; -1: one per core
   // The fd socket (FdServer) that hands region fds to attached sessions: "" = beside the
   // first unix: listen address (its path + ".fds"), none without one; "none" = off.
   std::string fd_socket;
@@ -56,34 +58,21 @@ struct DaemonOptions {
   std::vector<uid_t> allowed_uids;  // fd socket: CheckFdPeer; empty: own uid or root
   TcpSecurityOptions tcp;           // TLS, mutual TLS, bearer token: TCP listeners only
   // Tenants (daemon/tenants.h): every KvCacheService call on every listener names one by
-  // its bearer token; "" = none. Excludes tcp.auth_token_file.
+  // its bearer token; "" = none. Excludes tcp.auth_token_file. Each tenant's line adds
+  // its bounds to store.owners.
   std::string tenants_file;
 
-  // Bounds: each refused request gets a specific code and a message naming the flag.
-  uint64_t max_message_bytes = uint64_t{64} << 20;  // gRPC messages both ways; GetKv replies
-  uint64_t scratch_bytes = uint64_t{16} << 20;      // per session, charged to arena_bytes
-  uint64_t metadata_bytes = uint64_t{256} << 20;    // tables, token ids, index nodes
-  uint64_t event_log_bytes = uint64_t{64} << 20;    // WatchEvents replay buffer
-  uint64_t session_metadata_bytes = 0;              // one session's share; 0: none
-  int max_pools = 64;
-  int64_t max_sessions = 1024;
-  int64_t max_caches = 16384;
-  int64_t max_caches_per_session = 4096;
-  int64_t session_max_pages = 0;  // 0: no per-session quota
-  int64_t max_request_tokens = 1 << 20;
-  int64_t max_attend_work = int64_t{1} << 37;  // queries x keys x q heads of one Attend
-  absl::Duration idle_ttl = absl::ZeroDuration();  // sessionless caches; 0: never expire
-  int test_prefix_hash_bits = 128;  // tests only: fewer bits force page-hash collisions
-  int max_attach_per_peer = 64;  // Attach streams from one TCP peer address
-  int max_watchers_per_peer = 8;  // WatchEvents streams from one TCP peer address or Unix uid
-  uint64_t watcher_max_backlog =
-      4096;  // events recorded during one write before a watcher is dropped
-  int64_t max_sessions_per_peer = 256;  // sessions of one TCP peer address or Unix uid
-  int max_fd_connections = 256;  // open fd-socket connections
-  absl::Duration fd_idle_timeout = absl::Seconds(60);  // an idle fd-socket connection closes
-  absl::Duration fd_request_timeout =
-      absl::Seconds(5);  // one fd-socket request, first byte to reply
-  TierFlags tiers;       // the tiers below the arena (daemon/tiers.h); none by default
+  // The daemon's own bounds (the store's are in `store`): each refused request gets a
+  // specific code and a message naming the flag.
+  int max_attach_per_peer = 64;         // Attach streams from one TCP peer address
+  int max_watchers_per_peer = 8;        // WatchEvents streams from one TCP peer address or Unix uid
+  uint64_t watcher_max_backlog = 4096;  // events recorded during one write before a watcher
+                                        // is dropped
+  int max_fd_connections = 256;         // open fd-socket connections
+  absl::Duration fd_idle_timeout = absl::Seconds(60);    // an idle fd-socket connection closes
+  absl::Duration fd_request_timeout = absl::Seconds(5);  // one fd-socket request, first byte
+                                                         // to reply
+  TierFlags tiers;  // the tiers below the arena (daemon/tiers.h); none by default
 };
 
 class Daemon {
@@ -126,7 +115,7 @@ class Daemon {
   // The store tells it when pools change; it outlives server_, whose Shutdown waits for
   // every stream it serves to finish.
   std::unique_ptr<AttachHub> attach_;
-  PeerUids peer_uids_;  // filled by unix_listeners_, read by attach_
+  PeerUids peer_uids_;                // filled by unix_listeners_, read by attach_
   std::unique_ptr<Tenants> tenants_;  // null without --tenants_file
   std::unique_ptr<KvCacheServiceImpl> service_;
   std::unique_ptr<MetricsServer> metrics_;

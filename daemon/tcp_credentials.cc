@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/refusal.h"
 #include "core/small_file.h"
 #include "core/status_macros.h"
 #include "daemon/bearer_token.h"
@@ -20,7 +21,7 @@ constexpr size_t kMaxFileBytes = size_t{1} << 20;
 absl::StatusOr<std::string> ReadFlagFile(absl::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> out = ReadSmallFile(path, kMaxFileBytes);
   if (!out.ok()) {
-    return absl::Status(out.status().code(), absl::StrCat("--", flag, "=", out.status().message()));
+    return Annotated(out.status(), absl::StrCat("--", flag, "="));
   }
   return out;
 }
@@ -54,12 +55,13 @@ absl::Status CheckCombination(const TcpSecurityOptions& o, bool has_tcp) {
         "network in plaintext");
   }
   if (!has_tcp) {
-    for (const auto& [flag, value] : {std::pair("tls_cert", &o.tls_cert),
-                                      std::pair("tls_client_ca", &o.tls_client_ca),
-                                      std::pair("auth_token_file", &o.auth_token_file)}) {
+    for (const auto& [flag, value] :
+         {std::pair("tls_cert", &o.tls_cert), std::pair("tls_client_ca", &o.tls_client_ca),
+          std::pair("auth_token_file", &o.auth_token_file)}) {
       if (!value->empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--", flag, " is set but --listen has no HOST:PORT address: TLS and the bearer "
+            "--", flag,
+            " is set but --listen has no HOST:PORT address: TLS and the bearer "
             "token guard TCP listeners only (file mode and group guard Unix sockets)"));
       }
     }

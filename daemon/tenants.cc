@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/refusal.h"
 #include "core/small_file.h"
 #include "core/status_macros.h"
 #include "daemon/bearer_token.h"
@@ -57,8 +58,10 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_no;
     const std::string where = absl::StrCat("--tenants_file=", file, " line ", line_no);
-    if (const size_t hash = line.find('#'); hash != absl::string_view::npos) line = line.substr(0, hash);
-    std::vector<absl::string_view> words = absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    if (const size_t hash = line.find('#'); hash != absl::string_view::npos)
+      line = line.substr(0, hash);
+    std::vector<absl::string_view> words =
+        absl::StrSplit(line, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
     if (words.empty()) continue;
     if (words.size() < 2) {
       return absl::InvalidArgumentError(
@@ -69,9 +72,9 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     Tenant tenant;
     tenant.name = std::string(words[0]);
     if (!ValidName(tenant.name)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": tenant name '", absl::CHexEscape(words[0]), "' is not 1-", kMaxNameBytes,
-          " bytes of [A-Za-z0-9_.-]"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": tenant name '",
+                                                     absl::CHexEscape(words[0]), "' is not 1-",
+                                                     kMaxNameBytes, " bytes of [A-Za-z0-9_.-]"));
     }
     for (size_t i = 2; i < words.size(); ++i) {
       if (!ApplyOption(words[i], &tenant)) {
@@ -84,7 +87,8 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
         std::string token, read_token(absl::StrCat(where, ": token file"), std::string(words[1])));
     tenant.token = std::move(token);
     if (!names.insert(tenant.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": tenant '", tenant.name, "' is listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": tenant '", tenant.name, "' is listed twice"));
     }
     if (!tokens.insert(tenant.token).second) {
       return absl::InvalidArgumentError(
@@ -101,12 +105,13 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
 absl::StatusOr<Tenants> Tenants::Load(const std::string& path) {
   absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxTenantsFileBytes);
   if (!text.ok()) {
-    return absl::Status(text.status().code(), absl::StrCat("--tenants_file=", text.status().message()));
+    return Annotated(text.status(), "--tenants_file=");
   }
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
   return Parse(path, *text, [&dir](absl::string_view what, const std::string& token_path) {
-    return ReadBearerTokenFile(what, absl::StartsWith(token_path, "/") ? token_path : dir + token_path);
+    return ReadBearerTokenFile(what,
+                               absl::StartsWith(token_path, "/") ? token_path : dir + token_path);
   });
 }
 

@@ -82,7 +82,6 @@ absl::StatusOr<DaemonTiers> MakeTiers(const TierFlags& flags, TierLatency* laten
   if (stores.empty()) return out;
   TierOptions options;
   options.chunk_pages = flags.chunk_pages;
-  options.write_through = flags.write_through;
   options.write_queue_bytes = flags.write_queue_bytes;
   options.timeout = flags.timeout;
   if (latency != nullptr) {

@@ -16,6 +16,7 @@
 
 namespace kvarena {
 
+// The flags of the tiers below the arena; each default here is its flag's (daemon/flags.cc).
 struct TierFlags {
   uint64_t host_bytes = 0;     // --tier_host_bytes; 0: no host tier
   std::string disk_dir;        // --tier_disk_dir; "": no disk tier

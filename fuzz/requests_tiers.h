@@ -47,7 +47,6 @@ class FuzzTiers {
     stores.push_back(TierEntry{std::move(disk), (c & 0x12) != 0});
     TierOptions o;
     o.chunk_pages = 1 + (c & 1);
-    o.write_through = (c & 2) != 0;
     o.write_queue_bytes = (c & 0x20) != 0 ? size_t{4} << 10 : size_t{1} << 20;
     tiers_ = std::make_shared<TierSet>(std::move(stores), o);
   }

@@ -20,10 +20,30 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "kernels/cpu/kv_kernels.h"
+#include "kernels/attention_params.h"
 #include "kernels/paged_kv.h"
 
 namespace kvarena {
+
+// CopyPages' work, the same on every backend: for the K half, then the V half, of each
+// copy, part(dst, src, kept, rest): copy `kept` bytes from src to dst, then zero the `rest`
+// bytes after them. Stops at the first part that returns false; returns whether all ran.
+template <typename Part>
+bool ForEachCopyPart(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
+                     int64_t n, Part part) {
+  const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
+  for (int64_t i = 0; i < n; ++i) {
+    const PageCopy& c = copies[i];
+    const size_t kept = size_t(c.tokens) * token;
+    for (size_t offset : {size_t{0}, half}) {
+      if (!part(pool_base + size_t(c.dst) * page + offset,
+                pool_base + size_t(c.src) * page + offset, kept, half - kept)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
 
 // What one set of kernels can index. Core refuses anything beyond (INVALID_ARGUMENT for a
 // spec or call, RESOURCE_EXHAUSTED for growth), so the kernels may trust their arguments.
@@ -49,8 +69,8 @@ class KvKernels {
                                   int64_t n) = 0;
   // Copies pages within the pool (copy-on-write of a shared page, a fork's partial last
   // page): copies[0..n), each src != dst, no dst written twice, as PageCopy says.
-  virtual absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
-                                 int64_t n) = 0;
+  virtual absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base,
+                                 const PageCopy* copies, int64_t n) = 0;
   // The tiers' copies (core/tier_set.h): whole pages ids[0..n) of the pool at pool_base
   // to host memory `out` (n * PageBytes() bytes, in the order of ids), and back from `in`.
   // Synchronous: the bytes are in place when they return. The default is for pools in
@@ -98,10 +118,11 @@ class KvKernels {
     return absl::OkStatus();
   }
   virtual absl::Status PagedAttentionBatch(const PagedKvView* views, const int64_t* pos, int batch,
-                                           const AttentionParams& params, const void* q, void* out) {
+                                           const AttentionParams& params, const void* q,
+                                           void* out) {
     if (batch <= 0) return absl::OkStatus();
-    const size_t bytes =
-        size_t(params.num_q_heads) * params.n * views[0].layout.head_dim * views[0].layout.ElemBytes();
+    const size_t bytes = size_t(params.num_q_heads) * params.n * views[0].layout.head_dim *
+                         views[0].layout.ElemBytes();
     for (int b = 0; b < batch; ++b) {
       AttentionParams p = params;
       p.q_pos = pos[b];

@@ -1,6 +1,12 @@
 #include "proto/wire.h"
 
+#include <type_traits>
 #include <utility>
+
+// One field of `s` from / into the message field of the same name, cast to the receiving
+// side's type (the *_FIELDS lists in kvarena/types.h).
+#define KVARENA_FIELD_FROM_PROTO(f) s.f = static_cast<decltype(s.f)>(p.f());
+#define KVARENA_FIELD_TO_PROTO(f) p->set_##f(static_cast<std::decay_t<decltype(p->f())>>(s.f));
 
 namespace kvarena {
 
@@ -8,19 +14,27 @@ namespace kvarena {
 // decodes to kUnspecified so core rejects it by name.
 DType FromProto(v1::DType d) {
   switch (d) {
-    case v1::FLOAT32: return DType::kFloat32;
-    case v1::FLOAT16: return DType::kFloat16;
-    case v1::BFLOAT16: return DType::kBFloat16;
-    default: return DType::kUnspecified;
+    case v1::FLOAT32:
+      return DType::kFloat32;
+    case v1::FLOAT16:
+      return DType::kFloat16;
+    case v1::BFLOAT16:
+      return DType::kBFloat16;
+    default:
+      return DType::kUnspecified;
   }
 }
 
 v1::DType ToProto(DType d) {
   switch (d) {
-    case DType::kFloat32: return v1::FLOAT32;
-    case DType::kFloat16: return v1::FLOAT16;
-    case DType::kBFloat16: return v1::BFLOAT16;
-    case DType::kUnspecified: break;
+    case DType::kFloat32:
+      return v1::FLOAT32;
+    case DType::kFloat16:
+      return v1::FLOAT16;
+    case DType::kBFloat16:
+      return v1::BFLOAT16;
+    case DType::kUnspecified:
+      break;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -118,6 +132,7 @@ LayerPages FromProto(const v1::LayerPages& p) {
   l.first_pos = static_cast<int64_t>(p.first_pos());
   l.len = static_cast<int64_t>(p.len());
   l.page_ids.assign(p.page_ids().begin(), p.page_ids().end());
+  l.written = l.len;
   return l;
 }
 
@@ -179,87 +194,30 @@ RegionInfo FromProto(const v1::RegionDescriptor& p) {
 
 PageStats FromProto(const v1::PageStats& p) {
   PageStats s;
-  s.num_pages = static_cast<int64_t>(p.num_pages());
-  s.pages_used = static_cast<int64_t>(p.pages_used());
-  s.pages_free = static_cast<int64_t>(p.pages_free());
-  s.page_size = static_cast<int>(p.page_size());
-  s.seq_len = static_cast<int64_t>(p.seq_len());
-  s.layers_materialized = p.layers_materialized();
-  s.layers_total = p.layers_total();
-  s.layers_sliding = p.layers_sliding();
-  s.bytes_used = p.bytes_used();
-  s.pages_evicted = p.pages_evicted();
-  s.refusals = p.refusals();
-  s.pages_cached = static_cast<int64_t>(p.pages_cached());
-  s.pages_shared = static_cast<int64_t>(p.pages_shared());
-  s.pages_evicted_lru = p.pages_evicted_lru();
-  s.prefix_lookups = p.prefix_lookups();
-  s.prefix_requested_tokens = p.prefix_requested_tokens();
-  s.prefix_hit_tokens = p.prefix_hit_tokens();
-  s.forks = p.forks();
-  s.cow_copies = p.cow_copies();
+  KVARENA_PAGE_STATS_FIELDS(KVARENA_FIELD_FROM_PROTO)
   return s;
 }
 
-void ToProto(const PageStats& s, v1::PageStats* p) {
-  p->set_num_pages(static_cast<uint64_t>(s.num_pages));
-  p->set_pages_used(static_cast<uint64_t>(s.pages_used));
-  p->set_pages_free(static_cast<uint64_t>(s.pages_free));
-  p->set_page_size(static_cast<uint32_t>(s.page_size));
-  p->set_seq_len(static_cast<uint64_t>(s.seq_len));
-  p->set_layers_materialized(static_cast<uint32_t>(s.layers_materialized));
-  p->set_layers_total(static_cast<uint32_t>(s.layers_total));
-  p->set_layers_sliding(static_cast<uint32_t>(s.layers_sliding));
-  p->set_bytes_used(s.bytes_used);
-  p->set_pages_evicted(s.pages_evicted);
-  p->set_refusals(s.refusals);
-  p->set_pages_cached(static_cast<uint64_t>(s.pages_cached));
-  p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
-  p->set_pages_evicted_lru(s.pages_evicted_lru);
-  p->set_prefix_lookups(s.prefix_lookups);
-  p->set_prefix_requested_tokens(s.prefix_requested_tokens);
-  p->set_prefix_hit_tokens(s.prefix_hit_tokens);
-  p->set_forks(s.forks);
-  p->set_cow_copies(s.cow_copies);
-}
+void ToProto(const PageStats& s,
+             v1::PageStats* p){KVARENA_PAGE_STATS_FIELDS(KVARENA_FIELD_TO_PROTO)}
 
 PoolStats FromProto(const v1::PoolStats& p) {
   PoolStats s;
-  s.pool_id = p.pool_id();
+  KVARENA_POOL_STATS_FIELDS(KVARENA_FIELD_FROM_PROTO)
   s.layout.num_kv_heads = static_cast<int>(p.num_kv_heads());
   s.layout.head_dim = static_cast<int>(p.head_dim());
   s.layout.dtype = FromProto(p.dtype());
   s.layout.page_size = static_cast<int>(p.page_size());
-  s.page_bytes = p.page_bytes();
-  s.num_pages = static_cast<int64_t>(p.num_pages());
-  s.pages_used = static_cast<int64_t>(p.pages_used());
-  s.pages_free = static_cast<int64_t>(p.pages_free());
-  s.chunks_committed = static_cast<int64_t>(p.chunks_committed());
-  s.chunk_bytes = p.chunk_bytes();
-  s.bytes_committed = p.bytes_committed();
-  s.num_caches = static_cast<int64_t>(p.num_caches());
-  s.pages_cached = static_cast<int64_t>(p.pages_cached());
-  s.pages_shared = static_cast<int64_t>(p.pages_shared());
   s.owner = p.tenant();
   return s;
 }
 
 void ToProto(const PoolStats& s, v1::PoolStats* p) {
-  p->set_pool_id(s.pool_id);
+  KVARENA_POOL_STATS_FIELDS(KVARENA_FIELD_TO_PROTO)
   p->set_num_kv_heads(static_cast<uint32_t>(s.layout.num_kv_heads));
   p->set_head_dim(static_cast<uint32_t>(s.layout.head_dim));
   p->set_dtype(ToProto(s.layout.dtype));
   p->set_page_size(static_cast<uint32_t>(s.layout.page_size));
-  p->set_page_bytes(s.page_bytes);
-  p->set_num_pages(static_cast<uint64_t>(s.num_pages));
-  p->set_pages_used(static_cast<uint64_t>(s.pages_used));
-  p->set_pages_free(static_cast<uint64_t>(s.pages_free));
-  p->set_chunks_committed(static_cast<uint64_t>(s.chunks_committed));
-  p->set_chunk_bytes(s.chunk_bytes);
-  p->set_bytes_committed(s.bytes_committed);
-  p->set_num_caches(static_cast<uint64_t>(s.num_caches));
-  p->set_pages_cached(static_cast<uint64_t>(s.pages_cached));
-  p->set_pages_shared(static_cast<uint64_t>(s.pages_shared));
   p->set_tenant(s.owner);
 }
 
@@ -300,71 +258,31 @@ void ToProto(const PrefixEvent& e, v1::KvEvent* p) {
 
 ArenaStats FromProto(const v1::StatsResponse& p) {
   ArenaStats s;
+  KVARENA_ARENA_STATS_FIELDS(KVARENA_FIELD_FROM_PROTO)
   s.pages = FromProto(p.pages());
   for (const v1::PoolStats& pool : p.pools()) s.pools.push_back(FromProto(pool));
-  s.backend = p.backend();
-  s.arena_bytes = p.arena_bytes();
-  s.bytes_committed = p.bytes_committed();
-  s.bytes_used = p.bytes_used();
-  s.num_caches = static_cast<int64_t>(p.num_caches());
-  s.num_sessions = static_cast<int64_t>(p.num_sessions());
-  s.scratch_bytes = p.scratch_bytes();
-  s.scratch_regions = static_cast<int64_t>(p.scratch_regions());
-  s.metadata_bytes = p.metadata_bytes();
-  s.metadata_bytes_used = p.metadata_bytes_used();
-  s.event_log_bytes = p.event_log_bytes();
-  for (const v1::TierStats& t : p.tiers()) {
-    TierStats& o = s.tiers.emplace_back();
-    o.medium = t.medium();
-    o.bytes_used = t.bytes_used();
-    o.bytes_limit = t.bytes_limit();
-    o.chunks = static_cast<int64_t>(t.chunks());
-    o.up = t.up();
-    o.lookups = t.lookups();
-    o.hit_chunks = t.hit_chunks();
-    o.miss_chunks = t.miss_chunks();
-    o.loaded_tokens = t.loaded_tokens();
-    o.stored_chunks = t.stored_chunks();
-    o.dropped_writes = t.dropped_writes();
-    o.corrupt_chunks = t.corrupt_chunks();
-    o.errors = t.errors();
-  }
+  for (const v1::TierStats& tier : p.tiers()) s.tiers.push_back(FromProto(tier));
   return s;
 }
 
 void ToProto(const ArenaStats& s, v1::StatsResponse* p) {
+  KVARENA_ARENA_STATS_FIELDS(KVARENA_FIELD_TO_PROTO)
   ToProto(s.pages, p->mutable_pages());
   p->clear_pools();
   p->mutable_pools()->Reserve(static_cast<int>(s.pools.size()));
   for (const PoolStats& pool : s.pools) ToProto(pool, p->add_pools());
-  p->set_backend(s.backend);
-  p->set_arena_bytes(s.arena_bytes);
-  p->set_bytes_committed(s.bytes_committed);
-  p->set_bytes_used(s.bytes_used);
-  p->set_num_caches(static_cast<uint64_t>(s.num_caches));
-  p->set_num_sessions(static_cast<uint64_t>(s.num_sessions));
-  p->set_scratch_bytes(s.scratch_bytes);
-  p->set_scratch_regions(static_cast<uint64_t>(s.scratch_regions));
-  p->set_metadata_bytes(s.metadata_bytes);
-  p->set_metadata_bytes_used(s.metadata_bytes_used);
-  p->set_event_log_bytes(s.event_log_bytes);
   p->clear_tiers();
-  for (const TierStats& t : s.tiers) {
-    v1::TierStats* o = p->add_tiers();
-    o->set_medium(t.medium);
-    o->set_bytes_used(t.bytes_used);
-    o->set_bytes_limit(t.bytes_limit);
-    o->set_chunks(static_cast<uint64_t>(t.chunks));
-    o->set_up(t.up);
-    o->set_lookups(t.lookups);
-    o->set_hit_chunks(t.hit_chunks);
-    o->set_miss_chunks(t.miss_chunks);
-    o->set_loaded_tokens(t.loaded_tokens);
-    o->set_stored_chunks(t.stored_chunks);
-    o->set_dropped_writes(t.dropped_writes);
-    o->set_corrupt_chunks(t.corrupt_chunks);
-    o->set_errors(t.errors);
-  }
+  for (const TierStats& tier : s.tiers) ToProto(tier, p->add_tiers());
+}
+
+TierStats FromProto(const v1::TierStats& p) {
+  TierStats s;
+  KVARENA_TIER_STATS_FIELDS(KVARENA_FIELD_FROM_PROTO)
+  return s;
+}
+
+void ToProto(const TierStats& s, v1::TierStats* p) {
+  KVARENA_TIER_STATS_FIELDS(KVARENA_FIELD_TO_PROTO)
 }
 
 }  // namespace kvarena

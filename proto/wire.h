@@ -53,6 +53,8 @@ RegionInfo FromProto(const v1::RegionDescriptor& p);
 
 PageStats FromProto(const v1::PageStats& p);
 void ToProto(const PageStats& s, v1::PageStats* p);
+TierStats FromProto(const v1::TierStats& p);
+void ToProto(const TierStats& s, v1::TierStats* p);
 
 PoolStats FromProto(const v1::PoolStats& p);
 void ToProto(const PoolStats& s, v1::PoolStats* p);

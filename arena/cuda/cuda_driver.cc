@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace kvarena::cuda_internal {
 namespace {
@@ -18,8 +19,11 @@ template <typename Fn>
 absl::Status Load(const char* symbol, unsigned version, Fn* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &p, version, cudaEnableDefault, &found);
-  if (err != cudaSuccess) return RuntimeStatus(absl::StrCat("cudaGetDriverEntryPointByVersion(", symbol, ")").c_str(), err);
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(symbol, &p, version, cudaEnableDefault, &found);
+  if (err != cudaSuccess)
+    return RuntimeStatus(absl::StrCat("cudaGetDriverEntryPointByVersion(", symbol, ")").c_str(),
+                         err);
   if (found != cudaDriverEntryPointSuccess || p == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the CUDA driver has no ", symbol, " (ABI ", version,
@@ -57,7 +61,7 @@ absl::StatusOr<const DriverApi*> Driver() {
   static absl::Status status;
   static std::once_flag once;
   std::call_once(once, [] { status = LoadAll(&api); });
-  if (!status.ok()) return status;
+  KVARENA_RETURN_IF_ERROR(status);
   return &api;
 }
 

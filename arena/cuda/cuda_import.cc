@@ -18,6 +18,7 @@
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_region.h"
 #include "arena/cuda/cuda_regions.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 namespace cuda_internal {
@@ -54,8 +55,8 @@ class CudaVmmMapping final : public MappedRegion {
     if (p.fd < 0 || p.bytes == 0 || p.offset > size_ || p.bytes > size_ - p.offset ||
         p.offset % vmm_.granule != 0 || p.bytes % vmm_.granule != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "piece [", p.offset, ", +", p.bytes, ") with fd ", p.fd, " does not fit a region of ", size_,
-          " bytes in granules of ", vmm_.granule));
+          "piece [", p.offset, ", +", p.bytes, ") with fd ", p.fd, " does not fit a region of ",
+          size_, " bytes in granules of ", vmm_.granule));
     }
     // Stale mappings under the new piece go first.
     for (auto it = mapped_.begin(); it != mapped_.end();) {
@@ -116,7 +117,8 @@ class CudaIpcMapping final : public MappedRegion {
     for (const SharedPiece& p : pieces) {
       if (p.fd >= 0) close(p.fd);
     }
-    if (!pieces.empty()) return absl::InvalidArgumentError("cuda_ipc regions are mapped whole: no pieces");
+    if (!pieces.empty())
+      return absl::InvalidArgumentError("cuda_ipc regions are mapped whole: no pieces");
     return absl::OkStatus();
   }
 
@@ -142,15 +144,16 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(RegionKind kind, 
                                                       "' need a CUDA device; none is usable here"));
   }
   int device = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return RuntimeStatus("cudaGetDevice", e);
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    return RuntimeStatus("cudaGetDevice", e);
   ScopedDevice scope(device);
-  if (!scope.status().ok()) return scope.status();
+  KVARENA_RETURN_IF_ERROR(scope.status());
 
   if (kind == RegionKind::kCudaIpc) {
     cudaIpcMemHandle_t handle;
     if (ipc_handle.size() != sizeof(handle)) {
-      return absl::InvalidArgumentError(absl::StrCat("import: cuda_ipc handle of ", ipc_handle.size(),
-                                                     " bytes; want ", sizeof(handle)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "import: cuda_ipc handle of ", ipc_handle.size(), " bytes; want ", sizeof(handle)));
     }
     std::memcpy(&handle, ipc_handle.data(), sizeof(handle));
     void* base = nullptr;
@@ -162,21 +165,21 @@ absl::StatusOr<std::unique_ptr<MappedRegion>> ImportCudaRegion(RegionKind kind, 
     return std::make_unique<CudaIpcMapping>(device, base, size);
   }
 
-  absl::StatusOr<VmmDevice> vmm = ProbeVmm(device);
-  if (!vmm.ok()) return vmm.status();
-  if (!vmm->supported) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("import: device ", device, " has no VMM with POSIX fd handles for a cuda_vmm region"));
+  KVARENA_ASSIGN_OR_RETURN(const VmmDevice vmm, ProbeVmm(device));
+  if (!vmm.supported) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "import: device ", device, " has no VMM with POSIX fd handles for a cuda_vmm region"));
   }
-  if (size % vmm->granule != 0) {
+  if (size % vmm.granule != 0) {
     return absl::InvalidArgumentError(absl::StrCat("import: cuda_vmm region of ", size,
-                                                   " bytes is not a multiple of the granularity ", vmm->granule));
+                                                   " bytes is not a multiple of the granularity ",
+                                                   vmm.granule));
   }
   CUdeviceptr base = 0;
-  if (CUresult r = vmm->api->MemAddressReserve(&base, size, vmm->granule, 0, 0); r != CUDA_SUCCESS) {
+  if (CUresult r = vmm.api->MemAddressReserve(&base, size, vmm.granule, 0, 0); r != CUDA_SUCCESS) {
     return DriverStatus("cuMemAddressReserve", r);
   }
-  return std::make_unique<CudaVmmMapping>(*vmm, device, base, size);
+  return std::make_unique<CudaVmmMapping>(vmm, device, base, size);
 }
 
 }  // namespace kvarena

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
+#include "core/status_macros.h"
 
 namespace kvarena {
 
@@ -26,7 +27,10 @@ namespace {
 class CudaIpcRegion final : public Region {
  public:
   CudaIpcRegion(int device, void* base, size_t size, std::string handle)
-      : device_(device), base_(static_cast<uint8_t*>(base)), size_(size), handle_(std::move(handle)) {}
+      : device_(device),
+        base_(static_cast<uint8_t*>(base)),
+        size_(size),
+        handle_(std::move(handle)) {}
   ~CudaIpcRegion() override {
     ScopedDevice scope(device_);
     cudaFree(base_);
@@ -37,8 +41,12 @@ class CudaIpcRegion final : public Region {
   uint8_t* base() const override { return base_; }
   size_t size() const override { return size_; }
   // The whole reservation was allocated at Reserve: nothing to map or give back.
-  absl::Status Commit(size_t offset, size_t bytes) override { return CheckRange("commit", offset, bytes); }
-  absl::Status Decommit(size_t offset, size_t bytes) override { return CheckRange("decommit", offset, bytes); }
+  absl::Status Commit(size_t offset, size_t bytes) override {
+    return CheckRange("commit", offset, bytes);
+  }
+  absl::Status Decommit(size_t offset, size_t bytes) override {
+    return CheckRange("decommit", offset, bytes);
+  }
   absl::StatusOr<size_t> ResidentBytes() const override { return size_; }
   std::string share_kind() const override { return RegionKindName(RegionKind::kCudaIpc); }
   // Mapped whole through ipc_handle(): no pieces.
@@ -62,7 +70,8 @@ class CudaIpcRegion final : public Region {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, VmmDevice vmm, bool use_vmm) : device_(device), vmm_(vmm), use_vmm_(use_vmm) {}
+  CudaBackend(int device, VmmDevice vmm, bool use_vmm)
+      : device_(device), vmm_(vmm), use_vmm_(use_vmm) {}
 
   std::string name() const override { return "cuda"; }
   bool uses_vmm() const { return use_vmm_; }
@@ -71,7 +80,7 @@ class CudaBackend final : public Backend {
     (void)label;  // device allocations carry no name
     if (bytes == 0) return absl::InvalidArgumentError("reserve: bytes=0");
     ScopedDevice scope(device_);
-    if (!scope.status().ok()) return scope.status();
+    KVARENA_RETURN_IF_ERROR(scope.status());
     return use_vmm_ ? NewVmmRegion(vmm_, device_, bytes) : NewIpcRegion(device_, bytes);
   }
 
@@ -105,21 +114,22 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device) {
   return NewCudaBackend(device, CudaBackendOptions{});
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device, const CudaBackendOptions& options) {
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device,
+                                                        const CudaBackendOptions& options) {
   using namespace cuda_internal;
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda backend: no usable CUDA device (cudaGetDeviceCount: ",
-        e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: no usable CUDA device (cudaGetDeviceCount: ",
+                     e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
   }
   if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda backend: device ", device,
-                                                   " out of range; this machine has ", count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: device ", device, " out of range; this machine has ", count));
   }
   ScopedDevice scope(device);
-  if (!scope.status().ok()) return scope.status();
+  KVARENA_RETURN_IF_ERROR(scope.status());
   VmmDevice vmm;
   if (!options.force_legacy_ipc) {
     absl::StatusOr<VmmDevice> probed = ProbeVmm(device);
@@ -128,7 +138,6 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device, const CudaBa
     } else if (!absl::IsFailedPrecondition(probed.status())) {
       return probed.status();
     }  // else a driver without the VMM entry points: legacy
-
   }
   return std::make_unique<CudaBackend>(device, vmm, vmm.supported);
 }

@@ -20,6 +20,7 @@
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
 #include "arena/piece_page.h"
+#include "core/status_macros.h"
 
 namespace kvarena::cuda_internal {
 namespace {
@@ -34,7 +35,12 @@ class CudaVmmRegion final : public Region {
  public:
   CudaVmmRegion(const DriverApi* api, int device, CUdevice dev, CUdeviceptr base, size_t size,
                 size_t granule)
-      : api_(api), device_(device), dev_(dev), base_(base), size_(size), granule_(granule),
+      : api_(api),
+        device_(device),
+        dev_(dev),
+        base_(base),
+        size_(size),
+        granule_(granule),
         refs_(size / granule, 0) {}
 
   ~CudaVmmRegion() override {
@@ -52,7 +58,7 @@ class CudaVmmRegion final : public Region {
   absl::Status Commit(size_t offset, size_t bytes) override {
     if (absl::Status s = CheckRange("commit", offset, bytes); !s.ok() || bytes == 0) return s;
     ScopedDevice scope(device_);
-    if (!scope.status().ok()) return scope.status();
+    KVARENA_RETURN_IF_ERROR(scope.status());
     const size_t begin = offset / granule_, end = (offset + bytes + granule_ - 1) / granule_;
     absl::MutexLock lock(&mu_);
     std::vector<size_t> created;  // first granules of this call's allocations
@@ -85,7 +91,7 @@ class CudaVmmRegion final : public Region {
   absl::Status Decommit(size_t offset, size_t bytes) override {
     if (absl::Status s = CheckRange("decommit", offset, bytes); !s.ok() || bytes == 0) return s;
     ScopedDevice scope(device_);
-    if (!scope.status().ok()) return scope.status();
+    KVARENA_RETURN_IF_ERROR(scope.status());
     const size_t begin = offset / granule_, end = (offset + bytes + granule_ - 1) / granule_;
     absl::MutexLock lock(&mu_);
     for (size_t g = begin; g < end; ++g) {
@@ -120,7 +126,7 @@ class CudaVmmRegion final : public Region {
                                                              size_t max_pieces,
                                                              size_t* total) const override {
     ScopedDevice scope(device_);
-    if (!scope.status().ok()) return scope.status();
+    KVARENA_RETURN_IF_ERROR(scope.status());
     absl::MutexLock lock(&mu_);
     std::vector<PieceRef> refs;
     refs.reserve(allocs_.size());
@@ -176,8 +182,8 @@ class CudaVmmRegion final : public Region {
   }
 
   absl::Status Unmap(size_t first, const Alloc& alloc) const {
-    absl::Status s = DriverStatus("cuMemUnmap", api_->MemUnmap(base_ + first * granule_,
-                                                                alloc.granules * granule_));
+    absl::Status s = DriverStatus(
+        "cuMemUnmap", api_->MemUnmap(base_ + first * granule_, alloc.granules * granule_));
     absl::Status r = DriverStatus("cuMemRelease", api_->MemRelease(alloc.handle));
     return s.ok() ? r : s;
   }
@@ -198,10 +204,9 @@ class CudaVmmRegion final : public Region {
 }  // namespace
 
 absl::StatusOr<VmmDevice> ProbeVmm(int device) {
-  absl::StatusOr<const DriverApi*> api = Driver();
-  if (!api.ok()) return api.status();
+  KVARENA_ASSIGN_OR_RETURN(const DriverApi* api, Driver());
   VmmDevice out;
-  out.api = *api;
+  out.api = api;
   if (CUresult r = out.api->DeviceGet(&out.dev, device); r != CUDA_SUCCESS) {
     return DriverStatus("cuDeviceGet", r);
   }
@@ -229,13 +234,15 @@ absl::StatusOr<VmmDevice> ProbeVmm(int device) {
     return DriverStatus("cuMemGetAllocationGranularity", r);
   }
   if (out.granule == 0 || std::lcm(out.granule, kChunkGranularity) > 16 * kChunkGranularity) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda: VMM granularity ", out.granule, " does not fit chunks of ", kChunkGranularity, " bytes"));
+    return absl::FailedPreconditionError(absl::StrCat("cuda: VMM granularity ", out.granule,
+                                                      " does not fit chunks of ", kChunkGranularity,
+                                                      " bytes"));
   }
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Region>> NewVmmRegion(const VmmDevice& vmm, int device, size_t bytes) {
+absl::StatusOr<std::unique_ptr<Region>> NewVmmRegion(const VmmDevice& vmm, int device,
+                                                     size_t bytes) {
   const size_t unit = std::lcm(vmm.granule, kChunkGranularity);
   const size_t size = (bytes + unit - 1) / unit * unit;
   CUdeviceptr base = 0;

@@ -104,23 +104,23 @@ absl::Status BatchDecode(Client& client, std::mt19937& rng, int steps) {
     const CallCounts before = client.call_counts();
     std::vector<float> out(size_t(kBatch) * kQHeads * kHeadDim);
     for (int step = 0; step < steps; ++step) {
-      if (auto s = (*batch)->Plan(); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR((*batch)->Plan());
       for (int layer = 0; layer < kLayers; ++layer) {
         Tensor q(rng, kQHeads, 1, kBatch), k(rng, kKvHeads, 1, kBatch), v(rng, kKvHeads, 1, kBatch);
         const TensorBuffer o{out.data(), out.size() * sizeof(float)};
-        if (auto s = (*batch)->Run(layer, q.arg, k.arg, v.arg, o); !s.ok()) return s;
+        KVARENA_RETURN_IF_ERROR((*batch)->Run(layer, q.arg, k.arg, v.arg, o));
       }
-      if (auto s = (*batch)->Commit(); !s.ok()) return s;
+      KVARENA_RETURN_IF_ERROR((*batch)->Commit());
     }
     const CallCounts after = client.call_counts();
-    std::printf("[batch   ] %d caches x %d steps through one DecodeBatch: %d kernel calls a step, "
-                "%" PRId64 " Reserve and %" PRId64 " Commit RPCs in all\n",
-                kBatch, steps, 2 * kLayers, after.reserve - before.reserve,
-                after.commit - before.commit);
-    if (auto s = Show("batch", client, *caches[0]); !s.ok()) return s;
+    std::printf(
+        "[batch   ] %d caches x %d steps through one DecodeBatch: %d kernel calls a step, "
+        "%" PRId64 " Reserve and %" PRId64 " Commit RPCs in all\n",
+        kBatch, steps, 2 * kLayers, after.reserve - before.reserve, after.commit - before.commit);
+    KVARENA_RETURN_IF_ERROR(Show("batch", client, *caches[0]));
   }
   for (const auto& c : caches) {
-    if (auto s = c->release(); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(c->release());
   }
   return absl::OkStatus();
 }
@@ -132,11 +132,11 @@ absl::Status KeepOne(const std::string& address, std::mt19937& rng) {
   KVARENA_ASSIGN_OR_RETURN(auto client, Client::Connect(address, options));
   auto cache = (client)->Allocate(DemoSpec(), "kvarena-demo");
   if (cache.status().code() == absl::StatusCode::kAlreadyExists) {  // from an earlier run
-    if (auto s = (client)->Release("kvarena-demo"); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR((client)->Release("kvarena-demo"));
     cache = (client)->Allocate(DemoSpec(), "kvarena-demo");
   }
   KVARENA_RETURN_IF_ERROR(cache.status());
-  if (auto s = Run(**cache, rng, 48); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(Run(**cache, rng, 48));
   return Show("kept", *client, **cache);
 }
 
@@ -150,27 +150,27 @@ absl::Status Demo() {
 
   KVARENA_ASSIGN_OR_RETURN(auto cache, (client)->Allocate(DemoSpec()));
   GenericKvCacheHandle& c = *cache;
-  std::printf("allocated cache %s: %d layers, %d kv heads, head_dim %d, %s, page_size %d, "
-              "device %s, windows [%s]\n",
-              c.cache_id().c_str(), c.num_layers(), c.num_kv_heads(), c.head_dim(),
-              DTypeName(c.dtype()), c.page_size(), c.device().c_str(),
-              absl::StrJoin(c.layer_windows(), ",").c_str());
-  if (auto s = Show("empty", *client, c); !s.ok()) return s;
+  std::printf(
+      "allocated cache %s: %d layers, %d kv heads, head_dim %d, %s, page_size %d, "
+      "device %s, windows [%s]\n",
+      c.cache_id().c_str(), c.num_layers(), c.num_kv_heads(), c.head_dim(), DTypeName(c.dtype()),
+      c.page_size(), c.device().c_str(), absl::StrJoin(c.layer_windows(), ",").c_str());
+  KVARENA_RETURN_IF_ERROR(Show("empty", *client, c));
 
   std::mt19937 rng(7);
-  if (auto s = Run(c, rng, absl::GetFlag(FLAGS_prefill)); !s.ok()) return s;
-  if (auto s = Show("prefill", *client, c); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(Run(c, rng, absl::GetFlag(FLAGS_prefill)));
+  KVARENA_RETURN_IF_ERROR(Show("prefill", *client, c));
 
   for (int i = 0; i < absl::GetFlag(FLAGS_decode); ++i) {
-    if (auto s = Run(c, rng, 1); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(Run(c, rng, 1));
   }
-  if (auto s = Show("decode", *client, c); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(Show("decode", *client, c));
 
   auto popped = c.popn(3);  // a rejected 3-token speculative draft
   KVARENA_RETURN_IF_ERROR(popped.status());
   std::printf("popn(3): popped %" PRId64 "%s\n", popped->popped,
               popped->refusal.empty() ? "" : absl::StrCat(" (", popped->refusal, ")").c_str());
-  if (auto s = Show("popn", *client, c); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(Show("popn", *client, c));
 
   KVARENA_ASSIGN_OR_RETURN(auto table, c.block_table(3));
   KVARENA_ASSIGN_OR_RETURN(auto kv, c.get_kv(3));
@@ -178,19 +178,19 @@ absl::Status Demo() {
       "layer 3 (window %d): block table [%s], get_kv holds positions %" PRId64 "..%" PRId64 "\n",
       kWindow, absl::StrJoin(table, ",").c_str(), kv.first_pos, kv.first_pos + kv.k.shape[2] - 1);
 
-  if (auto s = c.release(); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(c.release());
   std::printf("released %s (is_valid=%s)\n", c.cache_id().c_str(), c.is_valid() ? "true" : "false");
 
-  if (auto s = BatchDecode(*client, rng, absl::GetFlag(FLAGS_decode)); !s.ok()) return s;
+  KVARENA_RETURN_IF_ERROR(BatchDecode(*client, rng, absl::GetFlag(FLAGS_decode)));
 
   if (absl::GetFlag(FLAGS_keep)) {
-    if (auto s = KeepOne(address, rng); !s.ok()) return s;
+    KVARENA_RETURN_IF_ERROR(KeepOne(address, rng));
     const bool unix_socket = address.rfind("unix:", 0) == 0;
-    std::printf("left cache 'kvarena-demo' allocated (no session). Free it with:\n"
-                "  grpcurl -plaintext%s -d '{\"cache_id\":\"kvarena-demo\"}' %s "
-                "kvarena.v1.KvCacheService/Release\n",
-                unix_socket ? " -unix" : "",
-                unix_socket ? address.substr(5).c_str() : address.c_str());
+    std::printf(
+        "left cache 'kvarena-demo' allocated (no session). Free it with:\n"
+        "  grpcurl -plaintext%s -d '{\"cache_id\":\"kvarena-demo\"}' %s "
+        "kvarena.v1.KvCacheService/Release\n",
+        unix_socket ? " -unix" : "", unix_socket ? address.substr(5).c_str() : address.c_str());
   }
   return absl::OkStatus();
 }

@@ -32,16 +32,12 @@ class CpuKvKernels final : public KvKernels {
   }
   absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
                          int64_t n) override {
-    const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
-    for (int64_t i = 0; i < n; ++i) {
-      const PageCopy& c = copies[i];
-      const size_t kept = size_t(c.tokens) * token;
-      for (size_t part : {size_t{0}, half}) {  // K, then V
-        uint8_t* dst = pool_base + size_t(c.dst) * page + part;
-        std::memcpy(dst, pool_base + size_t(c.src) * page + part, kept);
-        std::memset(dst + kept, 0, half - kept);
-      }
-    }
+    ForEachCopyPart(layout, pool_base, copies, n,
+                    [](uint8_t* dst, const uint8_t* src, size_t kept, size_t rest) {
+                      std::memcpy(dst, src, kept);
+                      std::memset(dst + kept, 0, rest);
+                      return true;
+                    });
     return absl::OkStatus();
   }
   absl::Status AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
@@ -54,14 +50,15 @@ class CpuKvKernels final : public KvKernels {
     kvarena::GatherKv(view, pos, n, k_out, v_out);
     return absl::OkStatus();
   }
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                              void* out) override {
     return Finished(kvarena::PagedAttention(view, params, q, out, &pool_), params);
   }
   absl::Status PagedAttentionBatch(const PagedKvView* views, const int64_t* pos, int batch,
                                    const AttentionParams& params, const void* q,
                                    void* out) override {
-    return Finished(kvarena::PagedAttentionBatch(views, pos, batch, params, q, out, &pool_), params);
+    return Finished(kvarena::PagedAttentionBatch(views, pos, batch, params, q, out, &pool_),
+                    params);
   }
 
  private:

@@ -14,11 +14,11 @@
 
 #include <cstdint>
 
+#include "kernels/attention_params.h"
 #include "kernels/paged_kv.h"
 
 namespace kvarena {
 
-class StopToken;
 class ThreadPool;
 
 // Writes n tokens at absolute positions [pos, pos + n).
@@ -28,17 +28,6 @@ void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, co
 // Copies positions [pos, pos + n) out of the pages.
 // REQUIRES: view.first_pos() <= pos and pos + n <= view.len.
 void GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out);
-
-struct AttentionParams {
-  int num_q_heads = 0;  // a multiple of layout.num_kv_heads (GQA)
-  int64_t q_pos = 0;    // absolute position of the first query
-  int64_t n = 1;        // queries: positions [q_pos, q_pos + n)
-  float scale = 0;      // softmax scale (callers default it to 1/sqrt(head_dim))
-  int64_t window = 0;   // 0: full causal; w >= 1: query at p sees keys in (p - w, p]
-  // Polled between units of work (kernels/stop_token.h); null: run to the end. Must
-  // outlive the call.
-  const StopToken* stop = nullptr;
-};
 
 // out[h][i] = softmax(scale * q[h][i] . K[t]) V[t] over keys t with
 // max(view.first_pos(), p - window + 1) <= t <= p, where p = q_pos + i (causal).

@@ -30,24 +30,28 @@ class Call {
   // Records the first failure; returns whether all went well so far.
   bool Check(cudaError_t e, const char* fn) {
     if (e != cudaSuccess && status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat("cuda ", name_, ": ", fn, ": ", cudaGetErrorName(e),
-                                                 ": ", cudaGetErrorString(e)));
+      status_ = absl::InternalError(absl::StrCat("cuda ", name_, ": ", fn, ": ",
+                                                 cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
     }
     return status_.ok();
   }
   // Device buffer of `bytes` (256-byte aligned), holding a copy of `host` when given.
   void* Alloc(size_t bytes, const void* host = nullptr) {
     void* p = nullptr;
-    if (!status_.ok() || !Check(cudaMallocAsync(&p, bytes == 0 ? 16 : bytes, stream_), "cudaMallocAsync")) {
+    if (!status_.ok() ||
+        !Check(cudaMallocAsync(&p, bytes == 0 ? 16 : bytes, stream_), "cudaMallocAsync")) {
       return nullptr;
     }
     buffers_.push_back(p);
-    if (host && bytes) Check(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)");
+    if (host && bytes)
+      Check(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync(H2D)");
     return p;
   }
   void CopyOut(void* host, const void* dev, size_t bytes) {
     if (status_.ok() && bytes) {
-      Check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)");
+      Check(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync(D2H)");
     }
   }
   // The view with its block table staged to the device.
@@ -79,7 +83,8 @@ class CudaKvKernels final : public KvKernels {
   }
   std::string name() const override { return "cuda"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
-    if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256) return absl::OkStatus();
+    if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256)
+      return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim=", layout.head_dim,
                                                    " but the CUDA kernels take 64, 128 or 256"));
   }
@@ -107,23 +112,15 @@ class CudaKvKernels final : public KvKernels {
   absl::Status CopyPages(const PageLayout& layout, uint8_t* pool_base, const PageCopy* copies,
                          int64_t n) override {
     Call call(this, "CopyPages");
-    const size_t page = layout.PageBytes(), half = page / 2, token = layout.TokenBytes();
-    for (int64_t i = 0; i < n; ++i) {
-      const PageCopy& c = copies[i];
-      const size_t kept = size_t(c.tokens) * token;
-      for (size_t part : {size_t{0}, half}) {  // K, then V
-        uint8_t* dst = pool_base + size_t(c.dst) * page + part;
-        if (kept > 0 && !call.Check(cudaMemcpyAsync(dst, pool_base + size_t(c.src) * page + part, kept,
-                                                    cudaMemcpyDeviceToDevice, call.stream()),
-                                    "cudaMemcpyAsync(D2D)")) {
-          return call.Finish();
-        }
-        if (kept < half && !call.Check(cudaMemsetAsync(dst + kept, 0, half - kept, call.stream()),
-                                       "cudaMemsetAsync")) {
-          return call.Finish();
-        }
-      }
-    }
+    ForEachCopyPart(
+        layout, pool_base, copies, n,
+        [&call](uint8_t* dst, const uint8_t* src, size_t kept, size_t rest) {
+          return (kept == 0 || call.Check(cudaMemcpyAsync(dst, src, kept, cudaMemcpyDeviceToDevice,
+                                                          call.stream()),
+                                          "cudaMemcpyAsync(D2D)")) &&
+                 (rest == 0 || call.Check(cudaMemsetAsync(dst + kept, 0, rest, call.stream()),
+                                          "cudaMemsetAsync"));
+        });
     return call.Finish();
   }
 
@@ -188,13 +185,14 @@ class CudaKvKernels final : public KvKernels {
     return call.Finish();
   }
 
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                              void* out) override {
     Call call(this, "PagedAttention");
     const size_t bytes = TensorBytes(view.layout, params.num_q_heads, params.n);
     const PagedKvView d = call.DeviceView(view);
     size_t ws_bytes = 0;
-    call.Check(gpu::PagedAttentionWorkspaceSize(d, params, &ws_bytes), "PagedAttentionWorkspaceSize");
+    call.Check(gpu::PagedAttentionWorkspaceSize(d, params, &ws_bytes),
+               "PagedAttentionWorkspaceSize");
     void* dq = call.Alloc(bytes, q);
     void* dout = call.Alloc(bytes);
     void* ws = call.Alloc(ws_bytes);
@@ -253,7 +251,8 @@ absl::Status Call::Finish() {
   }
   buffers_.clear();
   stream_ = nullptr;
-  if (previous_device_ >= 0 && previous_device_ != owner_->device()) cudaSetDevice(previous_device_);
+  if (previous_device_ >= 0 && previous_device_ != owner_->device())
+    cudaSetDevice(previous_device_);
   finished_ = true;
   return status_;
 }
@@ -268,9 +267,9 @@ absl::StatusOr<std::unique_ptr<KvKernels>> NewCudaKvKernels(int device) {
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the error a driverless machine leaves behind
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda kernels: no usable CUDA device (cudaGetDeviceCount: ",
-        e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda kernels: no usable CUDA device (cudaGetDeviceCount: ",
+                     e == cudaSuccess ? "0 devices" : cudaGetErrorString(e), ")"));
   }
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cpu/kv_kernels.h"
+#include "kernels/attention_params.h"
 #include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/fast_div.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
@@ -26,15 +26,15 @@ struct AppendArgs {
   const int32_t* tables;     // [sum of num_blocks] packed block tables
   const PagedSeqDesc* seqs;  // [batch], or null: every CTA uses `one`
   PagedSeqDesc one;
-  uint8_t* k;                // [batch][num_kv_heads][n][head_dim]: read by append,
-  uint8_t* v;                // [batch][num_kv_heads][n][head_dim]  written by gather
+  uint8_t* k;  // [batch][num_kv_heads][n][head_dim]: read by append,
+  uint8_t* v;  // [batch][num_kv_heads][n][head_dim]  written by gather
   int num_kv_heads;
   uint32_t n;
-  uint32_t head_units;       // n * row.divisor: vectors per (sequence, kv, head)
-  FastDiv row;               // vectors per head_dim row
-  FastDiv page;              // page_size
-  int64_t page_units;        // vectors per page
-  int64_t token_units;       // vectors per token of all heads
+  uint32_t head_units;  // n * row.divisor: vectors per (sequence, kv, head)
+  FastDiv row;          // vectors per head_dim row
+  FastDiv page;         // page_size
+  int64_t page_units;   // vectors per page
+  int64_t token_units;  // vectors per token of all heads
 };
 
 // Validates an append or gather and completes `a` (pool, tables, seqs/one, k, v set).
@@ -44,32 +44,31 @@ cudaError_t PrepareAppend(const PageLayout& layout, int batch, int64_t n, int64_
                           AppendArgs* a, int* vec_bytes, dim3* grid, bool* launch);
 
 struct AttentionArgs {
-  const uint8_t* pool;        // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
-  const int32_t* tables;      // [sum of num_blocks] packed block tables
-  const PagedSeqDesc* seqs;   // [batch], or null: every CTA uses `one`
+  const uint8_t* pool;       // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
+  const int32_t* tables;     // [sum of num_blocks] packed block tables
+  const PagedSeqDesc* seqs;  // [batch], or null: every CTA uses `one`
   PagedSeqDesc one;
-  const void* q;              // [batch][num_q_heads][n][head_dim]
-  void* out;                  // [batch][num_q_heads][n][head_dim]
-  float2* part_ml;            // [batch][num_q_heads][n][splits] {max log2-score, sum of exp2}
-  float* part_acc;            // [batch][num_q_heads][n][splits][head_dim]
-  int64_t page_elems;         // elements per page: 2 * page_size * token_elems
-  int token_elems;            // elements per token of all heads: num_kv_heads * head_dim
-  FastDiv page;               // page_size
+  const void* q;       // [batch][num_q_heads][n][head_dim]
+  void* out;           // [batch][num_q_heads][n][head_dim]
+  float2* part_ml;     // [batch][num_q_heads][n][splits] {max log2-score, sum of exp2}
+  float* part_acc;     // [batch][num_q_heads][n][splits][head_dim]
+  int64_t page_elems;  // elements per page: 2 * page_size * token_elems
+  int token_elems;     // elements per token of all heads: num_kv_heads * head_dim
+  FastDiv page;        // page_size
   int num_kv_heads;
   int num_q_heads;
-  int group;                  // num_q_heads / num_kv_heads
-  int n;                      // queries per sequence
-  int rows_per_head;          // n * group
-  int row_blocks;             // ceil(rows_per_head / kRowsPerCta)
+  int group;          // num_q_heads / num_kv_heads
+  int n;              // queries per sequence
+  int rows_per_head;  // n * group
+  int row_blocks;     // ceil(rows_per_head / kRowsPerCta)
   int splits;
-  float scale_log2;           // scale * log2(e): scores are kept in base 2
-  int window;                 // 0: full causal
+  float scale_log2;  // scale * log2(e): scores are kept in base 2
+  int window;        // 0: full causal
 };
 
 // Checks the shapes of an attention request and plans it for `cta_slots` resident CTAs.
-cudaError_t PlanAttentionRequest(const PageLayout& layout, const AttentionParams& params,
-                                 int batch, int64_t max_span, int64_t cta_slots,
-                                 AttentionPlan* plan);
+cudaError_t PlanAttentionRequest(const PageLayout& layout, const AttentionParams& params, int batch,
+                                 int64_t max_span, int64_t cta_slots, AttentionPlan* plan);
 
 // Completes `a` (pool, tables, seqs/one, q, out already set) for `plan`, checking the
 // pointers and the workspace. *launch = false: nothing to do (n == 0 or batch == 0).

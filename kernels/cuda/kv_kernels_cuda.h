@@ -34,7 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cpu/kv_kernels.h"  // AttentionParams
+#include "kernels/attention_params.h"
 #include "kernels/paged_kv.h"
 
 namespace kvarena::gpu {
@@ -43,7 +43,7 @@ namespace kvarena::gpu {
 struct PagedSeqDesc {
   int64_t table_offset = 0;  // index of the sequence's block_table[0] in the packed tables
   int64_t first_block = 0;   // logical page index of that entry (PagedKvView::first_block)
-  int64_t pos = 0;           // append: position of the first new token; attention: of the first query
+  int64_t pos = 0;  // append: position of the first new token; attention: of the first query
 };
 
 // Many caches of one pool, all on the device.
@@ -63,8 +63,8 @@ struct PagedKvBatch {
 
 // Writes n tokens at absolute positions [pos, pos + n) of one layer.
 // REQUIRES: view.block_table covers the positions; pos >= view.first_pos().
-cudaError_t AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
-                     const void* v, cudaStream_t stream = nullptr);
+cudaError_t AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v,
+                     cudaStream_t stream = nullptr);
 
 // Copies positions [pos, pos + n) out of the pages into k_out / v_out.
 // REQUIRES: view.first_pos() <= pos and pos + n <= view.len.

@@ -1,13 +1,17 @@
 #include "python/src/convert.h"
 
+#include <pybind11/stl.h>
+
 #include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include <pybind11/stl.h>
-
 #include "absl/time/time.h"
 #include "python/src/errors.h"
+
+// One field of `s` into the dict `d` under its own name (the *_FIELDS lists in
+// kvarena/types.h).
+#define KVARENA_FIELD_TO_DICT(f) d[#f] = s.f;
 
 namespace kvarena::python {
 
@@ -62,90 +66,75 @@ ClientOptions ParseClientOptions(const py::kwargs& kwargs) {
   ClientOptions o;
   for (auto [key, value] : kwargs) {
     const std::string k = py::str(key);
-    if (k == "client_name") o.client_name = value.cast<std::string>();
-    else if (k == "call_timeout") o.call_timeout = Seconds(value, k);
-    else if (k == "connect_timeout") o.connect_timeout = Seconds(value, k);
-    else if (k == "attach") o.attach = value.cast<bool>();
-    else if (k == "resume") o.resume = value.cast<bool>();
-    else if (k == "inline_tensors") o.inline_tensors = value.cast<bool>();
-    else if (k == "num_threads") o.num_threads = value.cast<int>();
-    else if (k == "max_message_bytes") o.max_message_bytes = value.cast<size_t>();
-    else if (k == "arena_bytes") o.arena_bytes = value.cast<size_t>();
-    else if (k == "page_size") o.page_size = value.cast<int>();
-    else if (k == "tls_ca_file") o.tls_ca_file = value.cast<std::string>();
-    else if (k == "tls_cert_file") o.tls_cert_file = value.cast<std::string>();
-    else if (k == "tls_key_file") o.tls_key_file = value.cast<std::string>();
-    else if (k == "tls_target_name") o.tls_target_name = value.cast<std::string>();
-    else if (k == "auth_token") o.auth_token = value.cast<std::string>();
-    else if (k == "auth_token_file") o.auth_token_file = value.cast<std::string>();
-    else throw py::type_error(absl::StrCat("connect() got an unknown option '", k,
-                                           "' (ClientOptions has no such field)"));
+    if (k == "client_name")
+      o.client_name = value.cast<std::string>();
+    else if (k == "call_timeout")
+      o.call_timeout = Seconds(value, k);
+    else if (k == "connect_timeout")
+      o.connect_timeout = Seconds(value, k);
+    else if (k == "attach")
+      o.attach = value.cast<bool>();
+    else if (k == "resume")
+      o.resume = value.cast<bool>();
+    else if (k == "inline_tensors")
+      o.inline_tensors = value.cast<bool>();
+    else if (k == "num_threads")
+      o.num_threads = value.cast<int>();
+    else if (k == "max_message_bytes")
+      o.max_message_bytes = value.cast<size_t>();
+    else if (k == "arena_bytes")
+      o.arena_bytes = value.cast<size_t>();
+    else if (k == "page_size")
+      o.page_size = value.cast<int>();
+    else if (k == "tls_ca_file")
+      o.tls_ca_file = value.cast<std::string>();
+    else if (k == "tls_cert_file")
+      o.tls_cert_file = value.cast<std::string>();
+    else if (k == "tls_key_file")
+      o.tls_key_file = value.cast<std::string>();
+    else if (k == "tls_target_name")
+      o.tls_target_name = value.cast<std::string>();
+    else if (k == "auth_token")
+      o.auth_token = value.cast<std::string>();
+    else if (k == "auth_token_file")
+      o.auth_token_file = value.cast<std::string>();
+    else
+      throw py::type_error(absl::StrCat("connect() got an unknown option '", k,
+                                        "' (ClientOptions has no such field)"));
   }
   return o;
 }
 
 py::dict ToDict(const PageStats& s) {
   py::dict d;
-  d["num_pages"] = s.num_pages;
-  d["pages_used"] = s.pages_used;
-  d["pages_free"] = s.pages_free;
-  d["page_size"] = s.page_size;
-  d["seq_len"] = s.seq_len;
-  d["layers_materialized"] = s.layers_materialized;
-  d["layers_total"] = s.layers_total;
-  d["layers_sliding"] = s.layers_sliding;
-  d["bytes_used"] = s.bytes_used;
-  d["pages_evicted"] = s.pages_evicted;
-  d["refusals"] = s.refusals;
-  d["pages_cached"] = s.pages_cached;
-  d["pages_shared"] = s.pages_shared;
-  d["pages_evicted_lru"] = s.pages_evicted_lru;
-  d["prefix_lookups"] = s.prefix_lookups;
-  d["prefix_requested_tokens"] = s.prefix_requested_tokens;
-  d["prefix_hit_tokens"] = s.prefix_hit_tokens;
-  d["forks"] = s.forks;
-  d["cow_copies"] = s.cow_copies;
+  KVARENA_PAGE_STATS_FIELDS(KVARENA_FIELD_TO_DICT)
   return d;
 }
 
 py::dict ToDict(const PoolStats& s) {
   py::dict d;
-  d["pool_id"] = s.pool_id;
+  KVARENA_POOL_STATS_FIELDS(KVARENA_FIELD_TO_DICT)
   d["dtype"] = DTypeName(s.layout.dtype);
   d["page_size"] = s.layout.page_size;
   d["num_kv_heads"] = s.layout.num_kv_heads;
   d["head_dim"] = s.layout.head_dim;
-  d["page_bytes"] = s.page_bytes;
-  d["num_pages"] = s.num_pages;
-  d["pages_used"] = s.pages_used;
-  d["pages_free"] = s.pages_free;
-  d["pages_cached"] = s.pages_cached;
-  d["pages_shared"] = s.pages_shared;
-  d["chunks_committed"] = s.chunks_committed;
-  d["chunk_bytes"] = s.chunk_bytes;
-  d["bytes_committed"] = s.bytes_committed;
-  d["num_caches"] = s.num_caches;
   d["owner"] = s.owner;  // the pool's tenant; "" without --tenants_file
+  return d;
+}
+
+py::dict ToDict(const TierStats& s) {
+  py::dict d;
+  KVARENA_TIER_STATS_FIELDS(KVARENA_FIELD_TO_DICT)
   return d;
 }
 
 py::dict ToDict(const ArenaStats& s) {
   py::dict d;
+  KVARENA_ARENA_STATS_FIELDS(KVARENA_FIELD_TO_DICT)
   d["pages"] = ToDict(s.pages);
   py::list pools;
   for (const PoolStats& p : s.pools) pools.append(ToDict(p));
   d["pools"] = pools;
-  d["backend"] = s.backend;
-  d["arena_bytes"] = s.arena_bytes;
-  d["bytes_committed"] = s.bytes_committed;
-  d["bytes_used"] = s.bytes_used;
-  d["num_caches"] = s.num_caches;
-  d["num_sessions"] = s.num_sessions;
-  d["scratch_bytes"] = s.scratch_bytes;
-  d["scratch_regions"] = s.scratch_regions;
-  d["metadata_bytes"] = s.metadata_bytes;
-  d["metadata_bytes_used"] = s.metadata_bytes_used;
-  d["event_log_bytes"] = s.event_log_bytes;
   d["sessions_in_grace"] = s.sessions_in_grace;
   d["sessions_opened"] = s.sessions_opened;
   d["sessions_detached"] = s.sessions_detached;
@@ -154,23 +143,7 @@ py::dict ToDict(const ArenaStats& s) {
   d["caches_reaped_grace"] = s.caches_reaped_grace;
   d["caches_reaped_idle"] = s.caches_reaped_idle;
   py::list tiers;
-  for (const TierStats& t : s.tiers) {
-    py::dict x;
-    x["medium"] = t.medium;
-    x["up"] = t.up;
-    x["bytes_used"] = t.bytes_used;
-    x["bytes_limit"] = t.bytes_limit;
-    x["chunks"] = t.chunks;
-    x["lookups"] = t.lookups;
-    x["hit_chunks"] = t.hit_chunks;
-    x["miss_chunks"] = t.miss_chunks;
-    x["loaded_tokens"] = t.loaded_tokens;
-    x["stored_chunks"] = t.stored_chunks;
-    x["dropped_writes"] = t.dropped_writes;
-    x["corrupt_chunks"] = t.corrupt_chunks;
-    x["errors"] = t.errors;
-    tiers.append(x);
-  }
+  for (const TierStats& t : s.tiers) tiers.append(ToDict(t));
   d["tiers"] = tiers;
   return d;
 }

@@ -21,6 +21,7 @@ ClientOptions ParseClientOptions(const pybind11::kwargs& kwargs);
 
 pybind11::dict ToDict(const PageStats& s);
 pybind11::dict ToDict(const PoolStats& s);
+pybind11::dict ToDict(const TierStats& s);
 pybind11::dict ToDict(const ArenaStats& s);
 pybind11::dict ToDict(const CacheInfo& info);
 pybind11::dict ToDict(const CallCounts& c);

@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 #include "tiers/redis/redis_cluster.h"
 
 namespace kvarena {
@@ -18,10 +19,9 @@ absl::StatusOr<std::shared_ptr<const RedisCluster::SlotMap>> RedisCluster::LoadM
     const RedisAddress& address) {
   const absl::Time deadline =
       absl::Now() + options_.connect.connect_timeout + options_.connect.command_timeout;
-  absl::StatusOr<std::vector<RedisReply>> replies =
-      Node(address)->Run({{"CLUSTER", "SLOTS"}}, deadline);
-  if (!replies.ok()) return replies.status();
-  const RedisReply& reply = (*replies)[0];
+  KVARENA_ASSIGN_OR_RETURN(const std::vector<RedisReply> replies,
+                           Node(address)->Run({{"CLUSTER", "SLOTS"}}, deadline));
+  const RedisReply& reply = replies[0];
   const std::string from = absl::StrCat("redis node ", address.ToString(), ": CLUSTER SLOTS: ");
   auto map = std::make_shared<SlotMap>();
   map->owner.fill(-1);

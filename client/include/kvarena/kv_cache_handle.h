@@ -99,17 +99,8 @@ struct KvCacheRef {
 };
 
 // One layer's block table as this handle knows it (local_table): what Reserve and Commit
-// replies and this process's local writes made it, no RPC. page_ids[i] holds absolute
-// positions [first_pos + i * page_size, first_pos + (i + 1) * page_size), position t at
-// slot t % page_size. A snapshot: it does not follow later calls.
-struct LocalLayerTable {
-  std::vector<int32_t> page_ids;  // every page the layer holds, reserved ones included
-  int64_t first_pos = 0;  // a multiple of page_size; a sliding window evicted what lies below
-  int64_t len = 0;        // committed tokens (absolute)
-  int64_t written = 0;    // len + what append_local / attention_local wrote since the last commit
-  int64_t reserved_until = 0;  // first_pos + page_ids.size() * page_size: pages, no K/V yet,
-                               // at [written, reserved_until)
-};
+// replies and this process's local writes made it, no RPC (kvarena/types.h: LayerPages).
+using LocalLayerTable = LayerPages;
 
 // How a kernel addresses the mapped pool (pool_view): one array
 //   [num_pool_pages][2][page_size][num_kv_heads][head_dim]   (NHD, K then V in each page)
@@ -251,7 +242,8 @@ class GenericKvCacheHandle {
   // A new cache (new_cache_id "" lets the arena pick) that shares every full page of this
   // one and holds a copy of each layer's partial last page (Fork): a beam or a branch.
   // The two diverge independently; a popn into a shared page copies it first.
-  absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> fork(const std::string& new_cache_id = "") const;
+  absl::StatusOr<std::shared_ptr<GenericKvCacheHandle>> fork(
+      const std::string& new_cache_id = "") const;
 
   // --- local path (needs the pool mapped: inproc:, or a unix: client) ---
   // Makes sure every layer has pages for positions [num_tokens(), num_tokens() + tokens).
@@ -281,7 +273,7 @@ class GenericKvCacheHandle {
 
  private:
   friend class Client;
-  friend class DecodeBatch;  // the batched local path (decode_batch.cc)
+  friend class DecodeBatch;                        // the batched local path (decode_batch.cc)
   friend struct client_internal::PageTableAccess;  // the batch builders (page_tables.cc)
   GenericKvCacheHandle(std::shared_ptr<client_internal::Transport> transport, CacheInfo info,
                        std::shared_ptr<client_internal::CacheState> state, int64_t limit);
@@ -302,9 +294,8 @@ class GenericKvCacheHandle {
   // The layer's pages from Describe, narrowed to limit_.
   absl::StatusOr<LayerPages> Pages(const char* op, int layer) const;
   absl::StatusOr<KvCacheRef> View(KvCacheRef::Part part, int layer) const;
-  absl::StatusOr<TensorOut> Attend(int layer, int64_t pos, const TensorArg& q,
-                                   const TensorArg* k, const TensorArg* v,
-                                   const AttentionOptions& opts);
+  absl::StatusOr<TensorOut> Attend(int layer, int64_t pos, const TensorArg& q, const TensorArg* k,
+                                   const TensorArg* v, const AttentionOptions& opts);
   // Local path (local_path.cc).
   absl::Status CheckLocal(const char* op) const;
   // Loads the local table with Describe when it is stale.
@@ -314,8 +305,10 @@ class GenericKvCacheHandle {
   // Writes k/v (and attends q into *out when q is given) at the layer's next position.
   absl::Status WriteLocal(const char* op, int layer, const TensorArg* q, const TensorArg& k,
                           const TensorArg& v, const AttentionOptions& opts, TensorOut* out);
-  static absl::Status ReserveAll(const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
-  static absl::Status CommitAll(const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
+  static absl::Status ReserveAll(
+      const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
+  static absl::Status CommitAll(
+      const std::vector<std::pair<GenericKvCacheHandle*, int64_t>>& items);
 
   std::shared_ptr<client_internal::Transport> transport_;
   CacheInfo info_;  // as allocated; lengths live in state_

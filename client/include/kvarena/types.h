@@ -88,7 +88,7 @@ struct AttendArgs {
   int layer = 0;
   int64_t pos = 0;
   TensorArg q;
-  TensorArg k;          // k and v both absent (data == nullptr, bytes == 0): attend over the cache
+  TensorArg k;  // k and v both absent (data == nullptr, bytes == 0): attend over the cache
   TensorArg v;
   double scale = 0;     // 0: 1/sqrt(head_dim)
   uint32_t window = 0;  // 0: the layer's own window; else also mask keys older than this
@@ -119,10 +119,23 @@ struct GetKvResult {
   int64_t layer_len = 0;  // the layer's length: the range ends at first_pos + tokens <= it
 };
 
+// One layer's block table, in the one shape every call gives it (Describe, Reserve,
+// GenericKvCacheHandle::local_table): page_ids[i] holds absolute positions
+// [first_pos + i * page_size, first_pos + (i + 1) * page_size), position t at slot
+// t % page_size. A snapshot: it does not follow later calls.
+//   Describe:    every page the layer holds, reserved ones included.
+//   Reserve:     the pages covering what it reserved, from the page holding len.
+//   local_table: what the handle knows without an RPC, its local writes included.
 struct LayerPages {
-  int64_t first_pos = 0;  // absolute position of slot 0 of page_ids[0]
-  int64_t len = 0;        // tokens written (absolute)
+  int64_t first_pos = 0;  // a multiple of page_size; a sliding window evicted what lies below
+  int64_t len = 0;        // committed tokens (absolute)
   std::vector<int32_t> page_ids;
+  // len + what append_local / attention_local wrote since the last commit (local_table);
+  // Describe and Reserve, which see only the arena, give len.
+  int64_t written = 0;
+
+  // The first position with no page: [written, end) has pages and no K/V yet.
+  int64_t end(int page_size) const { return first_pos + int64_t(page_ids.size()) * page_size; }
 };
 
 struct CacheDescription {
@@ -138,32 +151,32 @@ struct CacheTokens {
 
 struct ReserveResult {
   std::string cache_id;
-  int64_t first_pos = 0;  // the first reserved position (the current seq_len)
+  int64_t first_pos = 0;           // the first reserved position (the current seq_len)
   std::vector<LayerPages> layers;  // per layer: pages covering [first_pos, first_pos + tokens)
 };
 
 struct PageStats {
-  int64_t num_pages = 0;   // pages_used + pages_free
+  int64_t num_pages = 0;  // pages_used + pages_free
   int64_t pages_used = 0;
   int64_t pages_free = 0;
-  int page_size = 0;       // for the arena total: 0 unless every pool shares one page size
-  int64_t seq_len = 0;     // for the arena total: sum over caches
+  int page_size = 0;    // for the arena total: 0 unless every pool shares one page size
+  int64_t seq_len = 0;  // for the arena total: sum over caches
   int64_t layers_materialized = 0;
   int64_t layers_total = 0;
   int64_t layers_sliding = 0;
-  uint64_t bytes_used = 0;      // pages_used x page bytes
-  uint64_t pages_evicted = 0;   // freed by sliding windows, since creation
-  uint64_t refusals = 0;        // popn refusals and rejected appends / reserves, since creation
+  uint64_t bytes_used = 0;     // pages_used x page bytes
+  uint64_t pages_evicted = 0;  // freed by sliding windows, since creation
+  uint64_t refusals = 0;       // popn refusals and rejected appends / reserves, since creation
   // Prefix reuse. Arena: gauges now and counters since start. One cache: its own
   // prefix_* (its Allocate's lookup) and cow_copies; the pool-wide fields stay 0.
-  int64_t pages_cached = 0;            // unreferenced registered pages, reclaimable (in pages_free)
-  int64_t pages_shared = 0;            // pages referenced by two or more caches
-  uint64_t pages_evicted_lru = 0;      // cached pages reclaimed for new allocations
-  uint64_t prefix_lookups = 0;         // Allocates with prompt_tokens and a namespace
+  int64_t pages_cached = 0;        // unreferenced registered pages, reclaimable (in pages_free)
+  int64_t pages_shared = 0;        // pages referenced by two or more caches
+  uint64_t pages_evicted_lru = 0;  // cached pages reclaimed for new allocations
+  uint64_t prefix_lookups = 0;     // Allocates with prompt_tokens and a namespace
   uint64_t prefix_requested_tokens = 0;  // their prompt lengths, summed
-  uint64_t prefix_hit_tokens = 0;      // the cached_tokens they got, summed
+  uint64_t prefix_hit_tokens = 0;        // the cached_tokens they got, summed
   uint64_t forks = 0;
-  uint64_t cow_copies = 0;             // pages copied because a popn cut into a shared page
+  uint64_t cow_copies = 0;  // pages copied because a popn cut into a shared page
 };
 
 struct PoolStats {
@@ -172,8 +185,8 @@ struct PoolStats {
   uint64_t page_bytes = 0;
   int64_t num_pages = 0;  // pages_used + pages_free
   int64_t pages_used = 0;
-  int64_t pages_free = 0;  // free in committed chunks + what the uncommitted budget could give
-                           // + pages_cached
+  int64_t pages_free = 0;    // free in committed chunks + what the uncommitted budget could give
+                             // + pages_cached
   int64_t pages_cached = 0;  // unreferenced, still indexed for prefix reuse, reclaimable
   int64_t pages_shared = 0;  // referenced by two or more caches
   int64_t chunks_committed = 0;
@@ -201,6 +214,30 @@ struct TierStats {
   uint64_t errors = 0;          // reads and writes that failed
 };
 
+// The statistics' fields that keep their name on the wire (kvarena.proto) and in the Python
+// module's dicts, as X(name) each: the one list the conversions walk, so a field added to a
+// struct and its message is added here once. Nested, renamed and repeated fields are
+// converted by hand beside them.
+#define KVARENA_PAGE_STATS_FIELDS(X)                                                               \
+  X(num_pages)                                                                                     \
+  X(pages_used) X(pages_free) X(page_size) X(seq_len) X(layers_materialized) X(layers_total)       \
+      X(layers_sliding) X(bytes_used) X(pages_evicted) X(refusals) X(pages_cached) X(pages_shared) \
+          X(pages_evicted_lru) X(prefix_lookups) X(prefix_requested_tokens) X(prefix_hit_tokens)   \
+              X(forks) X(cow_copies)
+#define KVARENA_POOL_STATS_FIELDS(X)                                                        \
+  X(pool_id)                                                                                \
+  X(page_bytes) X(num_pages) X(pages_used) X(pages_free) X(chunks_committed) X(chunk_bytes) \
+      X(bytes_committed) X(num_caches) X(pages_cached) X(pages_shared)
+#define KVARENA_TIER_STATS_FIELDS(X)                                                   \
+  X(medium)                                                                            \
+  X(bytes_used) X(bytes_limit) X(chunks) X(up) X(lookups) X(hit_chunks) X(miss_chunks) \
+      X(loaded_tokens) X(stored_chunks) X(dropped_writes) X(corrupt_chunks) X(errors)
+// ArenaStats' on the wire (the session counters are the daemon's metrics only).
+#define KVARENA_ARENA_STATS_FIELDS(X)                                                            \
+  X(backend)                                                                                     \
+  X(arena_bytes) X(bytes_committed) X(bytes_used) X(num_caches) X(num_sessions) X(scratch_bytes) \
+      X(scratch_regions) X(metadata_bytes) X(metadata_bytes_used) X(event_log_bytes)
+
 struct ArenaStats {
   PageStats pages;  // totals over every pool
   std::vector<PoolStats> pools;
@@ -210,11 +247,11 @@ struct ArenaStats {
   uint64_t bytes_used = 0;
   int64_t num_caches = 0;
   int64_t num_sessions = 0;
-  uint64_t scratch_bytes = 0;    // charged to arena_bytes by live sessions' scratch regions
+  uint64_t scratch_bytes = 0;  // charged to arena_bytes by live sessions' scratch regions
   int64_t scratch_regions = 0;
-  uint64_t metadata_bytes = 0;       // --metadata_bytes: caches' tables, token ids, index nodes
+  uint64_t metadata_bytes = 0;  // --metadata_bytes: caches' tables, token ids, index nodes
   uint64_t metadata_bytes_used = 0;
-  uint64_t event_log_bytes = 0;      // prefix-index events kept for WatchEvents
+  uint64_t event_log_bytes = 0;  // prefix-index events kept for WatchEvents
   // Sessions: of num_sessions, those detached and in their grace period; since creation,
   // those opened, detached, resumed (a new stream with the resume token) and reaped
   // (grace over: the session gone, its caches released).
