@@ -21,7 +21,7 @@
 
 namespace kvarena {
 
-inline constexpr size_t kMaxFdsPerMessage = 250;      // below the kernel's SCM_MAX_FD (253)
+inline constexpr size_t kMaxFdsPerMessage = 250;  // below the kernel's SCM_MAX_FD (253)
 inline constexpr size_t kMaxMessageBytes = 1 << 20;
 
 // Sends bytes and (duplicates of) fds; the caller keeps its fds. With a finite deadline

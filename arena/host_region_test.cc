@@ -101,7 +101,8 @@ TEST_F(HostRegionTest, IsOnePieceOfOneGenerationOnTheHost) {
   ASSERT_TRUE(past.ok());
   EXPECT_TRUE(past->empty());
   EXPECT_EQ(total, 1u);
-  auto newer = r->ExportPiecesAfter(1, 0, 250, &total);  // the memfd grows by itself: nothing to add
+  auto newer =
+      r->ExportPiecesAfter(1, 0, 250, &total);  // the memfd grows by itself: nothing to add
   ASSERT_TRUE(newer.ok());
   EXPECT_TRUE(newer->empty());
   EXPECT_EQ(total, 0u);

@@ -56,7 +56,8 @@ TEST(PageOfPiecesTest, AfterAGenerationCountsOnlyNewerPieces) {
 }
 
 TEST(PageOfPiecesTest, OffsetOrdersPiecesOfOneGeneration) {
-  const std::vector<PieceRef> page = PageOfPieces({{2, 8192, 1}, {2, 0, 1}, {1, 4096, 1}}, 0, 0, 9, nullptr);
+  const std::vector<PieceRef> page =
+      PageOfPieces({{2, 8192, 1}, {2, 0, 1}, {1, 4096, 1}}, 0, 0, 9, nullptr);
   ASSERT_EQ(page.size(), 3u);
   EXPECT_EQ(page[0].offset, 4096u);
   EXPECT_EQ(page[1].offset, 0u);

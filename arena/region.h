@@ -113,7 +113,8 @@ class Region {
   // generation, oldest first: without the first `first` of them, at most `max_pieces`.
   // *total (when given) is how many pieces are after `generation` in all. Creates fds
   // (each owned by the caller) for the returned pieces only (arena/piece_page.h).
-  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation, size_t first,
+  virtual absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t generation,
+                                                                     size_t first,
                                                                      size_t max_pieces,
                                                                      size_t* total) const = 0;
   // cuda_ipc only: the cudaIpcMemHandle_t bytes.

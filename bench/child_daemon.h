@@ -18,7 +18,8 @@ namespace kvarena {
 
 // The kvarenad built beside this benchmark (build/bench/.. -> build/daemon/kvarenad).
 inline std::string DefaultKvarenadPath() {
-  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad").string();
+  return (std::filesystem::canonical("/proc/self/exe").parent_path() / "../daemon/kvarenad")
+      .string();
 }
 
 class ChildDaemon {

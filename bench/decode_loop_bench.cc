@@ -64,7 +64,9 @@ struct StepTensors {  // one decode token of one layer
       : q(kQHeads, 1, rng), k(kKvHeads, 1, rng), v(kKvHeads, 1, rng) {}
 };
 
-CacheSpec Spec() { return CacheSpec{kLayers, kKvHeads, kHeadDim, DType::kFloat16, kPageSize, {}, 0, ""}; }
+CacheSpec Spec() {
+  return CacheSpec{kLayers, kKvHeads, kHeadDim, DType::kFloat16, kPageSize, {}, 0, ""};
+}
 
 bool Fail(const char* what, const absl::Status& s) {
   std::fprintf(stderr, "decode_loop_bench: %s: %s\n", what, s.ToString().c_str());
@@ -141,7 +143,8 @@ class InProcess final : public Way {
 // (b) and (c): caches in the daemon, through one attached client over the Unix socket.
 class ThroughDaemon final : public Way {
  public:
-  ThroughDaemon(std::shared_ptr<Client> client, bool local) : client_(std::move(client)), local_(local) {}
+  ThroughDaemon(std::shared_ptr<Client> client, bool local)
+      : client_(std::move(client)), local_(local) {}
   bool Init() {
     for (int c = 0; c < kBatch; ++c) {
       auto h = client_->Allocate(Spec());
@@ -316,10 +319,11 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
     done += n;
   }
 
-  std::printf("decode_loop_bench: %d layers, %d kv heads, %d q heads, head_dim %d, float16, page %d, "
-              "batch %d, context %d -> %d, %u cores\n",
-              kLayers, kKvHeads, kQHeads, kHeadDim, kPageSize, kBatch, kContext, kContext + steps,
-              std::thread::hardware_concurrency());
+  std::printf(
+      "decode_loop_bench: %d layers, %d kv heads, %d q heads, head_dim %d, float16, page %d, "
+      "batch %d, context %d -> %d, %u cores\n",
+      kLayers, kKvHeads, kQHeads, kHeadDim, kPageSize, kBatch, kContext, kContext + steps,
+      std::thread::hardware_concurrency());
   const double base = kBatch * a.steps / a.seconds;
   std::printf("%-58s %10s %9s %8s\n", "way", "tokens/s", "ms/step", "vs (a)");
   const struct {
@@ -335,7 +339,9 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
     std::printf("%-58s %10.1f %9.2f %4s %.3f\n", r.name, tps, 1000 * r.w->seconds / r.w->steps,
                 r.ratio, tps / base);
   }
-  for (const auto& [name, w, calls] : {std::tuple<const char*, const Way*, CallCounts>{"(b)", &b, calls_b}, {"(d)", &d, calls_d}}) {
+  for (const auto& [name, w, calls] :
+       {std::tuple<const char*, const Way*, CallCounts>{"(b)", &b, calls_b},
+        {"(d)", &d, calls_d}}) {
     std::printf("%s per step: %.3f Reserve RPCs, %.3f Commit RPCs, %lld Describe in all\n", name,
                 double(calls.reserve) / w->steps, double(calls.commit) / w->steps,
                 static_cast<long long>(calls.describe));

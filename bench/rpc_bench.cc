@@ -10,6 +10,7 @@
 // Usage: rpc_bench [--kvarenad=PATH] [--quick]
 //   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -26,8 +27,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "bench/child_daemon.h"
 #include "bench/daemon_channel.h"
@@ -131,7 +130,8 @@ int Run(const std::string& kvarenad, bool quick) {
                    dir.c_str());
       return 1;
     }
-    const std::unique_ptr<v1::KvCacheService::Stub> stub = v1::KvCacheService::NewStub(daemon_channel);
+    const std::unique_ptr<v1::KvCacheService::Stub> stub =
+        v1::KvCacheService::NewStub(daemon_channel);
     std::unique_ptr<KvStore> store = *KvStore::Create(StoreOptions{}, NewHostBackend());
     std::mt19937 rng(1);
     const auto call = [&](auto method, const auto& req, auto* resp) {
@@ -186,11 +186,12 @@ int Run(const std::string& kvarenad, bool quick) {
     std::unique_ptr<grpc::health::v1::Health::Stub> health_stub =
         grpc::health::v1::Health::NewStub(daemon_channel);
     grpc::health::v1::HealthCheckResponse served;
-    Timed health{[&] {
-                   grpc::ClientContext ctx;
-                   return health_stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &served).ok();
-                 },
-                 nullptr, 20000 / scale};
+    Timed health{
+        [&] {
+          grpc::ClientContext ctx;
+          return health_stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &served).ok();
+        },
+        nullptr, 20000 / scale};
     v1::PingResponse pong;
     Timed ping{[&] { return call(&v1::KvCacheService::Stub::Ping, v1::PingRequest(), &pong); },
                nullptr, 20000 / scale};
@@ -232,8 +233,8 @@ int Run(const std::string& kvarenad, bool quick) {
 
     v1::StatsResponse stats;
     Timed stats_rpc{
-        [&] { return call(&v1::KvCacheService::Stub::Stats, v1::StatsRequest(), &stats); },
-        nullptr, 20000 / scale};
+        [&] { return call(&v1::KvCacheService::Stub::Stats, v1::StatsRequest(), &stats); }, nullptr,
+        20000 / scale};
     Timed stats_local{[&] { return store->Stats().num_caches == 2 + kExtraPools; }, nullptr,
                       20000 / scale};
 
@@ -252,8 +253,8 @@ int Run(const std::string& kvarenad, bool quick) {
     Timed attend_local{[&] { return store->Attend("", args, out.data(), out.size()).ok(); },
                        nullptr, 1000 / scale};
 
-    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &popn_rpc, &popn_local, &stats_rpc,
-                        &stats_local, &attend_rpc, &attend_local});
+    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &popn_rpc, &popn_local,
+                        &stats_rpc, &stats_local, &attend_rpc, &attend_local});
     rows = {{"Health/Check (gRPC's own)", health.Result(), {}},
             {"Ping (empty unary)", ping.Result(), {}},
             {"Append (1 token, 8x128 f16)", append_rpc.Result(), append_local.Result()},
@@ -262,8 +263,10 @@ int Run(const std::string& kvarenad, bool quick) {
             {"Attend decode, ctx 4096, 32q/8kv", attend_rpc.Result(), attend_local.Result()}};
   }
   std::filesystem::remove_all(dir);
-  std::printf("rpc_bench: %u cores; every row's in-process column is the same KvStore call "
-              "without gRPC\n", std::thread::hardware_concurrency());
+  std::printf(
+      "rpc_bench: %u cores; every row's in-process column is the same KvStore call "
+      "without gRPC\n",
+      std::thread::hardware_concurrency());
   PrintTable(rows);
   return 0;
 }

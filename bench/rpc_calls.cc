@@ -9,13 +9,13 @@
 //                  [--n=N]
 //   append writes positions 0..N-1 of the "append" cache, which must be empty (as setup
 //   leaves it); popn with the same N empties it again.
+#include <grpcpp/grpcpp.h>
+
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "bench/half_tensor.h"
 #include "grpc/health/v1/health.grpc.pb.h"

@@ -12,12 +12,12 @@
 #ifndef KVARENA_CLIENT_ATTACH_STREAM_H_
 #define KVARENA_CLIENT_ATTACH_STREAM_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

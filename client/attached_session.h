@@ -11,13 +11,13 @@
 #ifndef KVARENA_CLIENT_ATTACHED_SESSION_H_
 #define KVARENA_CLIENT_ATTACHED_SESSION_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"

@@ -9,11 +9,11 @@
 #ifndef KVARENA_CLIENT_CHANNEL_CREDENTIALS_H_
 #define KVARENA_CLIENT_CHANNEL_CREDENTIALS_H_
 
-#include <memory>
-#include <string>
-
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "kvarena/client.h"

@@ -21,10 +21,10 @@ namespace kvarena {
 namespace {
 
 using testing::BatchTensor;
+using ::testing::HasSubstr;
 using testing::IsOk;
 using testing::KvHistory;
 using testing::StatusIs;
-using ::testing::HasSubstr;
 
 constexpr int kKvHeads = 2;
 constexpr int kQHeads = 8;
@@ -171,8 +171,8 @@ class SingleCacheKernels final : public testing::ForwardingKvKernels {
     ++appends;
     return ForwardingKvKernels::AppendKv(view, pos, n, k, v);
   }
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                              void* out) override {
     ++attentions;
     return ForwardingKvKernels::PagedAttention(view, params, q, out);
   }
@@ -203,7 +203,8 @@ TEST_F(DecodeBatchTest, CreateRefusesBatchesItCannotRun) {
   auto a = NewCache(Spec({0, 0})), b = NewCache(Spec({0, 0}));
   auto other_geometry = NewCache(Spec({0, 0}, 32));
   auto other_windows = NewCache(Spec({0, 6}));
-  EXPECT_THAT(DecodeBatch::Create({}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no caches")));
+  EXPECT_THAT(DecodeBatch::Create({}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no caches")));
   EXPECT_THAT(DecodeBatch::Create({a, nullptr}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("caches[1] is null")));
   EXPECT_THAT(DecodeBatch::Create({a, b, a}),
@@ -227,8 +228,9 @@ TEST_F(DecodeBatchTest, CreateRefusesBatchesItCannotRun) {
   for (int64_t n : {int64_t(0), int64_t(-1), std::numeric_limits<int64_t>::max()}) {
     DecodeBatchOptions o;
     o.tokens_per_step = n;
-    EXPECT_THAT(DecodeBatch::Create({a}, o), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                      HasSubstr(absl::StrCat("tokens_per_step=", n))));
+    EXPECT_THAT(DecodeBatch::Create({a}, o),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("tokens_per_step=", n))));
   }
   DecodeBatchOptions o;
   o.max_blocks = -5;
@@ -255,14 +257,16 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
   const auto kFailed = absl::StatusCode::kFailedPrecondition;
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
 
-  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf), StatusIs(kFailed, HasSubstr("call Plan first")));
+  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf),
+              StatusIs(kFailed, HasSubstr("call Plan first")));
   EXPECT_THAT(batch.Commit(), StatusIs(kFailed, HasSubstr("call Plan first")));
   ASSERT_THAT(batch.Plan(), IsOk());
   EXPECT_EQ(batch.position(0), 3);
   EXPECT_EQ(batch.position(1), 5);
   for (int layer : {-1, 2, std::numeric_limits<int>::max()}) {
-    EXPECT_THAT(batch.Run(layer, q.arg(), k.arg(), v.arg(), buf),
-                StatusIs(kInvalid, HasSubstr(absl::StrCat("layer=", layer, " but the caches have 2"))));
+    EXPECT_THAT(
+        batch.Run(layer, q.arg(), k.arg(), v.arg(), buf),
+        StatusIs(kInvalid, HasSubstr(absl::StrCat("layer=", layer, " but the caches have 2"))));
   }
   TensorArg bad = q.arg();
   bad.shape[0] = 3;
@@ -270,10 +274,12 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
               StatusIs(kInvalid, HasSubstr("q: shape [3, 8, 1, 16] but want [batch=2")));
   bad = q.arg();
   bad.shape[1] = 3;  // not a multiple of the kv heads
-  EXPECT_THAT(batch.Run(0, bad, k.arg(), v.arg(), buf), StatusIs(kInvalid, HasSubstr("q: shape [2, 3, 1, 16]")));
+  EXPECT_THAT(batch.Run(0, bad, k.arg(), v.arg(), buf),
+              StatusIs(kInvalid, HasSubstr("q: shape [2, 3, 1, 16]")));
   bad = q.arg();
   bad.shape[2] = 2;
-  EXPECT_THAT(batch.Run(0, bad, k.arg(), v.arg(), buf), StatusIs(kInvalid, HasSubstr("tokens_per_step=1")));
+  EXPECT_THAT(batch.Run(0, bad, k.arg(), v.arg(), buf),
+              StatusIs(kInvalid, HasSubstr("tokens_per_step=1")));
   bad = q.arg();
   bad.shape[1] = std::numeric_limits<int64_t>::max();
   EXPECT_THAT(batch.Run(0, bad, k.arg(), v.arg(), buf), StatusIs(kInvalid));
@@ -283,19 +289,25 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
               StatusIs(kInvalid, HasSubstr("q: dtype bfloat16 but the caches hold float16")));
   bad = k.arg();
   bad.bytes -= 2;
-  EXPECT_THAT(batch.Run(0, q.arg(), bad, v.arg(), buf), StatusIs(kInvalid, HasSubstr("k: 126 bytes")));
+  EXPECT_THAT(batch.Run(0, q.arg(), bad, v.arg(), buf),
+              StatusIs(kInvalid, HasSubstr("k: 126 bytes")));
   bad = v.arg();
   bad.data = nullptr;
-  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), bad, buf), StatusIs(kInvalid, HasSubstr("v: 128 bytes at null")));
-  EXPECT_THAT(batch.Run(0, q.arg(), q.arg(), v.arg(), buf), StatusIs(kInvalid, HasSubstr("k: shape [2, 8, 1, 16]")));
+  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), bad, buf),
+              StatusIs(kInvalid, HasSubstr("v: 128 bytes at null")));
+  EXPECT_THAT(batch.Run(0, q.arg(), q.arg(), v.arg(), buf),
+              StatusIs(kInvalid, HasSubstr("k: shape [2, 8, 1, 16]")));
   EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), {out.data(), out.size() - 1}),
               StatusIs(kInvalid, HasSubstr("out: 511 bytes at a buffer but q is 512 bytes")));
-  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), {nullptr, out.size()}), StatusIs(kInvalid, HasSubstr("out")));
+  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), {nullptr, out.size()}),
+              StatusIs(kInvalid, HasSubstr("out")));
   AttentionOptions opts;
   opts.scale = -1;
-  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf, opts), StatusIs(kInvalid, HasSubstr("scale=-1")));
+  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf, opts),
+              StatusIs(kInvalid, HasSubstr("scale=-1")));
   opts.scale = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf, opts), StatusIs(kInvalid, HasSubstr("scale=nan")));
+  EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf, opts),
+              StatusIs(kInvalid, HasSubstr("scale=nan")));
   // None of that wrote anything.
   for (const auto& h : caches) {
     auto t = h->local_table(0);
@@ -307,7 +319,8 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
   EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf),
               StatusIs(kFailed, HasSubstr("layer 0 already ran this step (at position 3")));
   EXPECT_THAT(batch.Commit(), StatusIs(kFailed, HasSubstr("layer 1 has not run this step")));
-  EXPECT_THAT(batch.Plan(), StatusIs(kFailed, HasSubstr("layer 0 holds 1 uncommitted local tokens")));
+  EXPECT_THAT(batch.Plan(),
+              StatusIs(kFailed, HasSubstr("layer 0 holds 1 uncommitted local tokens")));
   // A step abandoned half way: popn drops the uncommitted writes, and the next step runs.
   for (const auto& h : caches) ASSERT_THAT(h->popn(0), IsOk());
   Step(batch, caches, history);
@@ -318,7 +331,8 @@ TEST_F(DecodeBatchTest, RefusalsNameTheFieldAndChangeNothing) {
   ASSERT_THAT(caches[1]->popn(2), IsOk());
   for (auto& h : history[1]) h.Truncate(h.len() - 2);
   EXPECT_THAT(batch.Run(0, q.arg(), k.arg(), v.arg(), buf),
-              StatusIs(kFailed, HasSubstr(absl::StrCat("cache ", caches[1]->cache_id(), " layer 0 changed since Plan"))));
+              StatusIs(kFailed, HasSubstr(absl::StrCat("cache ", caches[1]->cache_id(),
+                                                       " layer 0 changed since Plan"))));
   Step(batch, caches, history);
   ASSERT_THAT(batch.Plan(), IsOk());
   ASSERT_THAT(caches[0]->release(), IsOk());
@@ -335,7 +349,8 @@ TEST_F(DecodeBatchTest, PlanRefusesStepsThatDoNotFit) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
   std::vector<std::shared_ptr<GenericKvCacheHandle>> caches = {NewCache(Spec({0}, kHeadDim, 6)),
                                                                NewCache(Spec({0}, kHeadDim, 0))};
-  std::vector<std::vector<KvHistory>> history(2, std::vector<KvHistory>(1, KvHistory(kKvHeads, kHeadDim)));
+  std::vector<std::vector<KvHistory>> history(
+      2, std::vector<KvHistory>(1, KvHistory(kKvHeads, kHeadDim)));
   ASSERT_THAT(testing::PrefillLocal(*caches[0], history[0], 5, rng_), IsOk());
   ASSERT_THAT(testing::PrefillLocal(*caches[1], history[1], 5, rng_), IsOk());
   DecodeBatchOptions options;

@@ -5,9 +5,9 @@
 #ifndef KVARENA_CLIENT_GRPC_STATUS_H_
 #define KVARENA_CLIENT_GRPC_STATUS_H_
 
+#include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
-#include <grpcpp/support/status.h>
 
 namespace kvarena {
 

@@ -55,10 +55,10 @@ class InprocClientTest : public testing::InprocClientFixture<> {
       auto out = h.attention(layer, q.arg(), k.arg(), v.arg());
       ASSERT_THAT(out, IsOk());
       history_[layer].Append(k, v);
-      EXPECT_THAT(testing::CompareOutput(
-                      "attention", *out,
-                      history_[layer].Attention(q, pos, 0, h.layer_windows()[layer])),
-                  IsOk());
+      EXPECT_THAT(
+          testing::CompareOutput("attention", *out,
+                                 history_[layer].Attention(q, pos, 0, h.layer_windows()[layer])),
+          IsOk());
     }
   }
 

@@ -15,8 +15,7 @@ namespace {
 
 class InprocTransport final : public Transport {
  public:
-  InprocTransport(std::unique_ptr<KvStore> store, std::string session,
-                  const ClientOptions& options)
+  InprocTransport(std::unique_ptr<KvStore> store, std::string session, const ClientOptions& options)
       : Transport(options), store_(std::move(store)), session_(std::move(session)) {}
 
   const std::string& address() const override { return address_; }
@@ -33,7 +32,8 @@ class InprocTransport final : public Transport {
   absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) override {
     return store_->SetTokens(session_, args);
   }
-  absl::StatusOr<CacheInfo> Fork(const std::string& cache_id, const std::string& new_cache_id) override {
+  absl::StatusOr<CacheInfo> Fork(const std::string& cache_id,
+                                 const std::string& new_cache_id) override {
     return store_->Fork(session_, cache_id, new_cache_id);
   }
   absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer, int64_t pos,
@@ -64,7 +64,8 @@ class InprocTransport final : public Transport {
     ++counters().describe;
     return store_->Describe(session_, cache_id);
   }
-  absl::StatusOr<std::vector<ReserveResult>> Reserve(const std::vector<CacheTokens>& items) override {
+  absl::StatusOr<std::vector<ReserveResult>> Reserve(
+      const std::vector<CacheTokens>& items) override {
     ++counters().reserve;
     return store_->Reserve(session_, items);
   }

@@ -25,8 +25,7 @@ constexpr int kPageSize = 4;
 
 class LocalPathTest : public testing::InprocClientFixture<> {
  protected:
-  std::shared_ptr<GenericKvCacheHandle> Allocate(std::vector<int> windows,
-                                                 int64_t max_tokens = 0) {
+  std::shared_ptr<GenericKvCacheHandle> Allocate(std::vector<int> windows, int64_t max_tokens = 0) {
     CacheSpec spec =
         testing::MakeSpec(int(windows.size()), kKvHeads, kHeadDim, DType::kFloat16, kPageSize);
     spec.layer_windows = std::move(windows);
@@ -53,9 +52,10 @@ class LocalPathTest : public testing::InprocClientFixture<> {
       EXPECT_EQ(a->data, b->data);
       EXPECT_EQ(a->shape, q.shape);
       history[layer].Append(k, v);
-      EXPECT_THAT(testing::CompareOutput(
-                      "local", *a, history[layer].Attention(q, pos, 0, local.layer_windows()[layer])),
-                  IsOk());
+      EXPECT_THAT(
+          testing::CompareOutput("local", *a,
+                                 history[layer].Attention(q, pos, 0, local.layer_windows()[layer])),
+          IsOk());
     }
     ASSERT_THAT(local.commit(n), IsOk());
   }
@@ -200,11 +200,14 @@ TEST_F(LocalPathTest, GetKvLocalReadsServedWritesThroughTheMapping) {
     if (layer == 1) {
       EXPECT_GT(mapped->first_pos, 0);  // the sliding layer kept its tail
     }
-    EXPECT_EQ(mapped->k.shape, (std::vector<int64_t>{1, kKvHeads, 15 - mapped->first_pos, kHeadDim}));
-    EXPECT_THAT(testing::CompareExact("k", mapped->k, history[layer].HeadMajor(0, mapped->first_pos)),
-                IsOk());
-    EXPECT_THAT(testing::CompareExact("v", mapped->v, history[layer].HeadMajor(1, mapped->first_pos)),
-                IsOk());
+    EXPECT_EQ(mapped->k.shape,
+              (std::vector<int64_t>{1, kKvHeads, 15 - mapped->first_pos, kHeadDim}));
+    EXPECT_THAT(
+        testing::CompareExact("k", mapped->k, history[layer].HeadMajor(0, mapped->first_pos)),
+        IsOk());
+    EXPECT_THAT(
+        testing::CompareExact("v", mapped->v, history[layer].HeadMajor(1, mapped->first_pos)),
+        IsOk());
   }
   auto narrow = h->with_sequence_length(7);
   ASSERT_THAT(narrow, IsOk());

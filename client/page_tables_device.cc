@@ -32,8 +32,8 @@ Copy CopyOf(const char* name, const std::vector<T>& host, const DeviceBuffer<T>&
 #if defined(KVARENA_CLIENT_CUDA)
 
 absl::Status CudaError(const char* op, const std::string& what, cudaError_t e) {
-  return absl::InternalError(absl::StrCat(op, ": ", what, ": ", cudaGetErrorName(e), ": ",
-                                          cudaGetErrorString(e)));
+  return absl::InternalError(
+      absl::StrCat(op, ": ", what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
 // Checks every buffer before copying any, so a rejected call enqueues nothing.
@@ -46,9 +46,8 @@ absl::Status CopyAll(const char* op, const std::vector<Copy>& copies, CUstream_s
   for (const Copy& c : copies) {
     if (c.device == nullptr) continue;
     if (c.count > c.capacity) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": ", c.name, " has ", c.count,
-                                                     " elements but its buffer holds ",
-                                                     c.capacity));
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", c.name, " has ", c.count, " elements but its buffer holds ", c.capacity));
     }
     cudaPointerAttributes attr{};
     if (cudaError_t e = cudaPointerGetAttributes(&attr, c.device); e != cudaSuccess) {
@@ -61,8 +60,8 @@ absl::Status CopyAll(const char* op, const std::vector<Copy>& copies, CUstream_s
   }
   for (const Copy& c : copies) {
     if (c.device == nullptr || c.count == 0) continue;
-    const cudaError_t e = cudaMemcpyAsync(c.device, c.host, size_t(c.count) * c.elem,
-                                          cudaMemcpyHostToDevice, stream);
+    const cudaError_t e =
+        cudaMemcpyAsync(c.device, c.host, size_t(c.count) * c.elem, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return CudaError(op, absl::StrCat("cudaMemcpyAsync(", c.name, ")"), e);
   }
   return absl::OkStatus();
@@ -72,8 +71,9 @@ absl::Status CopyAll(const char* op, const std::vector<Copy>& copies, CUstream_s
 
 absl::Status CopyAll(const char* op, const std::vector<Copy>&, CUstream_st*) {
   return absl::FailedPreconditionError(
-      absl::StrCat(op, ": this client was built without CUDA; copy the host arrays yourself "
-                       "or rebuild with the CUDA toolkit"));
+      absl::StrCat(op,
+                   ": this client was built without CUDA; copy the host arrays yourself "
+                   "or rebuild with the CUDA toolkit"));
 }
 
 #endif
@@ -82,11 +82,11 @@ absl::Status CopyAll(const char* op, const std::vector<Copy>&, CUstream_st*) {
 
 absl::Status CopyToDevice(const FlashInferPageTable& table, const FlashInferDeviceTable& dst,
                           CUstream_st* stream) {
-  return CopyAll("CopyToDevice(FlashInferPageTable)",
-                 {CopyOf("indptr", table.indptr, dst.indptr),
-                  CopyOf("indices", table.indices, dst.indices),
-                  CopyOf("last_page_len", table.last_page_len, dst.last_page_len)},
-                 stream);
+  return CopyAll(
+      "CopyToDevice(FlashInferPageTable)",
+      {CopyOf("indptr", table.indptr, dst.indptr), CopyOf("indices", table.indices, dst.indices),
+       CopyOf("last_page_len", table.last_page_len, dst.last_page_len)},
+      stream);
 }
 
 absl::Status CopyToDevice(const VllmBlockTables& tables, const VllmDeviceTables& dst,

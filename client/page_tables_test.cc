@@ -146,15 +146,17 @@ class PageTablesTest : public testing::InprocClientFixture<::testing::TestWithPa
         ASSERT_LE(last, kPageSize);
         const int64_t kv_len = int64_t(pages - 1) * kPageSize + last;
         const int32_t* ids = fi->indices.data() + fi->indptr[b];
-        CheckThroughTable("flashinfer", b, layer, fi->first_pos[b], kv_len,
-                          [ids](int64_t j) { return ids[j / kPageSize]; }, qs[b], outs[b]);
+        CheckThroughTable(
+            "flashinfer", b, layer, fi->first_pos[b], kv_len,
+            [ids](int64_t j) { return ids[j / kPageSize]; }, qs[b], outs[b]);
 
         const int32_t* row = vllm->block_tables.data() + b * vllm->max_blocks;
         const int64_t blocks = (vllm->seq_lens[b] + kPageSize - 1) / kPageSize;
         for (int64_t j = blocks; j < vllm->max_blocks; ++j) EXPECT_EQ(row[j], kPadBlockId);
         EXPECT_EQ(vllm->first_pos[b], fi->first_pos[b]);
-        CheckThroughTable("vllm", b, layer, vllm->first_pos[b], vllm->seq_lens[b],
-                          [row](int64_t j) { return row[j / kPageSize]; }, qs[b], outs[b]);
+        CheckThroughTable(
+            "vllm", b, layer, vllm->first_pos[b], vllm->seq_lens[b],
+            [row](int64_t j) { return row[j / kPageSize]; }, qs[b], outs[b]);
       }
     }
     ASSERT_THAT(client_->Commit(Batch(1)), IsOk());

@@ -38,7 +38,7 @@ class RegionClient {
   struct Pool {
     uint8_t* base = nullptr;
     RegionKind kind = RegionKind::kHostMemfd;  // Region::share_kind() in the daemon
-    int device = -1;   // the CUDA device it is mapped on; -1 for host memory
+    int device = -1;  // the CUDA device it is mapped on; -1 for host memory
   };
   // The mapped pages of pool pool_id; maps the pool on first use (asking the daemon
   // again when the pool is newer than what this client knew).
@@ -85,7 +85,7 @@ class RegionClient {
   const std::string fd_socket_;
   const std::string session_id_;
   std::mutex mu_;
-  int sock_;  // -1 after a failed reconnect; guarded by mu_
+  int sock_;                          // -1 after a failed reconnect; guarded by mu_
   std::map<uint64_t, Mapped> pools_;  // by pool id
   Mapped scratch_;
   absl::Status scratch_refused_;  // why the daemon would not export the scratch region

@@ -52,10 +52,10 @@ absl::Status RemoteChannel::Finish(const grpc::Status& status) const {
 absl::Status RemoteChannel::DisconnectedStatus() const {
   if (connected()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
-  return absl::UnavailableError(absl::StrCat(
-      kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
-      absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
-      SessionIdForLog(session_id_), " and its caches are gone; connect a new Client"));
+  return absl::UnavailableError(
+      absl::StrCat(kUnavailablePrefix, "the session's Attach stream to ", address_, " ended (",
+                   absl::StripPrefix(end_status_.message(), kUnavailablePrefix), "); session ",
+                   SessionIdForLog(session_id_), " and its caches are gone; connect a new Client"));
 }
 
 void RemoteChannel::Disconnect(const absl::Status& why) {

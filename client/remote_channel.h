@@ -14,6 +14,8 @@
 #ifndef KVARENA_CLIENT_REMOTE_CHANNEL_H_
 #define KVARENA_CLIENT_REMOTE_CHANNEL_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -26,7 +28,6 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/client.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
-#include <grpcpp/grpcpp.h>
 
 namespace kvarena::client_internal {
 

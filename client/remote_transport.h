@@ -18,6 +18,8 @@
 #ifndef KVARENA_CLIENT_REMOTE_TRANSPORT_H_
 #define KVARENA_CLIENT_REMOTE_TRANSPORT_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,7 +33,6 @@
 #include "client/remote_channel.h"
 #include "client/transport.h"
 #include "client/zero_copy.h"
-#include <grpcpp/grpcpp.h>
 
 namespace kvarena::client_internal {
 

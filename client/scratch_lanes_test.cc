@@ -64,13 +64,13 @@ TEST(ScratchLanesTest, TakeStaysInsideItsLane) {
 
 TEST(ScratchLanesTest, OnlyStatusesThatProveTheHandlerFinishedFreeTheLane) {
   using C = absl::StatusCode;
-  for (C code : {C::kOk, C::kInvalidArgument, C::kNotFound, C::kAlreadyExists,
-                 C::kPermissionDenied, C::kFailedPrecondition, C::kOutOfRange,
-                 C::kResourceExhausted, C::kUnimplemented, C::kUnauthenticated}) {
+  for (C code : {C::kOk, C::kInvalidArgument, C::kNotFound, C::kAlreadyExists, C::kPermissionDenied,
+                 C::kFailedPrecondition, C::kOutOfRange, C::kResourceExhausted, C::kUnimplemented,
+                 C::kUnauthenticated}) {
     EXPECT_TRUE(ScratchLanes::HandlerFinished(code)) << absl::StatusCodeToString(code);
   }
-  for (C code : {C::kDeadlineExceeded, C::kCancelled, C::kUnavailable, C::kUnknown,
-                 C::kInternal, C::kDataLoss, C::kAborted}) {
+  for (C code : {C::kDeadlineExceeded, C::kCancelled, C::kUnavailable, C::kUnknown, C::kInternal,
+                 C::kDataLoss, C::kAborted}) {
     EXPECT_FALSE(ScratchLanes::HandlerFinished(code)) << absl::StatusCodeToString(code);
   }
 }

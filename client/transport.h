@@ -74,9 +74,8 @@ class Transport {
   virtual absl::StatusOr<CacheInfo> SetTokens(const SetTokensArgs& args) = 0;
   virtual absl::StatusOr<CacheInfo> Fork(const std::string& cache_id,
                                          const std::string& new_cache_id) = 0;
-  virtual absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer,
-                                              int64_t pos, const TensorArg& k,
-                                              const TensorArg& v) = 0;
+  virtual absl::StatusOr<AppendResult> Append(const std::string& cache_id, int layer, int64_t pos,
+                                              const TensorArg& k, const TensorArg& v) = 0;
   // On success *out holds the attention output (q's shape and dtype).
   virtual absl::StatusOr<AttendResult> Attend(const AttendArgs& args, TensorOut* out) = 0;
   virtual absl::StatusOr<PopnResult> Popn(const std::string& cache_id, int64_t n) = 0;

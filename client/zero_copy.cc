@@ -49,10 +49,9 @@ absl::Status ZeroCopy::SyncPools() {
 absl::StatusOr<RegionClient::Pool> ZeroCopy::GetPool(uint64_t pool_id,
                                                      const std::string& daemon_address) {
   if (regions_ != nullptr) return regions_->GetPool(pool_id);
-  return absl::FailedPreconditionError(
-      absl::StrCat("pool ", pool_id, " lives in the daemon at ", daemon_address,
-                   " and is not mapped into this process: ", status_.message(),
-                   "; read K/V with get_kv()"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pool ", pool_id, " lives in the daemon at ", daemon_address,
+      " and is not mapped into this process: ", status_.message(), "; read K/V with get_kv()"));
 }
 
 ScratchLanes::Lease ZeroCopy::Lease(std::initializer_list<size_t> sizes) {

@@ -23,7 +23,8 @@ using Code = absl::StatusCode;
 // A StopToken whose predicate says stop from its k-th call on.
 class StopAfterPolls {
  public:
-  explicit StopAfterPolls(int k) : token_(absl::InfiniteFuture(), [this, k] { return ++polls_ >= k; }) {}
+  explicit StopAfterPolls(int k)
+      : token_(absl::InfiniteFuture(), [this, k] { return ++polls_ >= k; }) {}
   const StopToken* token() const { return &token_; }
   int polls() const { return polls_.load(); }
 
@@ -96,10 +97,12 @@ TEST_F(AttendLimitsTest, WorkAboveTheBoundIsRefusedUpFrontAndTheBoundPasses) {
   ASSERT_TRUE(Attend(10, 6, /*with_kv=*/true).ok());
   EXPECT_EQ(store_->CacheStats(id_)->seq_len, 16);
   // Over the cache: queries at [9, 16) see up to 16 keys, or the call's window of them.
-  EXPECT_THAT(Attend(9, 7, /*with_kv=*/false), StatusIs(Code::kResourceExhausted, HasSubstr("= 448")));
+  EXPECT_THAT(Attend(9, 7, /*with_kv=*/false),
+              StatusIs(Code::kResourceExhausted, HasSubstr("= 448")));
   EXPECT_TRUE(Attend(9, 7, /*with_kv=*/false, /*window=*/13).ok());  // 7 x 13 x 4 = 364
-  EXPECT_THAT(Attend(9, 7, /*with_kv=*/false, /*window=*/14),
-              StatusIs(Code::kResourceExhausted, HasSubstr("7 queries x 14 keys x 4 q heads = 392")));
+  EXPECT_THAT(
+      Attend(9, 7, /*with_kv=*/false, /*window=*/14),
+      StatusIs(Code::kResourceExhausted, HasSubstr("7 queries x 14 keys x 4 q heads = 392")));
   EXPECT_EQ(Refusals(), 3u);
 }
 
@@ -113,10 +116,12 @@ TEST_F(AttendLimitsTest, AWrongPosIsNotCountedAsWork) {
 TEST(CheckAttendWorkTest, AProductPast63BitsIsRefusedNotWrapped) {
   RequestLimits limits;
   limits.max_attend_work = std::numeric_limits<int64_t>::max();
-  EXPECT_THAT(CheckAttendWork("attend", int64_t{1} << 20, int64_t{1} << 40, 0, 1 << 16, limits),
-              StatusIs(Code::kResourceExhausted,
-                       HasSubstr("1048576 queries x 1099511627776 keys x 65536 q heads = more than 2^63")));
-  EXPECT_TRUE(CheckAttendWork("attend", int64_t{1} << 20, int64_t{1} << 40, 1000, 1 << 16, limits).ok());
+  EXPECT_THAT(
+      CheckAttendWork("attend", int64_t{1} << 20, int64_t{1} << 40, 0, 1 << 16, limits),
+      StatusIs(Code::kResourceExhausted,
+               HasSubstr("1048576 queries x 1099511627776 keys x 65536 q heads = more than 2^63")));
+  EXPECT_TRUE(
+      CheckAttendWork("attend", int64_t{1} << 20, int64_t{1} << 40, 1000, 1 << 16, limits).ok());
 }
 
 // The default bound passes an 8k-token prefill chunk over a 128k context at 64 q heads and

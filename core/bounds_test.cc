@@ -6,8 +6,8 @@
 #include <set>
 
 #include "core/refusal.h"
-#include "core/validate.h"
 #include "core/store_fixture.h"
+#include "core/validate.h"
 
 namespace kvarena {
 namespace {
@@ -129,8 +129,9 @@ TEST_F(BoundsTest, SessionsOfOnePeerAreBounded) {
   const SessionPeer uid{.key = "uid 1000"};
   const std::string a = store_->AttachSession("a", "", uid)->session_id;
   ASSERT_TRUE(store_->AttachSession("b", "", uid).ok());
-  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
-                  "uid 1000 holds 2 sessions (attached or in their grace period); max_sessions_per_peer=2");
+  ExpectExhausted(
+      store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
+      "uid 1000 holds 2 sessions (attached or in their grace period); max_sessions_per_peer=2");
   // Another peer, and a peer the daemon cannot name, count against max_sessions only.
   EXPECT_TRUE(store_->AttachSession("d", "", SessionPeer{.key = "uid 1001"}).ok());
   EXPECT_TRUE(store_->OpenSession("e").ok());
@@ -138,7 +139,8 @@ TEST_F(BoundsTest, SessionsOfOnePeerAreBounded) {
   EXPECT_TRUE(store_->OpenSession("g").ok());
   // The slot comes back when a session's grace ends.
   store_->DetachSession(a, absl::Seconds(1));
-  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer, "max_sessions_per_peer=2");
+  ExpectExhausted(store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
+                  "max_sessions_per_peer=2");
   clock_.Advance(absl::Seconds(1));
   store_->Reap();
   EXPECT_TRUE(store_->AttachSession("c", "", uid).ok());
@@ -160,7 +162,7 @@ TEST_F(BoundsTest, IdleSessionlessCachesExpireOnTheClock) {
   EXPECT_THAT(store_->Describe("", idle), StatusIs(Code::kNotFound));
   EXPECT_TRUE(store_->Describe("", busy).ok());
   EXPECT_TRUE(store_->Describe(s, "owned").ok());  // a session's caches live with the session
-  clock_.Advance(absl::Seconds(10));  // the Describe above was a use of busy
+  clock_.Advance(absl::Seconds(10));               // the Describe above was a use of busy
   EXPECT_EQ(store_->Reap(), 1);
   EXPECT_EQ(store_->Stats().pages.pages_used, 0);
   EXPECT_EQ(store_->Stats().caches_reaped_idle, 2u);
@@ -253,7 +255,8 @@ TEST_F(BoundsTest, PagesHandedOutNeverShowAnotherCachesBytes) {
   // Served path: the tail of an appended page, then committed over.
   ASSERT_TRUE(store_->Allocate(s2, Spec(2, 2, 8), "tail").ok());
   OwnedTensor one = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
-  for (int l = 0; l < 2; ++l) ASSERT_TRUE(store_->Append(s2, "tail", l, 0, one.Arg(), one.Arg()).ok());
+  for (int l = 0; l < 2; ++l)
+    ASSERT_TRUE(store_->Append(s2, "tail", l, 0, one.Arg(), one.Arg()).ok());
   ASSERT_TRUE(store_->Commit(s2, {{"tail", 3}}).ok());
 
   // Tokens this test did not write read as zeros: [heads][tokens][8 floats] per tensor.
@@ -284,10 +287,11 @@ TEST_F(BoundsTest, ARefusedReserveLeavesNoChunkCommitted) {
   StoreOptions o = Options(size_t{4} << 20);  // two chunks
   o.scratch_bytes = 0;
   MakeStore(o);
-  Alloc(Spec(1, 2, 8), "a");                       // 256-byte pages: 8192 per chunk
-  Alloc(Spec(1, 2, 16), "b");                      // 512-byte pages: 4096 per chunk
+  Alloc(Spec(1, 2, 8), "a");   // 256-byte pages: 8192 per chunk
+  Alloc(Spec(1, 2, 16), "b");  // 512-byte pages: 4096 per chunk
   const ArenaStats before = store_->Stats();
-  ExpectExhausted(store_->Reserve("", {{"a", 4}, {"b", 4 * 4096 * 2}}), Refusal::kArenaFull, "arena full");
+  ExpectExhausted(store_->Reserve("", {{"a", 4}, {"b", 4 * 4096 * 2}}), Refusal::kArenaFull,
+                  "arena full");
   EXPECT_EQ(store_->Stats().bytes_committed, before.bytes_committed);
   EXPECT_EQ(store_->Stats().pages.pages_free, before.pages.pages_free);
   EXPECT_TRUE(store_->Reserve("", {{"b", 4 * 4096}}).ok());  // the budget is all there

@@ -20,7 +20,8 @@ std::optional<uint64_t> TensorBytes(DType dtype, int64_t heads, int64_t tokens, 
 
 std::string Quoted(absl::string_view s) {
   if (s.size() <= kQuotedBytes) return absl::StrCat("'", absl::CHexEscape(s), "'");
-  return absl::StrCat("'", absl::CHexEscape(s.substr(0, kQuotedBytes)), "...' (", s.size(), " bytes)");
+  return absl::StrCat("'", absl::CHexEscape(s.substr(0, kQuotedBytes)), "...' (", s.size(),
+                      " bytes)");
 }
 
 }  // namespace kvarena

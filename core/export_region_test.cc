@@ -23,7 +23,8 @@ class ExportRegionTest : public ::testing::Test {
     o.arena_bytes = size_t{64} << 20;
     o.num_threads = 1;
     o.scratch_bytes = kChunkGranularity;
-    auto store = KvStore::Create(o, std::make_unique<testing::FakePiecesBackend>(kPieces, &fds_created_));
+    auto store =
+        KvStore::Create(o, std::make_unique<testing::FakePiecesBackend>(kPieces, &fds_created_));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     session_ = *store_->OpenSession("w");
@@ -87,7 +88,8 @@ TEST_F(ExportRegionTest, RefusalsCreateNoFds) {
   const uint64_t scratch = (*store_->SessionRegions(session_))[0].region_id;
   EXPECT_THAT(store_->ExportRegion(other, scratch, 0, 0, 250), StatusIs(Code::kPermissionDenied));
   EXPECT_THAT(store_->ExportRegion(session_, 9, 0, 0, 250), StatusIs(Code::kNotFound));
-  EXPECT_THAT(store_->ExportRegion("", kPoolRegion, 0, 0, 250), StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(store_->ExportRegion("", kPoolRegion, 0, 0, 250),
+              StatusIs(Code::kFailedPrecondition));
   EXPECT_EQ(fds_created_.load(), 0);
 }
 

@@ -13,14 +13,15 @@ namespace kvarena {
 namespace {
 
 int64_t SlidingLayers(const CacheSpec& spec) {
-  return std::count_if(spec.layer_windows.begin(), spec.layer_windows.end(), [](int w) { return w > 0; });
+  return std::count_if(spec.layer_windows.begin(), spec.layer_windows.end(),
+                       [](int w) { return w > 0; });
 }
 
 // The exact identity of a namespace and geometry, for the index's roots.
 std::string RootKey(const CacheSpec& s) {
   if (s.prefix_namespace.empty()) return "";
-  return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/", s.page_size,
-                      "/", s.num_kv_heads, "/", s.head_dim, "/", s.num_layers);
+  return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/",
+                      s.page_size, "/", s.num_kv_heads, "/", s.head_dim, "/", s.num_layers);
 }
 
 }  // namespace
@@ -83,7 +84,8 @@ int64_t KvCache::SeqLenLocked() const {
 }
 
 int64_t KvCache::MaterializedLocked() const {
-  return std::count_if(layers_.begin(), layers_.end(), [](const LayerTable& t) { return t.num_blocks() > 0; });
+  return std::count_if(layers_.begin(), layers_.end(),
+                       [](const LayerTable& t) { return t.num_blocks() > 0; });
 }
 
 void KvCache::PublishLocked(int64_t old_seq, int64_t old_mat) {
@@ -109,7 +111,8 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
   return absl::OkStatus();
 }
 
-absl::Status KvCache::AllocateLocked(int64_t n, std::vector<int32_t>* ids, std::vector<int32_t>* chunks) {
+absl::Status KvCache::AllocateLocked(int64_t n, std::vector<int32_t>* ids,
+                                     std::vector<int32_t>* chunks) {
   absl::Status s = ctx_.pool->Allocate(n, ids, chunks);
   if (absl::IsResourceExhausted(s) && ctx_.trim_other_pools &&
       ctx_.trim_other_pools(ctx_.pool.get(), n)) {
@@ -172,12 +175,13 @@ absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int l
     return absl::InvalidArgumentError(absl::StrCat(op, ": k has ", *nk, " tokens but v has ", *nv));
   }
   const int64_t n = *nk;
-  KVARENA_RETURN_IF_ERROR(CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits()));
+  KVARENA_RETURN_IF_ERROR(
+      CheckGrowth(op, absl::StrCat("layer ", layer, " length"), pos, n, limits()));
   if (spec_.max_tokens > 0 && n > spec_.max_tokens - pos) {
     CountRefusal();
-    return RefusedError(Refusal::kMaxTokens, absl::StrCat(op, ": layer ", layer, " would hold ",
-                                                          pos + n, " tokens but max_tokens=",
-                                                          spec_.max_tokens));
+    return RefusedError(Refusal::kMaxTokens,
+                        absl::StrCat(op, ": layer ", layer, " would hold ", pos + n,
+                                     " tokens but max_tokens=", spec_.max_tokens));
   }
   Taken taken;
   taken.blocks = t.BlocksMissing(pos + n, spec_.page_size);
@@ -188,8 +192,8 @@ absl::StatusOr<KvCache::Taken> KvCache::AppendLocked(absl::string_view op, int l
   }
   // The new blocks start at or after pos, so the tokens fill all of them but the tail of
   // the last: clear that one before anything can read it.
-  absl::Status written = taken.blocks > 0 ? kernels().ClearPages(ctx_.pool->layout(), ctx_.pool->base(),
-                                                                 &ids.back(), 1)
+  absl::Status written = taken.blocks > 0 ? kernels().ClearPages(ctx_.pool->layout(),
+                                                                 ctx_.pool->base(), &ids.back(), 1)
                                           : absl::OkStatus();
   t.AddBlocks(ids.data(), int64_t(ids.size()));
   if (written.ok()) written = kernels().AppendKv(ViewLocked(layer), pos, n, k.data, v.data);

@@ -80,8 +80,8 @@ struct CacheContext {
   // of the arena's other pools (PoolSet::TrimOthers); true when that gave
   // enough budget back to try again.
   std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
-  int prefix_hash_bits = 128;  // tests: fewer bits make page hashes collide
-  TierSet* tiers = nullptr;    // the tiers below the arena, if any (core/tier_set.h)
+  int prefix_hash_bits = 128;      // tests: fewer bits make page hashes collide
+  TierSet* tiers = nullptr;        // the tiers below the arena, if any (core/tier_set.h)
   ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
 };
 
@@ -133,8 +133,12 @@ class KvCache {
   const std::shared_ptr<Quota>& shared_quota() const { return ctx_.quota; }
 
   // When an operation last found this cache (for --idle_ttl).
-  void Touch(absl::Time now) { last_used_.store(absl::ToUnixNanos(now), std::memory_order_relaxed); }
-  absl::Time last_used() const { return absl::FromUnixNanos(last_used_.load(std::memory_order_relaxed)); }
+  void Touch(absl::Time now) {
+    last_used_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+  }
+  absl::Time last_used() const {
+    return absl::FromUnixNanos(last_used_.load(std::memory_order_relaxed));
+  }
 
   absl::StatusOr<AppendResult> Append(int layer, int64_t pos, const TensorArg& k,
                                       const TensorArg& v);
@@ -181,7 +185,8 @@ class KvCache {
   // Local path, under the lock (see class comment).
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
   // Pages needed so every layer covers [len, seq_len + tokens); checks tokens and max_tokens.
-  absl::StatusOr<int64_t> PagesToReserveLocked(int64_t tokens) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<int64_t> PagesToReserveLocked(int64_t tokens) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands the pages counted above (already charged to the quota, taken from the pool and
   // cleared) to the layers, consuming ids from *next on.
   ReserveResult AddReservedLocked(int64_t tokens, const std::vector<int32_t>& ids, size_t* next)
@@ -202,7 +207,8 @@ class KvCache {
   // the request limits, the length within max_tokens.
   absl::Status CheckGrowLocked(absl::string_view op, int64_t tokens) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status CheckLayerLocked(absl::string_view op, int layer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckLayerLocked(absl::string_view op, int layer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What an append took: blocks added to the layer, chunks the pool committed for them.
   struct Taken {
     int64_t blocks = 0;
@@ -210,8 +216,8 @@ class KvCache {
   };
   // Charges the quota and takes taken->blocks pages from the pool, all or nothing; the
   // refusal names op and layer. The pages are not cleared.
-  absl::Status TakePagesLocked(absl::string_view op, int layer, Taken* taken, std::vector<int32_t>* ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TakePagesLocked(absl::string_view op, int layer, Taken* taken,
+                               std::vector<int32_t>* ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives pages back to the pool (one reference each, in order: a chain's tail first) and
   // the quota.
   void ReturnPagesLocked(std::vector<int32_t>& ids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -247,7 +253,8 @@ class KvCache {
   // Replaces the declared tokens (first changed position: changed_from): hashes and the
   // chain follow from the block holding it. REQUIRES: ChargeDeclaredLocked covered them
   // when they grow; a shrink gives the bytes back.
-  void DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the declared tokens from pos on (popn, reset).
   void ForgetTokensLocked(int64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers the full, known pages of `layer` (-1: every layer) not registered yet.

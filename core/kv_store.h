@@ -55,8 +55,8 @@ struct OwnerBounds {
 struct StoreOptions {
   size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
   int default_page_size = 16;
-  int num_threads = -1;        // CPU attention threads; -1: one per core
-  int empty_chunks_kept = 1;   // per pool, kept committed to avoid commit/decommit churn
+  int num_threads = -1;       // CPU attention threads; -1: one per core
+  int empty_chunks_kept = 1;  // per pool, kept committed to avoid commit/decommit churn
   // Per session, host memory for zero-copy tensors: created when the session first maps
   // it (ExportRegion) and charged to arena_bytes from then while the session lives; a
   // session the budget cannot cover then is refused it (its tensors go inline), and a
@@ -77,8 +77,8 @@ struct StoreOptions {
   // holds across its sessions and its sessionless caches together (core/quota.h); the
   // sessionless caches of each owner listed here count as their own one session.
   std::map<std::string, OwnerBounds> owners;
-  int64_t max_request_tokens = 1 << 20;   // tokens one Append / Attend / Reserve item may carry
-                                          // (INVALID_ARGUMENT beyond)
+  int64_t max_request_tokens = 1 << 20;  // tokens one Append / Attend / Reserve item may carry
+                                         // (INVALID_ARGUMENT beyond)
   // Queries x keys attended x q heads of one Attend (keys: an upper bound, all the call can
   // see); 2^37 passes an 8k-token prefill chunk over a 128k context at 64 q heads.
   int64_t max_attend_work = int64_t{1} << 37;
@@ -122,13 +122,12 @@ struct StoreOptions {
   std::function<void()> on_regions_changed;
 };
 
-
 // A memory region an attached session may map: every pool, and its own scratch region.
 struct RegionInfo {
   uint64_t region_id = 0;  // pools: pool_id + 1; scratch: kScratchRegionBase + n
   std::string kind;        // Region::share_kind()
   uint64_t size = 0;
-  uint64_t pool_id = 0;    // pools only
+  uint64_t pool_id = 0;  // pools only
   bool scratch = false;
   std::string ipc_handle;  // cuda_ipc only
 };
@@ -191,9 +190,8 @@ class KvStore {
   // max_attend_work is refused up front. With `stop` (it must outlive the call): once it
   // says stop — when the call starts or between units of the CPU kernels — the call ends
   // with CANCELLED or DEADLINE_EXCEEDED, its append undone and out incomplete.
-  absl::StatusOr<AttendResult> Attend(const std::string& session, const AttendArgs& args,
-                                      void* out, size_t out_bytes,
-                                      const StopToken* stop = nullptr);
+  absl::StatusOr<AttendResult> Attend(const std::string& session, const AttendArgs& args, void* out,
+                                      size_t out_bytes, const StopToken* stop = nullptr);
 
   // Rolls back the last n tokens on every layer, all or nothing (see DESIGN.md).
   // n > seq_len (any n) is a refusal: popped 0 and the reason, not an error.

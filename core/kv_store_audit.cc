@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/kv_store.h"
 #include "core/checked.h"
+#include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/status_macros.h"
 
@@ -32,14 +32,14 @@ absl::Status KvStore::TEST_CheckInvariants() const {
     for (const PoolSet::Entry& e : impl_->pools.List()) pools.emplace(e.pool->id(), e.pool);
   }
   KVARENA_RETURN_IF_ERROR(impl_->pools.TEST_Audit());
-  std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;   // per pool: page -> table slots
+  std::map<uint64_t, absl::flat_hash_map<int32_t, int32_t>> refs;  // per pool: page -> table slots
   std::map<uint64_t, absl::flat_hash_map<uint64_t, int64_t>> holds;  // per pool: node -> holds
   struct QuotaUse {
     int64_t pages = 0, caches = 0;
     size_t metadata = 0;
   };
   std::map<Quota*, QuotaUse> per_quota;
-  per_quota[impl_->sessionless.get()];  // checked even when no sessionless cache is left
+  per_quota[impl_->sessionless.get()];   // checked even when no sessionless cache is left
   std::map<Quota*, QuotaUse> per_owner;  // what each owner's caches hold, of every quota inside it
   for (const auto& [owner, q] : impl_->owners) {
     per_quota[q.sessionless.get()];
@@ -49,22 +49,26 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   for (const auto& c : caches) {
     const std::vector<int32_t> held = c->HeldPages();
     auto st = c->Stats();
-    if (!st.ok()) return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), ": ", st.status().message()));
+    if (!st.ok())
+      return absl::InternalError(
+          absl::StrCat("cache ", Quoted(c->id()), ": ", st.status().message()));
     if (st->pages_used != int64_t(held.size())) {
       return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " counts ", st->pages_used,
                                               " pages but its tables hold ", held.size()));
     }
     if (!pools.contains(c->pool()->id())) {
-      return absl::InternalError(absl::StrCat("cache ", Quoted(c->id()), " draws from a dropped pool"));
+      return absl::InternalError(
+          absl::StrCat("cache ", Quoted(c->id()), " draws from a dropped pool"));
     }
     std::set<int32_t> mine;
     for (int32_t id : held) {
       if (!mine.insert(id).second) {
-        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(), " is held twice by ",
-                                                Quoted(c->id())));
+        return absl::InternalError(absl::StrCat("page ", id, " of pool ", c->pool()->id(),
+                                                " is held twice by ", Quoted(c->id())));
       }
       if (!c->pool()->TEST_IsAllocated(id)) {
-        return absl::InternalError(absl::StrCat("page ", id, " is held by ", Quoted(c->id()), " but free"));
+        return absl::InternalError(
+            absl::StrCat("page ", id, " is held by ", Quoted(c->id()), " but free"));
       }
       ++refs[c->pool()->id()][id];
     }
@@ -91,10 +95,10 @@ absl::Status KvStore::TEST_CheckInvariants() const {
   for (const auto& [quota, use] : per_quota) {
     if (quota->pages() != use.pages || quota->caches() != use.caches ||
         quota->metadata()->used() != use.metadata) {
-      return absl::InternalError(absl::StrCat("a quota counts ", quota->pages(), " pages, ", quota->caches(),
-                                              " caches and ", quota->metadata()->used(),
-                                              " metadata bytes but its caches hold ", use.pages, ", number ",
-                                              use.caches, " and charged ", use.metadata));
+      return absl::InternalError(absl::StrCat(
+          "a quota counts ", quota->pages(), " pages, ", quota->caches(), " caches and ",
+          quota->metadata()->used(), " metadata bytes but its caches hold ", use.pages, ", number ",
+          use.caches, " and charged ", use.metadata));
     }
   }
   for (const auto& [quota, use] : per_owner) {

@@ -98,11 +98,12 @@ struct KvStore::Impl {
   void TakeIdle(absl::Time now, std::vector<std::shared_ptr<KvCache>>* gone);
   // The caches a Reserve / Commit lists, each at most once and each the session's.
   absl::StatusOr<std::vector<std::shared_ptr<KvCache>>> FindAll(
-      absl::string_view op, const std::string& session, const std::vector<CacheTokens>& items) const;
+      absl::string_view op, const std::string& session,
+      const std::vector<CacheTokens>& items) const;
   // The session's scratch region, created and charged to the budget on its first call
   // (RESOURCE_EXHAUSTED when the budget cannot cover it).
-  absl::StatusOr<std::shared_ptr<const Region>> CreateScratch(const std::string& session,
-                                                              const SessionTable::ScratchView& scratch);
+  absl::StatusOr<std::shared_ptr<const Region>> CreateScratch(
+      const std::string& session, const SessionTable::ScratchView& scratch);
   void RegionsChanged() const {
     if (options.on_regions_changed) options.on_regions_changed();
   }

@@ -33,8 +33,8 @@ class FaultyKvKernels : public testing::ForwardingKvKernels {
     if (fail_append) return absl::InternalError("injected AppendKv failure");
     return ForwardingKvKernels::AppendKv(view, pos, n, k, v);
   }
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                              void* out) override {
     if (fail_attention) return absl::InternalError("injected PagedAttention failure");
     return ForwardingKvKernels::PagedAttention(view, params, q, out);
   }
@@ -82,7 +82,8 @@ TEST(KvStoreKernelsTest, ACopyFailureLeavesPopnAndForkUndone) {
   kernels->fail_copy = true;
   const std::string before = store->TEST_DebugState();
   EXPECT_THAT(store->Popn("", "b", 2), StatusIs(absl::StatusCode::kInternal));  // a copy-on-write
-  EXPECT_THAT(store->Fork("", "a", "c"), StatusIs(absl::StatusCode::kInternal));  // the partial pages
+  EXPECT_THAT(store->Fork("", "a", "c"),
+              StatusIs(absl::StatusCode::kInternal));  // the partial pages
   EXPECT_EQ(store->TEST_DebugState(), before);
   EXPECT_TRUE(store->TEST_CheckInvariants().ok()) << store->TEST_CheckInvariants();
   kernels->fail_copy = false;
@@ -98,7 +99,8 @@ TEST(KvStoreKernelsTest, AllocateRejectsGeometriesTheKernelsCannotServe) {
   auto store = *KvStore::Create(o, NewHostBackend());
   auto r = store->Allocate("", Spec(1, 2, 96), "a");
   EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("allocate: spec.head_dim=96"));
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("allocate: spec.head_dim=96"));
   EXPECT_EQ(store->Stats().num_caches, 0);
   EXPECT_EQ(store->Stats().pools.size(), 0u);
 }
@@ -122,7 +124,7 @@ class FaultyRegion : public Region {
   absl::StatusOr<size_t> ResidentBytes() const override { return real_->ResidentBytes(); }
   std::string share_kind() const override { return real_->share_kind(); }
   absl::StatusOr<std::vector<SharedPiece>> ExportPiecesAfter(uint64_t g, size_t first, size_t max,
-                                                              size_t* total) const override {
+                                                             size_t* total) const override {
     return real_->ExportPiecesAfter(g, first, max, total);
   }
   int committed = 0;  // chunks committed and not decommitted

@@ -14,7 +14,8 @@
 
 namespace kvarena {
 
-absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session, const SetTokensArgs& args) {
+absl::StatusOr<CacheInfo> KvStore::SetTokens(const std::string& session,
+                                             const SetTokensArgs& args) {
   KVARENA_ASSIGN_OR_RETURN(auto cache, impl_->Find(session, args.cache_id));
   return (cache)->SetTokens(args.first_pos, args.token_ids);
 }
@@ -37,11 +38,14 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   KVARENA_RETURN_IF_ERROR(metadata.status());
   auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
     if (int64_t(im.caches.size() + im.pending.size()) >= im.options.max_caches) {
-      return RefusedError(Refusal::kMaxCaches, absl::StrCat(
-          "fork: ", im.caches.size() + im.pending.size(), " caches are alive; max_caches=", im.options.max_caches));
+      return RefusedError(Refusal::kMaxCaches,
+                          absl::StrCat("fork: ", im.caches.size() + im.pending.size(),
+                                       " caches are alive; max_caches=", im.options.max_caches));
     }
-    if (!new_cache_id.empty() && (im.caches.contains(new_cache_id) || im.pending.contains(new_cache_id))) {
-      return absl::AlreadyExistsError(absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
+    if (!new_cache_id.empty() &&
+        (im.caches.contains(new_cache_id) || im.pending.contains(new_cache_id))) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("fork: cache ", Quoted(new_cache_id), " already exists"));
     }
     if (!im.pools.Contains((src)->pool())) {
       return absl::NotFoundError(absl::StrCat("cache ", Quoted(cache_id), " was released"));

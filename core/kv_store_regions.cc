@@ -28,10 +28,14 @@ absl::StatusOr<std::shared_ptr<const Region>> KvStore::Impl::CreateScratch(
     const std::string& session, const SessionTable::ScratchView& scratch) {
   if (scratch.region != nullptr) return scratch.region;
   if (!budget.TryCharge(scratch.size)) {
-    return RefusedError(Refusal::kArenaFull, absl::StrCat(
-        "export: the session's scratch region (scratch_bytes=", scratch.size, ") does not fit the "
-        "arena: ", budget.used(), " of arena_bytes=", budget.limit(), " are committed; its "
-        "tensors travel inline"));
+    return RefusedError(
+        Refusal::kArenaFull,
+        absl::StrCat("export: the session's scratch region (scratch_bytes=", scratch.size,
+                     ") does not fit the "
+                     "arena: ",
+                     budget.used(), " of arena_bytes=", budget.limit(),
+                     " are committed; its "
+                     "tensors travel inline"));
   }
   absl::StatusOr<std::unique_ptr<Region>> r =
       scratch_backend->Reserve(scratch.size, absl::StrCat("kvarena-scratch-", scratch.id));
@@ -101,8 +105,9 @@ absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, 
         "shared slice: the call carries no attached session with a scratch region");
   }
   if (region_id != view->id) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "shared slice: region_id=", region_id, " is not this session's scratch region (", view->id, ")"));
+    return absl::PermissionDeniedError(absl::StrCat("shared slice: region_id=", region_id,
+                                                    " is not this session's scratch region (",
+                                                    view->id, ")"));
   }
   if (offset > view->size || length > view->size - offset) {
     return absl::InvalidArgumentError(absl::StrCat("shared slice: [", offset, ", +", length,
@@ -110,8 +115,9 @@ absl::StatusOr<ResolvedSlice> KvStore::ResolveSlice(const std::string& session, 
                                                    view->size, " bytes"));
   }
   if (view->region == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared slice: region_id=", region_id, " is not mapped yet (export it over the fd socket first)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared slice: region_id=", region_id,
+                     " is not mapped yet (export it over the fd socket first)"));
   }
   const std::shared_ptr<const Region>& scratch = view->region;
   return ResolvedSlice{scratch, scratch->base() + offset, size_t(length)};

@@ -21,7 +21,8 @@ TEST_F(StoreTest, AllocateRejectsBadSpecs) {
       {"zero kv heads", Spec(2, 0, 8), "spec.num_kv_heads=0"},
       {"zero head_dim", Spec(2, 2, 0), "spec.head_dim=0"},
       {"unspecified dtype", Spec(2, 2, 8, DType::kUnspecified), "spec.dtype=0"},
-      {"windows length", Spec(2, 2, 8, DType::kFloat32, {0, 0, 0}), "layer_windows has 3 entries but num_layers=2"},
+      {"windows length", Spec(2, 2, 8, DType::kFloat32, {0, 0, 0}),
+       "layer_windows has 3 entries but num_layers=2"},
       {"window of one", Spec(2, 2, 8, DType::kFloat32, {0, 1}), "layer_windows[1]=1"},
   };
   for (const Case& c : cases) {
@@ -62,7 +63,8 @@ TEST_F(StoreTest, AppendMustBeDense) {
   OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
   auto r = store_->Append("", id, 1, 12, k.Arg(), k.Arg());
   EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("append: pos=12 but layer 1 holds 10 tokens"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("append: pos=12 but layer 1 holds 10 tokens"));
   EXPECT_THAT(store_->Append("", id, 1, 9, k.Arg(), k.Arg()), StatusIs(Code::kInvalidArgument));
   EXPECT_TRUE(Snap(id) == before);
 }
@@ -88,7 +90,8 @@ TEST_F(StoreTest, AppendRejectsBadTensorsAndChangesNothing) {
       {"dtype", 0, bf.Arg(), bf.Arg(), "k.dtype=bfloat16 but the cache holds float32"},
       {"heads", 0, heads.Arg(), heads.Arg(), "k.shape=[1, 3, 2, 8] must be [1, 2, tokens, 8]"},
       {"rank", 0, three_d, three_d, "k.shape=[2, 2, 8]"},
-      {"bytes", 0, short_bytes, good.Arg(), "k has 124 bytes but shape [1, 2, 2, 8] of float32 needs 128"},
+      {"bytes", 0, short_bytes, good.Arg(),
+       "k has 124 bytes but shape [1, 2, 2, 8] of float32 needs 128"},
       {"layer", 2, good.Arg(), good.Arg(), "layer=2 but the cache has num_layers=2"},
       {"k vs v", 0, good.Arg(), RandomTensor(rng_, DType::kFloat32, 2, 3, 8).Arg(), ""},
   };
@@ -107,7 +110,8 @@ TEST_F(StoreTest, MaxTokensRejectsAndWritesNothing) {
   const Snapshot before = Snap(id);
   auto r = AppendRandom(id, 0, 3);
   EXPECT_THAT(r, StatusIs(Code::kResourceExhausted));
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("would hold 11 tokens but max_tokens=10"));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("would hold 11 tokens but max_tokens=10"));
   Snapshot after = Snap(id);
   EXPECT_EQ(after.cache.refusals, 1u);
   EXPECT_TRUE(after == before);
@@ -267,13 +271,20 @@ TEST_F(StoreTest, AttendRejectsBadQueriesAndChangesNothing) {
   OwnedTensor q = RandomTensor(rng_, DType::kFloat32, 4, 1, 8);
   OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
   std::vector<uint8_t> out(q.bytes.size());
-  auto call = [&](AttendArgs a, size_t out_bytes) { return store_->Attend("", a, out.data(), out_bytes); };
-  EXPECT_THAT(call({id, 0, 5, q3.Arg(), {}, {}, 0, 0}, q3.bytes.size()), StatusIs(Code::kInvalidArgument));
+  auto call = [&](AttendArgs a, size_t out_bytes) {
+    return store_->Attend("", a, out.data(), out_bytes);
+  };
+  EXPECT_THAT(call({id, 0, 5, q3.Arg(), {}, {}, 0, 0}, q3.bytes.size()),
+              StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(call({id, 0, 5, q.Arg(), {}, {}, 0, 0}, 4), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(call({id, 0, 6, q.Arg(), {}, {}, 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(call({id, 0, 6, q.Arg(), k.Arg(), {}, 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(call({id, 0, 5, q.Arg(), k.Arg(), k.Arg(), 0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(call({id, 0, 5, q.Arg(), {}, {}, -1.0, 0}, out.size()), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 6, q.Arg(), {}, {}, 0, 0}, out.size()),
+              StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 6, q.Arg(), k.Arg(), {}, 0, 0}, out.size()),
+              StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 5, q.Arg(), k.Arg(), k.Arg(), 0, 0}, out.size()),
+              StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(call({id, 0, 5, q.Arg(), {}, {}, -1.0, 0}, out.size()),
+              StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(call({"nope", 0, 5, q.Arg(), {}, {}, 0, 0}, out.size()), StatusIs(Code::kNotFound));
   EXPECT_TRUE(Snap(id) == before);
 }
@@ -315,8 +326,10 @@ TEST_F(StoreTest, SessionsOwnTheirCaches) {
   auto info = store_->Allocate(s1, Spec(1, 2, 8), "mine");
   ASSERT_TRUE(info.ok());
   OwnedTensor k = RandomTensor(rng_, DType::kFloat32, 2, 1, 8);
-  EXPECT_THAT(store_->Append(s2, "mine", 0, 0, k.Arg(), k.Arg()), StatusIs(Code::kPermissionDenied));
-  EXPECT_THAT(store_->Append("", "mine", 0, 0, k.Arg(), k.Arg()), StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->Append(s2, "mine", 0, 0, k.Arg(), k.Arg()),
+              StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->Append("", "mine", 0, 0, k.Arg(), k.Arg()),
+              StatusIs(Code::kPermissionDenied));
   EXPECT_THAT(store_->Release(s2, "mine"), StatusIs(Code::kPermissionDenied));
   EXPECT_TRUE(store_->CacheStats("mine").ok());  // operators may read stats
   EXPECT_TRUE(store_->Append(s1, "mine", 0, 0, k.Arg(), k.Arg()).ok());

@@ -47,7 +47,8 @@ ArenaStats KvStore::Stats() const {
     t.pages_used += p.pages_used;
     t.pages_free += p.pages_free;
     t.bytes_used += uint64_t(p.pages_used) * p.page_bytes;
-    t.page_size = (&p == &s.pools.front() || t.page_size == p.layout.page_size) ? p.layout.page_size : 0;
+    t.page_size =
+        (&p == &s.pools.front() || t.page_size == p.layout.page_size) ? p.layout.page_size : 0;
   }
   t.num_pages = t.pages_used + t.pages_free;
   s.bytes_used = t.bytes_used;

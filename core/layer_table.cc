@@ -22,7 +22,9 @@ void LayerTable::Adopt(int64_t first_block, const int32_t* ids, int64_t n, int64
   len_ = len;
 }
 
-void LayerTable::AddBlocks(const int32_t* ids, int64_t n) { pages_.insert(pages_.end(), ids, ids + n); }
+void LayerTable::AddBlocks(const int32_t* ids, int64_t n) {
+  pages_.insert(pages_.end(), ids, ids + n);
+}
 
 void LayerTable::EvictBelow(int64_t pos, int page_size, std::vector<int32_t>* freed) {
   const int64_t drop = std::min(pos / page_size - first_block_, num_blocks());

@@ -36,7 +36,8 @@ class MetadataTest : public StoreTest {
     o.metadata_bytes = kBudget;
     MakeStore(o);
   }
-  absl::StatusOr<CacheInfo> AllocPrompt(const CacheSpec& spec, int64_t tokens, const std::string& id = "") {
+  absl::StatusOr<CacheInfo> AllocPrompt(const CacheSpec& spec, int64_t tokens,
+                                        const std::string& id = "") {
     AllocateOptions o;
     o.prompt_tokens = Tokens(tokens);
     return store_->Allocate("", spec, id, o);

@@ -20,7 +20,8 @@ class ModelTest : public StoreTest {
     std::vector<int> windows;
     for (int l = 0; l < n; ++l) windows.push_back(std::vector<int>{0, 0, 2, 5}[size_t(pick(rng_))]);
     const DType dtype = pick(rng_) == 0 ? DType::kBFloat16 : DType::kFloat32;
-    const std::string id = Alloc(Spec(n, 2, 8, dtype, windows, 0, std::vector<int>{1, 2, 4, 8}[size_t(pick(rng_))]));
+    const std::string id =
+        Alloc(Spec(n, 2, 8, dtype, windows, 0, std::vector<int>{1, 2, 4, 8}[size_t(pick(rng_))]));
     model_[id] = ModelCache{std::vector<int64_t>(size_t(n), 0)};
   }
 
@@ -123,7 +124,8 @@ class ModelTest : public StoreTest {
       for (int64_t h = 0; h < 2; ++h)
         for (int64_t t = 0; t < n; ++t)
           for (int64_t d = 0; d < 8; ++d)
-            ASSERT_EQ(k[size_t((h * n + t) * 8 + d)], ref.k[size_t(kv->first_pos + t)][size_t(h * 8 + d)]);
+            ASSERT_EQ(k[size_t((h * n + t) * 8 + d)],
+                      ref.k[size_t(kv->first_pos + t)][size_t(h * 8 + d)]);
     }
   }
 
@@ -164,8 +166,9 @@ TEST_F(ModelTest, RandomOperationsMatchTheModel) {
   EXPECT_GT(refused_len_, 10);
   EXPECT_GT(refused_window_, 10);
   EXPECT_GT(attended_, 1000);
-  std::printf("popn: %d popped, %d refused (n > seq_len), %d refused (window); %d attends checked\n",
-              popped_, refused_len_, refused_window_, attended_);
+  std::printf(
+      "popn: %d popped, %d refused (n > seq_len), %d refused (window); %d attends checked\n",
+      popped_, refused_len_, refused_window_, attended_);
 }
 
 }  // namespace

@@ -40,12 +40,12 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const Pa
   const size_t max_chunks = std::min(budget->limit() / chunk_bytes,
                                      size_t{std::numeric_limits<int32_t>::max()} / pages_per_chunk);
   if (max_chunks == 0) {
-    return RefusedError(Refusal::kArenaFull,
+    return RefusedError(
+        Refusal::kArenaFull,
         absl::StrCat("pool: a chunk of ", chunk_bytes, " bytes (pages of ", page_bytes,
                      " bytes) does not fit arena_bytes=", budget->limit()));
   }
-  auto region = backend->Reserve(max_chunks * chunk_bytes,
-                                 absl::StrCat("kvarena-pool-", id));
+  auto region = backend->Reserve(max_chunks * chunk_bytes, absl::StrCat("kvarena-pool-", id));
   if (!region.ok()) return BackendRefusal(region.status());
   return std::unique_ptr<PagePool>(new PagePool(id, layout, *std::move(region), budget, chunk_bytes,
                                                 empty_chunks_kept, counters, std::move(owner)));
@@ -67,8 +67,9 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       index_(counters != nullptr ? counters->metadata : nullptr),
       cache_(NewLruPageCache([this](int32_t page)
                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { EvictedLocked(page); })) {
-  const int32_t num_chunks = int32_t(std::min<size_t>(
-      region_->size() / chunk_bytes_, size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
+  const int32_t num_chunks = int32_t(
+      std::min<size_t>(region_->size() / chunk_bytes_,
+                       size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));
   chunks_.resize(num_chunks);
   uncommitted_.resize(num_chunks);
   for (int32_t c = 0; c < num_chunks; ++c) uncommitted_[c] = num_chunks - 1 - c;
@@ -91,7 +92,8 @@ PagePool::~PagePool() {
     if (chunks_[c].committed) (void)region_->Decommit(c * chunk_bytes_, chunk_bytes_);
   }
   budget_->Refund(size_t(chunks_committed_) * chunk_bytes_);
-  if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(size_t(chunks_committed_) * ChunkMetadataBytes());
+  if (ByteBudget* m = Metadata(); m != nullptr)
+    m->Refund(size_t(chunks_committed_) * ChunkMetadataBytes());
 }
 
 int64_t PagePool::FreeCommittedLocked() const {
@@ -113,17 +115,20 @@ void PagePool::CloseLocked(int32_t c) {
 }
 
 absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* out) {
-  if (count > int64_t(uncommitted_.size()) ||
-      !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
-    return RefusedError(Refusal::kArenaFull, absl::StrCat(
-        "arena full: needs ", count, " more chunk(s) of ", chunk_bytes_, " bytes but ",
-        budget_->available(), " of arena_bytes=", budget_->limit(), " are uncommitted"));
+  if (count > int64_t(uncommitted_.size()) || !budget_->TryCharge(size_t(count) * chunk_bytes_)) {
+    return RefusedError(Refusal::kArenaFull,
+                        absl::StrCat("arena full: needs ", count, " more chunk(s) of ",
+                                     chunk_bytes_, " bytes but ", budget_->available(),
+                                     " of arena_bytes=", budget_->limit(), " are uncommitted"));
   }
-  if (ByteBudget* m = Metadata(); m != nullptr && !m->TryCharge(size_t(count) * ChunkMetadataBytes())) {
+  if (ByteBudget* m = Metadata();
+      m != nullptr && !m->TryCharge(size_t(count) * ChunkMetadataBytes())) {
     budget_->Refund(size_t(count) * chunk_bytes_);
-    return RefusedError(Refusal::kMetadataBytes, absl::StrCat(
-        "metadata full: ", count, " more chunk(s) of ", pages_per_chunk_, " pages need ",
-        size_t(count) * ChunkMetadataBytes(), " bytes of page bookkeeping but ", m->Describe()));
+    return RefusedError(
+        Refusal::kMetadataBytes,
+        absl::StrCat("metadata full: ", count, " more chunk(s) of ", pages_per_chunk_,
+                     " pages need ", size_t(count) * ChunkMetadataBytes(),
+                     " bytes of page bookkeeping but ", m->Describe()));
   }
   std::vector<int32_t> committed;
   for (int64_t i = 0; i < count; ++i) {
@@ -132,7 +137,8 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
       // All or nothing: the chunks this call committed go back (each refunds its budget),
       // newest first so the uncommitted list keeps its order, and the rest is refunded.
       budget_->Refund(size_t(count - i) * chunk_bytes_);
-      if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(size_t(count - i) * ChunkMetadataBytes());
+      if (ByteBudget* m = Metadata(); m != nullptr)
+        m->Refund(size_t(count - i) * ChunkMetadataBytes());
       for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
       return BackendRefusal(s);
     }
@@ -203,19 +209,23 @@ absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
       // The budget falls short: commit the chunks it still covers, reclaim cached pages
       // for the rest — or, when they are too few, refuse having changed nothing.
       const int64_t cached = absl::IsResourceExhausted(s) ? cache_->size() : 0;
-      int64_t can = std::min<int64_t>({chunks - 1, int64_t(uncommitted_.size()),
-                                       int64_t(budget_->available() / chunk_bytes_)});
+      int64_t can = std::min<int64_t>(
+          {chunks - 1, int64_t(uncommitted_.size()), int64_t(budget_->available() / chunk_bytes_)});
       if (can > 0 && missing - can * pages_per_chunk_ <= cached &&
           !CommitChunksLocked(can, committed).ok()) {
         can = 0;  // the budget went elsewhere meanwhile
       }
       reclaim = std::max<int64_t>(0, missing - can * pages_per_chunk_);
       if (reclaim > cached) {
-        absl::Status refused(s.code(), absl::StrCat(
-            "allocate ", n, " page(s) of ", page_bytes_, " bytes: ", s.message(),
-            cached > 0 ? absl::StrCat(" and only ", cached, " cached page(s) are reclaimable") : ""));
+        absl::Status refused(
+            s.code(),
+            absl::StrCat("allocate ", n, " page(s) of ", page_bytes_, " bytes: ", s.message(),
+                         cached > 0
+                             ? absl::StrCat(" and only ", cached, " cached page(s) are reclaimable")
+                             : ""));
         // Keeps the refusal's tag (core/refusal.h).
-        s.ForEachPayload([&](absl::string_view url, const absl::Cord& tag) { refused.SetPayload(url, tag); });
+        s.ForEachPayload(
+            [&](absl::string_view url, const absl::Cord& tag) { refused.SetPayload(url, tag); });
         return refused;
       }
       reclaim = std::max<int64_t>(0, n - FreeCommittedLocked());
@@ -359,8 +369,8 @@ size_t PagePool::BudgetShortfall(int64_t n) const {
 
 bool PagePool::CanAllocate(int64_t n) const {
   absl::MutexLock lock(&mu_);
-  const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
-                                                  int64_t(uncommitted_.size()));
+  const int64_t budget_chunks =
+      std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_), int64_t(uncommitted_.size()));
   return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + cache_->size();
 }
 
@@ -381,8 +391,8 @@ PoolStats PagePool::Stats() const {
   s.page_bytes = page_bytes_;
   s.chunk_bytes = chunk_bytes_;
   absl::MutexLock lock(&mu_);
-  const int64_t budget_chunks = std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_),
-                                                  int64_t(uncommitted_.size()));
+  const int64_t budget_chunks =
+      std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_), int64_t(uncommitted_.size()));
   s.pages_cached = cache_->size();
   s.pages_shared = pages_shared_;
   s.pages_used = pages_used_ - s.pages_cached;

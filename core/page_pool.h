@@ -62,9 +62,10 @@ class TierSet;
 struct PoolCounters {
   std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
   PrefixEventLog* events = nullptr;          // where pools record index changes, if anywhere
-  ByteBudget* metadata = nullptr;  // charged with index nodes and committed chunks' page bookkeeping
-  TierSet* tiers = nullptr;        // the tiers below the arena, if any (core/tier_set.h)
-  KvKernels* kernels = nullptr;    // copies chunks' pages out to the tiers (with tiers)
+  ByteBudget* metadata =
+      nullptr;                   // charged with index nodes and committed chunks' page bookkeeping
+  TierSet* tiers = nullptr;      // the tiers below the arena, if any (core/tier_set.h)
+  KvKernels* kernels = nullptr;  // copies chunks' pages out to the tiers (with tiers)
 };
 
 // The first block a layer of window `window` (0: global) needs when the next position is
@@ -81,7 +82,7 @@ struct PrefixQuery {
   Hash128 root_hash;
   int num_layers = 0;
   int page_size = 0;
-  std::vector<int> layer_windows;  // per layer
+  std::vector<int> layer_windows;   // per layer
   const Hash128* hashes = nullptr;  // [num_blocks] chained page hashes of the prompt
   const int32_t* tokens = nullptr;  // [num_blocks * page_size] its token ids
   int64_t num_blocks = 0;           // full pages of declared tokens
@@ -226,11 +227,11 @@ class PagePool {
   struct Chunk {
     bool committed = false;
     int32_t used = 0;
-    int32_t open_index = -1;      // position in open_chunks_, -1 when full or uncommitted
-    std::vector<int32_t> free;    // free page ids, popped from the back
-    std::vector<bool> taken;      // by page index in the chunk: referenced or cached
-    std::vector<int32_t> refs;    // by page index in the chunk: references
-    int32_t cached = 0;           // taken pages with no reference (parked in the index)
+    int32_t open_index = -1;    // position in open_chunks_, -1 when full or uncommitted
+    std::vector<int32_t> free;  // free page ids, popped from the back
+    std::vector<bool> taken;    // by page index in the chunk: referenced or cached
+    std::vector<int32_t> refs;  // by page index in the chunk: references
+    int32_t cached = 0;         // taken pages with no reference (parked in the index)
   };
 
   PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region> region,
@@ -255,7 +256,9 @@ class PagePool {
   int32_t RefsLocked(int32_t id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return chunks_[size_t(id / pages_per_chunk_)].refs[size_t(id % pages_per_chunk_)];
   }
-  Chunk& ChunkOf(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return chunks_[size_t(id / pages_per_chunk_)]; }
+  Chunk& ChunkOf(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return chunks_[size_t(id / pages_per_chunk_)];
+  }
   // Moves a registered page with no reference into / out of the page cache.
   void ParkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnparkLocked(int32_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -281,7 +284,8 @@ class PagePool {
   void CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordLocked(PrefixEvent e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecommitChunkLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -301,10 +305,10 @@ class PagePool {
 
   mutable absl::Mutex mu_;
   std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mu_);
-  std::vector<int32_t> open_chunks_ ABSL_GUARDED_BY(mu_);    // committed, with free pages
-  std::vector<int32_t> uncommitted_ ABSL_GUARDED_BY(mu_);    // lowest index at the back
-  int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;  // taken: referenced or cached
-  int64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;  // with two or more references
+  std::vector<int32_t> open_chunks_ ABSL_GUARDED_BY(mu_);  // committed, with free pages
+  std::vector<int32_t> uncommitted_ ABSL_GUARDED_BY(mu_);  // lowest index at the back
+  int64_t pages_used_ ABSL_GUARDED_BY(mu_) = 0;            // taken: referenced or cached
+  int64_t pages_shared_ ABSL_GUARDED_BY(mu_) = 0;          // with two or more references
   PrefixIndex index_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<PageCache> cache_
       ABSL_PT_GUARDED_BY(mu_);  // registered pages no cache references

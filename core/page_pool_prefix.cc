@@ -35,7 +35,8 @@ void PagePool::ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) {
   chain->nodes.reserve(size_t(q.num_blocks));  // no allocation between a hold and its record
   for (int64_t b = int64_t(chain->nodes.size()); b < q.num_blocks; ++b) {
     const uint64_t parent = b == 0 ? chain->root : chain->nodes[size_t(b - 1)];
-    const uint64_t node = index_.HoldChild(parent, q.hashes[b], q.tokens + b * q.page_size, q.page_size);
+    const uint64_t node =
+        index_.HoldChild(parent, q.hashes[b], q.tokens + b * q.page_size, q.page_size);
     if (node == PrefixIndex::kNoNode) {
       chain->blocked = true;
       return;

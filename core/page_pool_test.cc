@@ -79,7 +79,8 @@ TEST_F(PagePoolTest, FullMessageNamesTheNumbers) {
 TEST_F(PagePoolTest, FreedChunksReturnMemoryToTheSystem) {
   Make(size_t{256} << 20);  // 128 chunks, 4096 pages
   auto ids = Take(4096);
-  for (int32_t id : ids) std::memset(pool_->base() + size_t(id) * kLayout.PageBytes(), 1, kLayout.PageBytes());
+  for (int32_t id : ids)
+    std::memset(pool_->base() + size_t(id) * kLayout.PageBytes(), 1, kLayout.PageBytes());
   EXPECT_GE(Resident(), size_t{256} << 20);
   pool_->Free(ids);
   // One empty chunk is kept committed (empty_chunks_kept = 1), and it was never punched.

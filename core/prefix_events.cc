@@ -47,7 +47,8 @@ std::vector<PrefixEvent> PrefixEventLog::ReadFrom(uint64_t from_seq, size_t max,
   *lost = (from_seq != 0 && from_seq < oldest) || beyond;
   const uint64_t first = beyond ? oldest : std::max(from_seq, oldest);
   std::vector<PrefixEvent> out;
-  for (uint64_t s = first; s < next_seq_ && out.size() < max; ++s) out.push_back(events_[size_t(s - oldest)]);
+  for (uint64_t s = first; s < next_seq_ && out.size() < max; ++s)
+    out.push_back(events_[size_t(s - oldest)]);
   return out;
 }
 

@@ -30,9 +30,9 @@ struct PrefixEvent {
   uint64_t seq = 0;
   Kind kind = Kind::kStored;
   uint64_t pool_id = 0;
-  int layer = 0;                  // stored / removed
-  Hash128 hash;                   // stored / removed: the page's chained hash
-  Hash128 parent_hash;            // stored: the page before it's (or the namespace root's)
+  int layer = 0;                   // stored / removed
+  Hash128 hash;                    // stored / removed: the page's chained hash
+  Hash128 parent_hash;             // stored: the page before it's (or the namespace root's)
   std::vector<int32_t> token_ids;  // stored: the page's token ids
   std::string prefix_namespace;    // stored: the namespace of the page's chain
   // stored / removed: where the page is (or was) kept — "" for the arena (the daemon
@@ -58,7 +58,8 @@ class PrefixEventLog {
   // Up to max events with seq >= from_seq (0: from the oldest kept), oldest first.
   // *lost: events in [from_seq, first returned) are no longer kept, or from_seq is past
   // next_seq() (then the events come from the oldest kept, as for 0).
-  std::vector<PrefixEvent> ReadFrom(uint64_t from_seq, size_t max, bool* lost) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<PrefixEvent> ReadFrom(uint64_t from_seq, size_t max, bool* lost) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t next_seq() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t oldest_seq() const ABSL_LOCKS_EXCLUDED(mu_);  // next_seq() when empty
   // Called after every Append; set once, before any pool exists.

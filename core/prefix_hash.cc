@@ -24,7 +24,8 @@ Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec
   std::string b = "kvarena.prefix.v1";
   PutU32(&b, uint32_t(prefix_namespace.size()));
   b.append(prefix_namespace.data(), prefix_namespace.size());
-  for (int v : {int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim, spec.num_layers}) {
+  for (int v :
+       {int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim, spec.num_layers}) {
     PutU32(&b, uint32_t(v));
   }
   return Xxh128(b);
@@ -42,7 +43,8 @@ Hash128 PrefixPageHash(const Hash128& parent, const int32_t* tokens, int n) {
 Hash128 KeepHashBits(const Hash128& h, int bits) {
   if (bits >= 128) return h;
   if (bits <= 0) return Hash128{};
-  if (bits >= 64) return Hash128{h.low, bits == 64 ? 0 : h.high & ((uint64_t{1} << (bits - 64)) - 1)};
+  if (bits >= 64)
+    return Hash128{h.low, bits == 64 ? 0 : h.high & ((uint64_t{1} << (bits - 64)) - 1)};
   return Hash128{h.low & ((uint64_t{1} << bits) - 1), 0};
 }
 

@@ -9,7 +9,8 @@ namespace kvarena {
 
 PrefixIndex::~PrefixIndex() {
   if (metadata_ == nullptr) return;
-  for (const auto& [serial, n] : nodes_) metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
+  for (const auto& [serial, n] : nodes_)
+    metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
 }
 
 size_t PrefixIndex::NodeBytes(int num_layers, int page_size) {
@@ -26,8 +27,8 @@ bool PrefixIndex::ChargeNode(int num_layers, int page_size) {
   return metadata_ == nullptr || metadata_->TryCharge(NodeBytes(num_layers, page_size));
 }
 
-uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
-                               int num_layers) {
+uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix_namespace,
+                               const Hash128& hash, int num_layers) {
   auto it = roots_.find(key);
   if (it != roots_.end()) {
     ++At(it->second).holds;
@@ -50,7 +51,8 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
   auto it = by_hash_.find(h);
   if (it != by_hash_.end()) {
     Node& node = At(it->second);
-    if (node.parent != parent || !std::equal(node.tokens.begin(), node.tokens.end(), tokens, tokens + n) ||
+    if (node.parent != parent ||
+        !std::equal(node.tokens.begin(), node.tokens.end(), tokens, tokens + n) ||
         int(node.tokens.size()) != n) {
       return kNoNode;  // the hash names another prefix
     }
@@ -96,7 +98,8 @@ void PrefixIndex::DeleteIfUnused(uint64_t node) {
       --p.children;
       if (p.last_child == node) p.last_child = kNoNode;
     }
-    if (metadata_ != nullptr) metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
+    if (metadata_ != nullptr)
+      metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
     nodes_.erase(it);
     node = parent;
   }
@@ -145,7 +148,8 @@ void PrefixIndex::Unregister(int32_t page) {
 
 size_t PrefixIndex::TEST_NodeBytes() const {
   size_t bytes = 0;
-  for (const auto& [serial, n] : nodes_) bytes += NodeBytes(int(n.pages.size()), int(n.tokens.size()));
+  for (const auto& [serial, n] : nodes_)
+    bytes += NodeBytes(int(n.pages.size()), int(n.tokens.size()));
   return bytes;
 }
 
@@ -157,7 +161,8 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
   }
   for (const auto& [serial, n] : nodes_) {
     if (n.parent != kNoNode) {
-      if (!nodes_.contains(n.parent)) return absl::InternalError(absl::StrCat("node ", serial, " has a deleted parent"));
+      if (!nodes_.contains(n.parent))
+        return absl::InternalError(absl::StrCat("node ", serial, " has a deleted parent"));
       auto h = by_hash_.find(n.hash);
       if (h == by_hash_.end() || h->second != serial) {
         return absl::InternalError(absl::StrCat("node ", serial, " is not indexed by its hash"));
@@ -174,22 +179,25 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
       ++pages;
       auto e = pages_.find(n.pages[l]);
       if (e == pages_.end() || e->second.node != serial || e->second.layer != int(l)) {
-        return absl::InternalError(absl::StrCat("node ", serial, " names page ", n.pages[l], " for layer ", l,
+        return absl::InternalError(absl::StrCat("node ", serial, " names page ", n.pages[l],
+                                                " for layer ", l,
                                                 " but the page is registered elsewhere"));
       }
     }
     if (pages != n.num_pages) {
-      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.num_pages, " pages but names ", pages));
+      return absl::InternalError(
+          absl::StrCat("node ", serial, " counts ", n.num_pages, " pages but names ", pages));
     }
     auto want = holds.find(serial);
     const int64_t held = want == holds.end() ? 0 : want->second;
     if (held != n.holds) {
-      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.holds, " holds but caches hold it ", held,
-                                              " times"));
+      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.holds,
+                                              " holds but caches hold it ", held, " times"));
     }
     auto c = children.find(serial);
     if ((c == children.end() ? 0 : c->second) != n.children) {
-      return absl::InternalError(absl::StrCat("node ", serial, " counts ", n.children, " children"));
+      return absl::InternalError(
+          absl::StrCat("node ", serial, " counts ", n.children, " children"));
     }
     if (n.tier_flags != 0) {
       if ((n.tier_flags & ~tier_flags) != 0) {

@@ -53,8 +53,8 @@ class PrefixIndex {
 
   // Holds the root of `key` (an exact encoding of namespace and geometry), created when
   // new. kNoNode, holding nothing, when the metadata budget cannot cover a new root.
-  uint64_t HoldRoot(const std::string& key, const std::string& prefix_namespace, const Hash128& hash,
-                    int num_layers);
+  uint64_t HoldRoot(const std::string& key, const std::string& prefix_namespace,
+                    const Hash128& hash, int num_layers);
   // Holds the child of `parent` (a held node) for page hash h and tokens[0..n), created
   // when new. kNoNode, holding nothing, when h names another node (a collision) or the
   // metadata budget cannot cover a new node.
@@ -122,11 +122,11 @@ class PrefixIndex {
   struct Node {
     Hash128 hash;
     uint64_t parent = kNoNode;
-    uint64_t root = kNoNode;      // itself for a root: it outlives every descendant
+    uint64_t root = kNoNode;  // itself for a root: it outlives every descendant
     uint64_t last_child = kNoNode;
-    std::vector<int32_t> tokens;  // empty for a root
-    std::vector<int32_t> pages;   // per layer; -1 none
-    std::string root_key;         // roots only
+    std::vector<int32_t> tokens;   // empty for a root
+    std::vector<int32_t> pages;    // per layer; -1 none
+    std::string root_key;          // roots only
     std::string prefix_namespace;  // roots only
     int64_t holds = 0;
     int64_t block = -1;  // position in the chain; -1 for a root

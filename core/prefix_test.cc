@@ -20,7 +20,9 @@ TEST(PrefixHashTest, IsXxh3OverTheDocumentedBytes) {
   CacheSpec s = PrefixSpec("m");
   s.dtype = DType::kFloat16;
   std::string root = "kvarena.prefix.v1";
-  auto u32 = [](std::string* b, uint32_t v) { for (int i = 0; i < 4; ++i) b->push_back(char(v >> (8 * i))); };
+  auto u32 = [](std::string* b, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b->push_back(char(v >> (8 * i)));
+  };
   u32(&root, 1);
   root += "m";
   for (uint32_t v : {2u, 4u, 2u, 8u, 2u}) u32(&root, v);  // dtype, page, heads, dim, layers
@@ -68,7 +70,8 @@ TEST_F(PrefixTest, SecondCacheAdoptsThePageAlignedPrefixAndMatchesBitForBit) {
   EXPECT_EQ(st.pages.prefix_lookups, 2u);
   EXPECT_EQ(st.pages.prefix_requested_tokens, 20u);
   EXPECT_EQ(st.pages.prefix_hit_tokens, 8u);
-  EXPECT_EQ(store_->CacheStats(b->cache_id)->pages_used, 3 * kLayers);  // it references all it reads
+  EXPECT_EQ(store_->CacheStats(b->cache_id)->pages_used,
+            3 * kLayers);  // it references all it reads
   ExpectInvariants();
 }
 
@@ -76,7 +79,7 @@ TEST_F(PrefixTest, OnlyOneNamespaceAndGeometryShare) {
   const std::vector<int32_t> prompt = Tokens(9);
   auto a = AllocPrompt(PrefixSpec("m"), prompt);
   Compute(a->cache_id, prompt, 0);
-  EXPECT_EQ(AllocPrompt(PrefixSpec(""), prompt)->cached_tokens, 0);   // empty shares nothing
+  EXPECT_EQ(AllocPrompt(PrefixSpec(""), prompt)->cached_tokens, 0);    // empty shares nothing
   EXPECT_EQ(AllocPrompt(PrefixSpec("m2"), prompt)->cached_tokens, 0);  // another namespace
   CacheSpec layers3 = PrefixSpec("m");
   layers3.num_layers = 3;
@@ -137,7 +140,7 @@ TEST_F(PrefixTest, ReleasedPagesStayCachedUntilAdopted) {
   ArenaStats st = store_->Stats();
   EXPECT_EQ(st.pages.pages_used, 0);
   EXPECT_EQ(st.pages.pages_cached, 3 * kLayers);  // the full pages; the partial one is free
-  EXPECT_EQ(st.pools.size(), 1u);                  // kept for them
+  EXPECT_EQ(st.pools.size(), 1u);                 // kept for them
   ExpectInvariants();
   auto b = AllocPrompt(PrefixSpec("m"), prompt);
   EXPECT_EQ(b->cached_tokens, 12);
@@ -146,7 +149,8 @@ TEST_F(PrefixTest, ReleasedPagesStayCachedUntilAdopted) {
   EXPECT_EQ(st.pages.pages_used, 3 * kLayers);
   for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), Expected(prompt, l, 0, 12));
   ASSERT_TRUE(store_->Reset("", b->cache_id, /*keep_pages=*/true).ok());
-  EXPECT_EQ(store_->Stats().pages.pages_cached, 3 * kLayers);  // shared pages are not kept for writing
+  EXPECT_EQ(store_->Stats().pages.pages_cached,
+            3 * kLayers);  // shared pages are not kept for writing
   EXPECT_EQ(store_->CacheStats(b->cache_id)->pages_used, 0);
   ExpectInvariants();
 }
@@ -178,7 +182,8 @@ TEST_F(PrefixTest, AllocationReclaimsCachedPagesTailFirstBeforeRefusing) {
   // The head survived: the prompt still hits 7 pages (3 were reclaimed on each layer).
   auto b = AllocPrompt(PrefixSpec("m"), prompt);
   EXPECT_EQ(b->cached_tokens, 7 * kPage);
-  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), Expected(prompt, l, 0, 7 * kPage));
+  for (int l = 0; l < kLayers; ++l)
+    EXPECT_EQ(Kv(b->cache_id, l), Expected(prompt, l, 0, 7 * kPage));
   ASSERT_TRUE(store_->Release("", b->cache_id).ok());
   // Past every cached page the arena refuses, and the refusal reclaims nothing.
   OwnedTensor more = RandomTensor(rng_, DType::kFloat32, kHeads, 15 * kPage, kDim);
@@ -219,7 +224,8 @@ TEST_F(PrefixTest, SetTokensLetsALaterTurnHitTheAnswer) {
   // Decode 7 tokens: each one's K/V appended, its id declared.
   for (int32_t t = 0; t < 7; ++t) {
     turn.push_back(900 + t);
-    auto info = store_->SetTokens("", SetTokensArgs{a->cache_id, int64_t(turn.size()) - 1, {turn.back()}});
+    auto info =
+        store_->SetTokens("", SetTokensArgs{a->cache_id, int64_t(turn.size()) - 1, {turn.back()}});
     ASSERT_TRUE(info.ok()) << info.status();
     Compute(a->cache_id, turn, int64_t(turn.size()) - 1);
   }
@@ -242,11 +248,13 @@ TEST_F(PrefixTest, SetTokensRefusalsChangeNothing) {
   EXPECT_THAT(set(7, {1}), StatusIs(absl::StatusCode::kInvalidArgument));  // a gap
   EXPECT_THAT(set(-1, {1}), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(set(6, {1, -2}), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(set(6, std::vector<int32_t>(size_t(1 << 20) + 1, 1)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(set(6, std::vector<int32_t>(size_t(1 << 20) + 1, 1)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   auto changed = set(2, {1});  // position 2 holds prompt[2] and K/V
   EXPECT_THAT(changed, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(changed.status().message(), HasSubstr("position 2"));
-  EXPECT_THAT(store_->SetTokens("", SetTokensArgs{"nope", 0, {1}}), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->SetTokens("", SetTokensArgs{"nope", 0, {1}}),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(store_->TEST_DebugState(), before);
   // Re-declaring what is known is fine; unwritten positions may change.
   EXPECT_TRUE(set(0, prompt).ok());
@@ -262,7 +270,8 @@ TEST_F(PrefixTest, SlidingLayersNeedOnlyThePagesTheirWindowSees) {
   // Decoded one token at a time with no ids declared: layer 1's early pages are evicted
   // (and freed) before its tokens are known, so only what the window kept is registered.
   auto a = AllocPrompt(spec, {});
-  for (int64_t p = 0; p < 17; ++p) Compute(a->cache_id, std::vector<int32_t>(prompt.begin(), prompt.begin() + p + 1), p);
+  for (int64_t p = 0; p < 17; ++p)
+    Compute(a->cache_id, std::vector<int32_t>(prompt.begin(), prompt.begin() + p + 1), p);
   ASSERT_EQ(store_->Describe("", a->cache_id)->layers[1].first_pos, 12);
   ASSERT_TRUE(store_->SetTokens("", SetTokensArgs{a->cache_id, 0, prompt}).ok());
   std::vector<int32_t> next = prompt;

@@ -91,8 +91,10 @@ TEST_F(RegionsTest, SlicesResolveInsideTheScratchRegionOnly) {
   EXPECT_EQ(slice->data[0], 77);  // ...and the store reads it in place.
   EXPECT_THAT(store_->ResolveSlice(s1, scratch.region_id, scratch.size - 8, 16),
               StatusIs(Code::kInvalidArgument));
-  EXPECT_THAT(store_->ResolveSlice(s2, scratch.region_id, 0, 16), StatusIs(Code::kPermissionDenied));
-  EXPECT_THAT(store_->ResolveSlice("", scratch.region_id, 0, 16), StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(store_->ResolveSlice(s2, scratch.region_id, 0, 16),
+              StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->ResolveSlice("", scratch.region_id, 0, 16),
+              StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(store_->ResolveSlice(s1, 1, 0, 16), StatusIs(Code::kPermissionDenied));
 }
 

@@ -59,14 +59,16 @@ TEST_F(ScratchChargeTest, AttachChargesNothingFirstExportChargesEndRefunds) {
 }
 
 TEST_F(ScratchChargeTest, APeerThatCannotMapGetsNoScratch) {
-  absl::StatusOr<SessionAttachment> a = store_->AttachSession("tcp", "", SessionPeer{.can_map = false});
+  absl::StatusOr<SessionAttachment> a =
+      store_->AttachSession("tcp", "", SessionPeer{.can_map = false});
   ASSERT_TRUE(a.ok()) << a.status();
   absl::StatusOr<std::vector<RegionInfo>> regions = store_->SessionRegions(a->session_id);
   ASSERT_TRUE(regions.ok()) << regions.status();
   EXPECT_TRUE(regions->empty());
   // Not even a guess at its id maps one.
   const RegionInfo local = ScratchOf(*store_->OpenSession("unix"));
-  EXPECT_THAT(store_->ExportRegion(a->session_id, local.region_id - 1), StatusIs(Code::kPermissionDenied));
+  EXPECT_THAT(store_->ExportRegion(a->session_id, local.region_id - 1),
+              StatusIs(Code::kPermissionDenied));
   EXPECT_EQ(Committed(), 0u);
 }
 

@@ -79,7 +79,8 @@ TEST_F(ResumeTest, AtTheEndOfTheGraceItIsGone) {
 TEST_F(ResumeTest, UnknownTokensAndSessionIdsAreNotFound) {
   const SessionAttachment a = OpenWithCache();
   EXPECT_THAT(store_->AttachSession("w", a.session_id), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(store_->AttachSession("w", std::string(32, '0')), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->AttachSession("w", std::string(32, '0')),
+              StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(store_->AttachSession("w", std::string(1 << 20, 'x')),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(store_->Stats().num_sessions, 1);
@@ -138,7 +139,8 @@ TEST_F(ResumeTest, EachResumeRotatesTheToken) {
   store_->DetachSession(a.session_id, absl::Seconds(5), again->epoch);
   clock_.Advance(absl::Seconds(5));
   EXPECT_EQ(store_->Reap(), 1);
-  EXPECT_THAT(store_->AttachSession("w", again->resume_token), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store_->AttachSession("w", again->resume_token),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(ResumeTest, OnlyItsOwnerResumesOrCountsASession) {
@@ -147,16 +149,17 @@ TEST_F(ResumeTest, OnlyItsOwnerResumesOrCountsASession) {
   EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, "bob"));
   EXPECT_FALSE(store_->SessionOwnedBy(a.session_id, ""));
   // Another owner's resume: as if no session held the token; the session is untouched.
-  EXPECT_THAT(store_->AttachSession("w", a.resume_token, Owner("bob")),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no session holds this resume_token")));
-  EXPECT_THAT(store_->AttachSession("w", a.resume_token),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(
+      store_->AttachSession("w", a.resume_token, Owner("bob")),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("no session holds this resume_token")));
+  EXPECT_THAT(store_->AttachSession("w", a.resume_token), StatusIs(absl::StatusCode::kNotFound));
   absl::StatusOr<SessionAttachment> r = store_->AttachSession("w", a.resume_token, Owner("alice"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->epoch, 2u);
   // alice's bound counts alice's sessions only.
-  EXPECT_THAT(store_->AttachSession("w", "", Owner("alice", 1)),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("'alice' holds 1 sessions")));
+  EXPECT_THAT(
+      store_->AttachSession("w", "", Owner("alice", 1)),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("'alice' holds 1 sessions")));
   EXPECT_TRUE(store_->AttachSession("w", "", Owner("bob", 1)).ok());
   EXPECT_TRUE(store_->TEST_CheckInvariants().ok());
 }

@@ -29,24 +29,31 @@ absl::StatusOr<SessionAttachment> SessionTable::Open(NewSession session) {
   a.epoch = 1;
   absl::MutexLock lock(&mu_);
   if (int64_t(sessions_.size()) >= max_sessions_) {
-    return RefusedError(Refusal::kMaxSessions, absl::StrCat(
-        "attach: ", sessions_.size(), " sessions are held (attached or in their grace period); "
-        "max_sessions=", max_sessions_));
+    return RefusedError(Refusal::kMaxSessions,
+                        absl::StrCat("attach: ", sessions_.size(),
+                                     " sessions are held (attached or in their grace period); "
+                                     "max_sessions=",
+                                     max_sessions_));
   }
   if (session.owner_max_sessions > 0) {
     int64_t owned = 0;
     for (const auto& [id, s] : sessions_) owned += s.info.owner == session.owner ? 1 : 0;
     if (owned >= session.owner_max_sessions) {
-      return RefusedError(Refusal::kMaxSessions, absl::StrCat(
-          "attach: '", session.owner, "' holds ", owned, " sessions (attached or in their grace "
-          "period); its max_sessions=", session.owner_max_sessions));
+      return RefusedError(Refusal::kMaxSessions,
+                          absl::StrCat("attach: '", session.owner, "' holds ", owned,
+                                       " sessions (attached or in their grace "
+                                       "period); its max_sessions=",
+                                       session.owner_max_sessions));
     }
   }
   if (!session.peer.empty()) {
-    if (auto it = per_peer_.find(session.peer); it != per_peer_.end() && it->second >= max_per_peer_) {
-      return RefusedError(Refusal::kMaxSessionsPerPeer, absl::StrCat(
-          "attach: ", session.peer, " holds ", it->second, " sessions (attached or in their grace "
-          "period); max_sessions_per_peer=", max_per_peer_));
+    if (auto it = per_peer_.find(session.peer);
+        it != per_peer_.end() && it->second >= max_per_peer_) {
+      return RefusedError(Refusal::kMaxSessionsPerPeer,
+                          absl::StrCat("attach: ", session.peer, " holds ", it->second,
+                                       " sessions (attached or in their grace "
+                                       "period); max_sessions_per_peer=",
+                                       max_per_peer_));
     }
     ++per_peer_[session.peer];
   }
@@ -211,7 +218,8 @@ std::vector<SessionTable::Expired> SessionTable::TakeExpired(absl::Time now) {
     }
     out.push_back(std::move(e));
     by_token_.erase(s.resume_token);
-    if (auto p = per_peer_.find(s.info.peer); p != per_peer_.end() && --p->second == 0) per_peer_.erase(p);
+    if (auto p = per_peer_.find(s.info.peer); p != per_peer_.end() && --p->second == 0)
+      per_peer_.erase(p);
     --counts_.in_grace;
     sessions_.erase(it++);
   }

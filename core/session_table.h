@@ -46,7 +46,7 @@ class SessionTable {
 
   struct NewSession {
     std::string client_name;
-    std::string peer;  // who opened it (SessionPeer::key); "": counted against no peer
+    std::string peer;   // who opened it (SessionPeer::key); "": counted against no peer
     std::string owner;  // who may resume or use it (the daemon's tenant; "" without tenants)
     int64_t owner_max_sessions = 0;  // sessions of this owner held at once; 0: no bound
     uint64_t scratch_id = 0;
@@ -83,8 +83,8 @@ class SessionTable {
   // TakeExpired). Returns the region the session holds afterwards: `region`, or the one
   // another call installed first, or null when the session is unknown or detached. The
   // charge is taken only when `region` itself is returned; otherwise the caller refunds it.
-  std::shared_ptr<const Region> SetScratch(const std::string& id, std::shared_ptr<const Region> region,
-                                           size_t charge);
+  std::shared_ptr<const Region> SetScratch(const std::string& id,
+                                           std::shared_ptr<const Region> region, size_t charge);
   // The quota of a live session; null when unknown or detached.
   std::shared_ptr<Quota> QuotaOf(const std::string& id) const;
   // Starts the grace period; a no-op for an unknown id, or when epoch is not 0 and the
@@ -138,7 +138,7 @@ class SessionTable {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Session> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> by_token_ ABSL_GUARDED_BY(mu_);  // -> id
-  absl::flat_hash_map<std::string, int64_t> per_peer_ ABSL_GUARDED_BY(mu_);  // held, by peer
+  absl::flat_hash_map<std::string, int64_t> per_peer_ ABSL_GUARDED_BY(mu_);      // held, by peer
   size_t scratch_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t scratch_regions_ ABSL_GUARDED_BY(mu_) = 0;
   Counts counts_ ABSL_GUARDED_BY(mu_);  // held is sessions_.size(), filled in by counts()

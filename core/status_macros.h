@@ -10,12 +10,11 @@
 
 #include "absl/status/status.h"
 
-#define KVARENA_RETURN_IF_ERROR(expr)                 \
-  do {                                                \
-    if (::absl::Status _kvarena_status = (expr);      \
-        !_kvarena_status.ok()) {                      \
-      return _kvarena_status;                         \
-    }                                                 \
+#define KVARENA_RETURN_IF_ERROR(expr)                                     \
+  do {                                                                    \
+    if (::absl::Status _kvarena_status = (expr); !_kvarena_status.ok()) { \
+      return _kvarena_status;                                             \
+    }                                                                     \
   } while (0)
 
 #define KVARENA_STATUS_CONCAT_INNER_(a, b) a##b

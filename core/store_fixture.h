@@ -41,14 +41,16 @@ struct Snapshot {
     const PageStats& b = o.arena.pages;
     return a.pages_used == b.pages_used && a.pages_free == b.pages_free && a.seq_len == b.seq_len &&
            a.layers_materialized == b.layers_materialized && a.pages_evicted == b.pages_evicted &&
-           arena.bytes_committed == o.arena.bytes_committed && cache.pages_used == o.cache.pages_used &&
-           cache.seq_len == o.cache.seq_len && desc.info.layer_lens == o.desc.info.layer_lens &&
-           SamePages(desc, o.desc) && kv == o.kv;
+           arena.bytes_committed == o.arena.bytes_committed &&
+           cache.pages_used == o.cache.pages_used && cache.seq_len == o.cache.seq_len &&
+           desc.info.layer_lens == o.desc.info.layer_lens && SamePages(desc, o.desc) && kv == o.kv;
   }
   static bool SamePages(const CacheDescription& a, const CacheDescription& b) {
     if (a.layers.size() != b.layers.size()) return false;
     for (size_t i = 0; i < a.layers.size(); ++i) {
-      if (a.layers[i].page_ids != b.layers[i].page_ids || a.layers[i].first_pos != b.layers[i].first_pos) return false;
+      if (a.layers[i].page_ids != b.layers[i].page_ids ||
+          a.layers[i].first_pos != b.layers[i].first_pos)
+        return false;
     }
     return true;
   }
@@ -129,8 +131,8 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
     const int lw = s.layer_windows[size_t(layer)];
     const int64_t w = lw == 0 ? window : (window == 0 ? lw : std::min<int64_t>(lw, window));
-    const std::vector<double> want = ReferenceAttention(refs_[id][size_t(layer)], q, pos, s.num_kv_heads,
-                                                        1.0 / std::sqrt(double(s.head_dim)), w);
+    const std::vector<double> want = ReferenceAttention(
+        refs_[id][size_t(layer)], q, pos, s.num_kv_heads, 1.0 / std::sqrt(double(s.head_dim)), w);
     const std::vector<double> got = testing::DecodeValues(s.dtype, out.data(), want.size());
     const double tol = s.dtype == DType::kFloat32 ? 1e-4 : 2e-2;
     for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << "element " << i;
@@ -150,7 +152,7 @@ class StoreTest : public ::testing::Test {
 
   int64_t PagesUsed() { return store_->Stats().pages.pages_used; }
 
-  FakeClock clock_;  // before store_: the store reads it until it goes
+  FakeClock clock_;                   // before store_: the store reads it until it goes
   const uint32_t seed_ = TestSeed();  // printed; $KVARENA_SEED replays it
   std::mt19937 rng_{seed_};
   std::unique_ptr<KvStore> store_;

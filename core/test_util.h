@@ -29,13 +29,12 @@ struct OwnedTensor {
   std::vector<uint8_t> bytes;
   std::vector<double> values;
 
-  TensorArg Arg() const {
-    return TensorArg{dtype, {1, heads, n, dim}, bytes.data(), bytes.size()};
-  }
+  TensorArg Arg() const { return TensorArg{dtype, {1, heads, n, dim}, bytes.data(), bytes.size()}; }
   double at(int64_t h, int64_t t, int64_t d) const { return values[size_t((h * n + t) * dim + d)]; }
 };
 
-inline OwnedTensor RandomTensor(std::mt19937& rng, DType dtype, int64_t heads, int64_t n, int64_t dim) {
+inline OwnedTensor RandomTensor(std::mt19937& rng, DType dtype, int64_t heads, int64_t n,
+                                int64_t dim) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   OwnedTensor t{dtype, heads, n, dim, {}, {}};
   const size_t count = size_t(heads * n * dim);

@@ -16,7 +16,8 @@ absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(wha
 
 absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi) {
-    return Bad(absl::StrCat("allocate: spec.", field, "=", value, " must be in [", lo, ", ", hi, "]"));
+    return Bad(
+        absl::StrCat("allocate: spec.", field, "=", value, " must be in [", lo, ", ", hi, "]"));
   }
   return absl::OkStatus();
 }
@@ -67,14 +68,15 @@ absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_si
   return s;
 }
 
-absl::Status CheckTokenIds(absl::string_view op, absl::string_view field, const std::vector<int32_t>& ids,
-                           const RequestLimits& limits) {
+absl::Status CheckTokenIds(absl::string_view op, absl::string_view field,
+                           const std::vector<int32_t>& ids, const RequestLimits& limits) {
   if (int64_t(ids.size()) > limits.max_request_tokens) {
     return Bad(absl::StrCat(op, ": ", field, " has ", ids.size(), " token ids; at most ",
                             limits.max_request_tokens));
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0) return Bad(absl::StrCat(op, ": ", field, "[", i, "]=", ids[i], " must be >= 0"));
+    if (ids[i] < 0)
+      return Bad(absl::StrCat(op, ": ", field, "[", i, "]=", ids[i], " must be >= 0"));
   }
   return absl::OkStatus();
 }
@@ -87,8 +89,8 @@ absl::StatusOr<int64_t> CheckTensor(absl::string_view op, absl::string_view name
                             DTypeName(dtype)));
   }
   if (t.shape.size() != 4 || t.shape[0] != 1 || t.shape[1] != heads || t.shape[3] != head_dim) {
-    return Bad(absl::StrCat(op, ": ", name, ".shape=", ShapeString(t.shape), " must be [1, ",
-                            heads, ", tokens, ", head_dim, "]"));
+    return Bad(absl::StrCat(op, ": ", name, ".shape=", ShapeString(t.shape), " must be [1, ", heads,
+                            ", tokens, ", head_dim, "]"));
   }
   const int64_t n = t.shape[2];
   if (n < 1 || n > limits.max_request_tokens) {
@@ -111,9 +113,9 @@ absl::StatusOr<int64_t> CheckQuery(absl::string_view op, const CacheSpec& spec, 
   const int64_t q_heads = q.shape.size() == 4 ? q.shape[1] : 0;
   const int64_t kv = spec.num_kv_heads;
   if (q_heads < 1 || q_heads % kv != 0 || q_heads / kv > limits.max_group) {
-    return Bad(absl::StrCat(op, ": q.shape=", ShapeString(q.shape), " must be [1, q_heads, tokens, ",
-                            spec.head_dim, "] with q_heads a multiple of num_kv_heads=", kv,
-                            ", at most ", limits.max_group, "x"));
+    return Bad(absl::StrCat(
+        op, ": q.shape=", ShapeString(q.shape), " must be [1, q_heads, tokens, ", spec.head_dim,
+        "] with q_heads a multiple of num_kv_heads=", kv, ", at most ", limits.max_group, "x"));
   }
   KVARENA_ASSIGN_OR_RETURN(int64_t n,
                            CheckTensor(op, "q", q, spec.dtype, q_heads, spec.head_dim, limits));
@@ -132,17 +134,20 @@ absl::Status CheckAttendWork(absl::string_view op, int64_t queries, int64_t end,
   const std::optional<int64_t> pairs = CheckedMul(queries, keys);
   const std::optional<int64_t> work = pairs ? CheckedMul(*pairs, q_heads) : std::nullopt;
   if (work && *work <= limits.max_attend_work) return absl::OkStatus();
-  return RefusedError(Refusal::kMaxAttendWork, absl::StrCat(
-      op, ": ", queries, " queries x ", keys, " keys x ", q_heads, " q heads = ",
-      work ? absl::StrCat(*work) : std::string("more than 2^63"), " exceeds max_attend_work=",
-      limits.max_attend_work, "; split the call into fewer queries"));
+  return RefusedError(
+      Refusal::kMaxAttendWork,
+      absl::StrCat(op, ": ", queries, " queries x ", keys, " keys x ", q_heads,
+                   " q heads = ", work ? absl::StrCat(*work) : std::string("more than 2^63"),
+                   " exceeds max_attend_work=", limits.max_attend_work,
+                   "; split the call into fewer queries"));
 }
 
 absl::Status CheckGrowth(absl::string_view op, absl::string_view what, int64_t len, int64_t n,
                          const RequestLimits& limits) {
   if (n < 0 || len < 0 || n > limits.max_positions - len) {
-    return Bad(absl::StrCat(op, ": ", what, "=", len, " + ", n, " tokens passes the largest position ",
-                            limits.max_positions, " the kernels index"));
+    return Bad(absl::StrCat(op, ": ", what, "=", len, " + ", n,
+                            " tokens passes the largest position ", limits.max_positions,
+                            " the kernels index"));
   }
   return absl::OkStatus();
 }

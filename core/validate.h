@@ -70,8 +70,8 @@ absl::Status CheckAttendWork(absl::string_view op, int64_t queries, int64_t end,
 // Checks token ids a caller declares (Allocate's prompt_tokens, SetTokens' token_ids):
 // at most limits.max_request_tokens of them, each >= 0. INVALID_ARGUMENT naming
 // "op: field[i]=...".
-absl::Status CheckTokenIds(absl::string_view op, absl::string_view field, const std::vector<int32_t>& ids,
-                           const RequestLimits& limits);
+absl::Status CheckTokenIds(absl::string_view op, absl::string_view field,
+                           const std::vector<int32_t>& ids, const RequestLimits& limits);
 
 // Checks that n tokens more fit below limits.max_positions after `len` (n >= 0):
 // INVALID_ARGUMENT "op: <what> + n=... passes the largest position ...".
@@ -87,7 +87,9 @@ inline int64_t EffectiveWindow(int layer_window, uint32_t call_window) {
 }
 
 // Whether a tensor argument was given at all (data or bytes present).
-inline bool Present(const TensorArg& t) { return t.data != nullptr || t.bytes != 0 || !t.shape.empty(); }
+inline bool Present(const TensorArg& t) {
+  return t.data != nullptr || t.bytes != 0 || !t.shape.empty();
+}
 
 }  // namespace kvarena
 

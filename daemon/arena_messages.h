@@ -9,10 +9,10 @@
 #ifndef KVARENA_DAEMON_ARENA_MESSAGES_H_
 #define KVARENA_DAEMON_ARENA_MESSAGES_H_
 
-#include <cstddef>
-
 #include <google/protobuf/arena.h>
 #include <grpcpp/support/message_allocator.h>
+
+#include <cstddef>
 
 namespace kvarena {
 

@@ -49,7 +49,8 @@ SessionPeer SessionPeerOf(const std::string& peer, const std::string& host, cons
 
 // Marks a call the daemon ends because it is shutting down (kAttachEndMetadataKey).
 void MarkShutdown(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-  if (absl::IsUnavailable(status)) ctx->AddTrailingMetadata(kAttachEndMetadataKey, kAttachEndShutdown);
+  if (absl::IsUnavailable(status))
+    ctx->AddTrailingMetadata(kAttachEndMetadataKey, kAttachEndShutdown);
 }
 
 // An Attach call refused before it opened a session: finishes at once.
@@ -99,7 +100,8 @@ class AttachStream final : public WriteStream<v1::AttachEvent> {
  private:
   // Starts writing the current list unless it is the one last sent.
   void WriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<v1::AttachEvent> event = RegionsEvent(*hub_->store_, attachment_, hub_->options_);
+    absl::StatusOr<v1::AttachEvent> event =
+        RegionsEvent(*hub_->store_, attachment_, hub_->options_);
     if (!event.ok()) return FinishLocked(event.status());
     if (sent_any_ && event->SerializeAsString() == event_.SerializeAsString()) return;
     event_ = *std::move(event);
@@ -168,10 +170,10 @@ grpc::ServerWriteReactor<v1::AttachEvent>* AttachHub::Start(grpc::CallbackServer
     refused = absl::UnavailableError("attach: kvarenad is shutting down");
   } else if (auto it = per_peer_.find(host);
              !host.empty() && it != per_peer_.end() && it->second >= options_.max_per_peer) {
-    refused = RefusedError(Refusal::kMaxAttachPerPeer,
-                           absl::StrCat("attach: peer ", host, " holds ", it->second,
-                                        " Attach streams; max_attach_per_peer=",
-                                        options_.max_per_peer));
+    refused =
+        RefusedError(Refusal::kMaxAttachPerPeer,
+                     absl::StrCat("attach: peer ", host, " holds ", it->second,
+                                  " Attach streams; max_attach_per_peer=", options_.max_per_peer));
   } else if (absl::StatusOr<SessionAttachment> a =
                  store_->AttachSession(request.client_name(), request.resume_token(),
                                        SessionPeerOf(ctx->peer(), host, options_.peer_uids, scope,

@@ -25,9 +25,9 @@
 #ifndef KVARENA_DAEMON_ATTACH_H_
 #define KVARENA_DAEMON_ATTACH_H_
 
-#include <string>
-
 #include <grpcpp/support/server_callback.h>
+
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -61,10 +61,10 @@ class AttachStream;
 class AttachHub {
  public:
   struct Options {
-    absl::Duration session_grace;  // how long a detached session's caches live on
-    std::string fd_socket;         // named in every event; "" when none is served
-    int max_per_peer = 64;         // live streams from one TCP peer address
-    uint64_t incarnation = 0;      // AttachEvent.daemon_incarnation on every event
+    absl::Duration session_grace;         // how long a detached session's caches live on
+    std::string fd_socket;                // named in every event; "" when none is served
+    int max_per_peer = 64;                // live streams from one TCP peer address
+    uint64_t incarnation = 0;             // AttachEvent.daemon_incarnation on every event
     const PeerUids* peer_uids = nullptr;  // Unix-socket peers' uids; null: none known
   };
   // store and rpcs must outlive the hub.

@@ -9,9 +9,9 @@
 #ifndef KVARENA_DAEMON_BEARER_TOKEN_H_
 #define KVARENA_DAEMON_BEARER_TOKEN_H_
 
-#include <string>
-
 #include <grpcpp/security/auth_metadata_processor.h>
+
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"

@@ -18,9 +18,16 @@ struct Unit {
 
 // Longest names first so "Ki" wins over "K" when matching a suffix.
 constexpr std::array<Unit, 10> kUnits = {{
-    {"Ti", uint64_t{1} << 40}, {"Gi", uint64_t{1} << 30}, {"Mi", uint64_t{1} << 20},
-    {"Ki", uint64_t{1} << 10}, {"T", 1000'000'000'000}, {"G", 1000'000'000},
-    {"M", 1000'000}, {"K", 1000}, {"k", 1000}, {"", 1},
+    {"Ti", uint64_t{1} << 40},
+    {"Gi", uint64_t{1} << 30},
+    {"Mi", uint64_t{1} << 20},
+    {"Ki", uint64_t{1} << 10},
+    {"T", 1000'000'000'000},
+    {"G", 1000'000'000},
+    {"M", 1000'000},
+    {"K", 1000},
+    {"k", 1000},
+    {"", 1},
 }};
 
 }  // namespace

@@ -58,7 +58,8 @@ absl::StatusOr<int> DecodeLayer(absl::string_view op, uint32_t layer) {
 
 absl::StatusOr<int64_t> DecodeInt64(absl::string_view op, absl::string_view field, uint64_t value) {
   if (value > uint64_t(std::numeric_limits<int64_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": ", field, "=", value, " must be below 2^63"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", field, "=", value, " must be below 2^63"));
   }
   return int64_t(value);
 }
@@ -97,8 +98,8 @@ absl::StatusOr<std::string> DecodePageToken(const std::string& token) {
   if (token.empty()) return std::string();
   std::string raw;
   const bool ok = token.size() <= 4 * (kPageTokenPrefix.size() + kMaxCacheIdBytes) &&
-                  absl::WebSafeBase64Unescape(token, &raw) && absl::StartsWith(raw, kPageTokenPrefix) &&
-                  raw.size() > kPageTokenPrefix.size() &&
+                  absl::WebSafeBase64Unescape(token, &raw) &&
+                  absl::StartsWith(raw, kPageTokenPrefix) && raw.size() > kPageTokenPrefix.size() &&
                   raw.size() - kPageTokenPrefix.size() <= kMaxCacheIdBytes;
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -87,7 +87,8 @@ class EventsStream final : public WriteStream<v1::WatchEventsResponse> {
     // Read before the events: one recorded after this read has a seq at or past it, so
     // moving next_ up to it below skips nothing.
     const uint64_t next_seq = hub_->store_->NextPrefixEventSeq();
-    std::vector<PrefixEvent> events = hub_->store_->PrefixEvents(next_, kMaxEventsPerMessage, &lost);
+    std::vector<PrefixEvent> events =
+        hub_->store_->PrefixEvents(next_, kMaxEventsPerMessage, &lost);
     if (events.empty() && !lost && !first) return;
     response_.Clear();
     for (PrefixEvent& e : events) {
@@ -149,15 +150,16 @@ class EventsStream final : public WriteStream<v1::WatchEventsResponse> {
   const bool all_names_;  // else events go without namespaces and token ids
   // A tenant's stream: the pages (pool, hash) it sent stored events for, not yet removed.
   absl::flat_hash_set<std::pair<uint64_t, Hash128>> seen_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_ ABSL_GUARDED_BY(mu_);  // the seq to send next (0: the oldest kept)
+  uint64_t next_ ABSL_GUARDED_BY(mu_);                 // the seq to send next (0: the oldest kept)
   uint64_t newest_at_write_ ABSL_GUARDED_BY(mu_) = 0;  // NextPrefixEventSeq() as the write began
   v1::WatchEventsResponse response_ ABSL_GUARDED_BY(mu_);     // gRPC reads it while writing
   std::optional<uint64_t> resume_from_ ABSL_GUARDED_BY(mu_);  // set when dropped for lagging
 };
 
 EventsHub::EventsHub(const KvStore* store, RpcMetrics* rpcs, Options options)
-    : store_(store), rpcs_(rpcs), options_(options), medium_(store->Medium()),
-      dispatcher_([this] { Dispatch(); }) {}
+    : store_(store), rpcs_(rpcs), options_(options), medium_(store->Medium()), dispatcher_([this] {
+        Dispatch();
+      }) {}
 
 EventsHub::~EventsHub() {
   {
@@ -167,9 +169,9 @@ EventsHub::~EventsHub() {
   dispatcher_.join();
 }
 
-grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::CallbackServerContext* ctx,
-                                                                    const v1::WatchEventsRequest& request,
-                                                                    const absl::StatusOr<Caller>& caller) {
+grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(
+    grpc::CallbackServerContext* ctx, const v1::WatchEventsRequest& request,
+    const absl::StatusOr<Caller>& caller) {
   // A Unix peer counts by uid across its connections, a TCP peer by address.
   const std::string key = PeerKey(ctx->peer(), options_.peer_uids);
   absl::Status refused;
@@ -181,8 +183,9 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* EventsHub::Start(grpc::Callba
     } else if (shutting_down_) {
       refused = absl::UnavailableError("watch_events: kvarenad is shutting down");
     } else if (int(streams_.size()) >= options_.max_watchers) {
-      refused = RefusedError(Refusal::kMaxWatchers, absl::StrCat(
-          "watch_events: ", streams_.size(), " streams are open; at most ", options_.max_watchers));
+      refused = RefusedError(Refusal::kMaxWatchers,
+                             absl::StrCat("watch_events: ", streams_.size(),
+                                          " streams are open; at most ", options_.max_watchers));
     } else if (!key.empty() && peer != per_peer_.end() &&
                peer->second >= options_.max_watchers_per_peer) {
       refused = RefusedError(Refusal::kMaxWatchersPerPeer,
@@ -225,7 +228,8 @@ void EventsHub::Dispatch() {
 void EventsHub::BeginShutdown() {
   absl::MutexLock lock(&mu_);
   shutting_down_ = true;
-  for (EventsStream* stream : streams_) stream->End(absl::UnavailableError("watch_events: kvarenad is shutting down"));
+  for (EventsStream* stream : streams_)
+    stream->End(absl::UnavailableError("watch_events: kvarenad is shutting down"));
 }
 
 void EventsHub::Done(EventsStream* stream) {

@@ -59,9 +59,9 @@ class EventsHub {
  public:
   struct Options {
     int max_watchers = 64;
-    uint64_t incarnation = 0;  // WatchEventsResponse.daemon_incarnation on every message
-    int max_watchers_per_peer = 8;  // live streams of one PeerKey: a TCP address, a Unix uid
-    uint64_t max_backlog = 4096;    // events recorded during one write before it is dropped
+    uint64_t incarnation = 0;             // WatchEventsResponse.daemon_incarnation on every message
+    int max_watchers_per_peer = 8;        // live streams of one PeerKey: a TCP address, a Unix uid
+    uint64_t max_backlog = 4096;          // events recorded during one write before it is dropped
     const PeerUids* peer_uids = nullptr;  // Unix-socket peers' uids; null: none known
   };
   // store and rpcs must outlive the hub's streams.
@@ -100,12 +100,12 @@ class EventsHub {
   absl::flat_hash_map<std::string, int> per_peer_ ABSL_GUARDED_BY(mu_);  // by PeerKey
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::atomic<int> live_{0};  // streams_.size(): with none, EventsRecorded wakes nobody
+  std::atomic<int> live_{0};             // streams_.size(): with none, EventsRecorded wakes nobody
   std::atomic<bool> wake_asked_{false};  // a wake-up is pending: later ones need no lock
   absl::Mutex wake_mu_;
   bool pending_ ABSL_GUARDED_BY(wake_mu_) = false;   // events recorded since the last walk
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;  // the destructor runs
-  std::thread dispatcher_;  // last: starts once everything above is built
+  std::thread dispatcher_;                           // last: starts once everything above is built
 };
 
 }  // namespace kvarena

@@ -29,10 +29,12 @@ v1::FdReply ListRegions(const KvStore& store, const std::string& session) {
 }
 
 v1::FdReply ExportRegion(KvStore& store, const std::string& session,
-                         const v1::FdRequest::ExportRegion& req, std::vector<SharedPiece>* pieces_out) {
+                         const v1::FdRequest::ExportRegion& req,
+                         std::vector<SharedPiece>* pieces_out) {
   size_t total = 0;
-  absl::StatusOr<std::vector<SharedPiece>> page = store.ExportRegion(
-      session, req.region_id(), req.after_generation(), req.first_piece(), kMaxFdsPerMessage, &total);
+  absl::StatusOr<std::vector<SharedPiece>> page =
+      store.ExportRegion(session, req.region_id(), req.after_generation(), req.first_piece(),
+                         kMaxFdsPerMessage, &total);
   if (!page.ok()) return Error(page.status());
   v1::FdReply reply;
   reply.set_total_pieces(uint32_t(std::min<size_t>(total, UINT32_MAX)));
@@ -50,9 +52,12 @@ v1::FdReply ExportRegion(KvStore& store, const std::string& session,
 
 const char* FdOpName(FdOp op) {
   switch (op) {
-    case FdOp::kNone: return "none";
-    case FdOp::kListRegions: return "list_regions";
-    case FdOp::kExportRegion: return "export_region";
+    case FdOp::kNone:
+      return "none";
+    case FdOp::kListRegions:
+      return "list_regions";
+    case FdOp::kExportRegion:
+      return "export_region";
   }
   return "none";
 }
@@ -66,9 +71,10 @@ v1::FdReply HandleFdRequest(KvStore& store, absl::string_view request,
   *op = FdOp::kNone;
   if (!peer_access.ok()) return Error(peer_access);
   v1::FdRequest req;
-  if (request.size() > size_t(INT_MAX) || !req.ParseFromArray(request.data(), int(request.size()))) {
-    return Error(absl::InvalidArgumentError(
-        absl::StrCat("fd socket: request of ", request.size(), " bytes does not parse as FdRequest")));
+  if (request.size() > size_t(INT_MAX) ||
+      !req.ParseFromArray(request.data(), int(request.size()))) {
+    return Error(absl::InvalidArgumentError(absl::StrCat("fd socket: request of ", request.size(),
+                                                         " bytes does not parse as FdRequest")));
   }
   switch (req.op_case()) {
     case v1::FdRequest::kListRegions:

@@ -50,8 +50,8 @@ struct FdServerOptions {
   // From a request's first byte to its reply's last; positive. A test hook: no flag sets it.
   absl::Duration request_timeout = absl::Seconds(5);
   absl::Duration accept_backoff = absl::Milliseconds(100);  // positive
-  SocketAccess access;              // --socket_mode, --socket_group
-  std::vector<uid_t> allowed_uids;  // --allowed_uids (CheckFdPeer)
+  SocketAccess access;                                      // --socket_mode, --socket_group
+  std::vector<uid_t> allowed_uids;                          // --allowed_uids (CheckFdPeer)
   // The accept4(2) call: a connected fd, or -1 with errno set. A seam for tests that
   // inject its failures; null: accept4 with SOCK_CLOEXEC.
   std::function<int(int listen_fd)> accept;

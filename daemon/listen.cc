@@ -75,9 +75,9 @@ absl::StatusOr<std::vector<ListenAddress>> ParseListenAddresses(
         return absl::InvalidArgumentError(absl::StrCat("--listen: '", spec, "' has no path"));
       }
       if (rest.size() >= sizeof(sockaddr_un::sun_path)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--listen: socket path '", rest, "' is ", rest.size(), " bytes; the limit is ",
-            sizeof(sockaddr_un::sun_path) - 1));
+        return absl::InvalidArgumentError(absl::StrCat("--listen: socket path '", rest, "' is ",
+                                                       rest.size(), " bytes; the limit is ",
+                                                       sizeof(sockaddr_un::sun_path) - 1));
       }
       out.push_back({spec, std::string(rest)});
     } else if (!spec.empty()) {
@@ -106,9 +106,9 @@ absl::Status PrepareUnixSocket(const std::string& path) {
   }
   const int err = TryConnect(path);
   if (err == 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "another process (a running kvarenad?) is serving on unix:", path,
-        "; stop it or choose another --listen path"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("another process (a running kvarenad?) is serving on unix:", path,
+                     "; stop it or choose another --listen path"));
   }
   if (err != ECONNREFUSED) return Errno("cannot probe", path, err);
   if (::unlink(path.c_str()) != 0) return Errno("cannot remove stale socket", path, errno);

@@ -1,5 +1,4 @@
 #include "daemon/metrics.h"
-#include "daemon/prefix_metrics.h"
 
 #include <exception>
 #include <string>
@@ -9,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/prefix_metrics.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
@@ -55,43 +55,46 @@ MetricFamily Scalar(std::string name, std::string help, double value,
 }
 
 // "OK", "NOT_FOUND", ...: absl's names are gRPC's canonical ones.
-std::string CodeName(int code) { return absl::StatusCodeToString(static_cast<absl::StatusCode>(code)); }
+std::string CodeName(int code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
 
 void AddArenaFamilies(const ArenaStats& s, std::vector<MetricFamily>* out) {
-  MetricFamily info = Family("kvarena_info", "Constant 1, labelled with the backend.",
-                             MetricType::Gauge);
+  MetricFamily info =
+      Family("kvarena_info", "Constant 1, labelled with the backend.", MetricType::Gauge);
   Add(&info, 1, {{"backend", s.backend}});
   out->push_back(std::move(info));
-  out->push_back(Scalar("kvarena_arena_bytes", "The arena budget (--arena_bytes).",
-                        double(s.arena_bytes)));
-  out->push_back(Scalar("kvarena_bytes_committed",
-                        "Bytes charged to the budget: pools' committed chunks and sessions' scratch.",
-                        double(s.bytes_committed)));
+  out->push_back(
+      Scalar("kvarena_arena_bytes", "The arena budget (--arena_bytes).", double(s.arena_bytes)));
+  out->push_back(
+      Scalar("kvarena_bytes_committed",
+             "Bytes charged to the budget: pools' committed chunks and sessions' scratch.",
+             double(s.bytes_committed)));
   out->push_back(Scalar("kvarena_scratch_bytes", "Bytes of live sessions' scratch regions.",
                         double(s.scratch_bytes)));
   out->push_back(Scalar("kvarena_metadata_bytes", "The bookkeeping budget (--metadata_bytes).",
                         double(s.metadata_bytes)));
-  out->push_back(Scalar("kvarena_metadata_bytes_used",
-                        "Bookkeeping charged: caches' tables, declared token ids, prefix-index nodes.",
-                        double(s.metadata_bytes_used)));
+  out->push_back(
+      Scalar("kvarena_metadata_bytes_used",
+             "Bookkeeping charged: caches' tables, declared token ids, prefix-index nodes.",
+             double(s.metadata_bytes_used)));
   out->push_back(Scalar("kvarena_event_log_bytes",
                         "Bytes of prefix-index events kept for WatchEvents (--event_log_bytes).",
                         double(s.event_log_bytes)));
-  out->push_back(Scalar("kvarena_bytes_used", "Bytes of pages held by caches.",
-                        double(s.bytes_used)));
+  out->push_back(
+      Scalar("kvarena_bytes_used", "Bytes of pages held by caches.", double(s.bytes_used)));
   out->push_back(Scalar("kvarena_pages_total", "Pages over every pool (used + free).",
                         double(s.pages.num_pages)));
   out->push_back(Scalar("kvarena_pages_used", "Pages held by caches, every pool.",
                         double(s.pages.pages_used)));
-  out->push_back(Scalar("kvarena_pages_free", "Free pages, every pool.",
-                        double(s.pages.pages_free)));
+  out->push_back(
+      Scalar("kvarena_pages_free", "Free pages, every pool.", double(s.pages.pages_free)));
   out->push_back(Scalar("kvarena_caches", "Live caches.", double(s.num_caches)));
   out->push_back(Scalar("kvarena_tokens", "Tokens held, summed over caches (seq_len).",
                         double(s.pages.seq_len)));
   out->push_back(Scalar("kvarena_pages_evicted_total", "Pages freed by sliding windows.",
                         double(s.pages.pages_evicted), MetricType::Counter));
-  out->push_back(Scalar("kvarena_refusals_total",
-                        "Refused popn and rejected appends / reserves.",
+  out->push_back(Scalar("kvarena_refusals_total", "Refused popn and rejected appends / reserves.",
                         double(s.pages.refusals), MetricType::Counter));
 }
 
@@ -216,9 +219,9 @@ void AddRpcFamilies(const RpcMetrics& rpcs, std::vector<MetricFamily>* out) {
 }
 
 void AddFdFamilies(const FdMetrics& fd, std::vector<MetricFamily>* out) {
-  MetricFamily requests = Family("kvarena_fd_requests_total",
-                                 "fd-socket requests by operation and reply code.",
-                                 MetricType::Counter);
+  MetricFamily requests =
+      Family("kvarena_fd_requests_total", "fd-socket requests by operation and reply code.",
+             MetricType::Counter);
   for (int op = 0; op < kNumFdOps; ++op) {
     for (int c = 0; c < kNumStatusCodes; ++c) {
       const uint64_t n = fd.requests(static_cast<FdOp>(op), static_cast<absl::StatusCode>(c));
@@ -233,8 +236,8 @@ void AddFdFamilies(const FdMetrics& fd, std::vector<MetricFamily>* out) {
   out->push_back(Scalar("kvarena_fd_exported_bytes_total",
                         "Bytes of memory the sent file descriptors map.",
                         double(fd.bytes_exported()), MetricType::Counter));
-  out->push_back(Scalar("kvarena_fd_connections", "Open fd-socket connections.",
-                        double(fd.connections())));
+  out->push_back(
+      Scalar("kvarena_fd_connections", "Open fd-socket connections.", double(fd.connections())));
   out->push_back(Scalar("kvarena_fd_connections_refused_total",
                         "fd-socket connections closed at once: over --max_fd_connections.",
                         double(fd.connections_refused()), MetricType::Counter));
@@ -274,8 +277,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   server->collector_ = std::make_shared<StoreCollector>(sources);
   try {  // prometheus-cpp (civetweb) reports an address it cannot bind by throwing
     server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", server->bind_address_,
-        "num_threads", std::to_string(kMetricsThreads),
+        "listening_ports", server->bind_address_, "num_threads", std::to_string(kMetricsThreads),
         "request_timeout_ms", std::to_string(absl::ToInt64Milliseconds(kMetricsRequestTimeout))});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("--metrics_address=", address, " --metrics_port=",

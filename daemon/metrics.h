@@ -47,8 +47,8 @@ class MetricsServer {
  public:
   // Serves http://address:port/metrics (an IPv6 address is bracketed for it).
   // UNAVAILABLE naming both flags when it cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address,
-                                                              int port, MetricSources sources);
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& address, int port,
+                                                              MetricSources sources);
   // "127.0.0.1:9464", "[::1]:9464": where it listens.
   const std::string& bind_address() const { return bind_address_; }
   ~MetricsServer();

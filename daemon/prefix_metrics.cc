@@ -31,23 +31,30 @@ MetricFamily One(std::string name, std::string help, MetricType type, double val
 
 void AddPrefixMetrics(const ArenaStats& stats, std::vector<MetricFamily>* out) {
   const PageStats& p = stats.pages;
-  out->push_back(One("kvarena_pages_cached",
-                     "Unreferenced pages kept for prefix hits (reclaimable; counted in kvarena_pages_free).",
-                     MetricType::Gauge, double(p.pages_cached)));
-  out->push_back(One("kvarena_pages_shared", "Pages referenced by two or more caches.", MetricType::Gauge,
-                     double(p.pages_shared)));
-  out->push_back(One("kvarena_prefix_lookups_total", "Allocates with prompt_tokens and a prefix namespace.",
-                     MetricType::Counter, double(p.prefix_lookups)));
-  out->push_back(One("kvarena_prefix_requested_tokens_total", "Prompt tokens those lookups asked for.",
-                     MetricType::Counter, double(p.prefix_requested_tokens)));
-  out->push_back(One("kvarena_prefix_hit_tokens_total", "Prompt tokens found cached (CacheInfo.cached_tokens).",
-                     MetricType::Counter, double(p.prefix_hit_tokens)));
-  out->push_back(One("kvarena_forks_total", "Fork calls that made a cache.", MetricType::Counter, double(p.forks)));
-  out->push_back(One("kvarena_cow_copies_total", "Pages copied because a popn cut into a shared page.",
-                     MetricType::Counter, double(p.cow_copies)));
-  MetricFamily evicted = One("kvarena_pages_evicted_by_reason_total",
-                             "Pages evicted: by sliding windows, or cached pages reclaimed (LRU) for allocations.",
-                             MetricType::Counter, double(p.pages_evicted), {{"reason", "window"}});
+  out->push_back(
+      One("kvarena_pages_cached",
+          "Unreferenced pages kept for prefix hits (reclaimable; counted in kvarena_pages_free).",
+          MetricType::Gauge, double(p.pages_cached)));
+  out->push_back(One("kvarena_pages_shared", "Pages referenced by two or more caches.",
+                     MetricType::Gauge, double(p.pages_shared)));
+  out->push_back(One("kvarena_prefix_lookups_total",
+                     "Allocates with prompt_tokens and a prefix namespace.", MetricType::Counter,
+                     double(p.prefix_lookups)));
+  out->push_back(One("kvarena_prefix_requested_tokens_total",
+                     "Prompt tokens those lookups asked for.", MetricType::Counter,
+                     double(p.prefix_requested_tokens)));
+  out->push_back(One("kvarena_prefix_hit_tokens_total",
+                     "Prompt tokens found cached (CacheInfo.cached_tokens).", MetricType::Counter,
+                     double(p.prefix_hit_tokens)));
+  out->push_back(One("kvarena_forks_total", "Fork calls that made a cache.", MetricType::Counter,
+                     double(p.forks)));
+  out->push_back(One("kvarena_cow_copies_total",
+                     "Pages copied because a popn cut into a shared page.", MetricType::Counter,
+                     double(p.cow_copies)));
+  MetricFamily evicted =
+      One("kvarena_pages_evicted_by_reason_total",
+          "Pages evicted: by sliding windows, or cached pages reclaimed (LRU) for allocations.",
+          MetricType::Counter, double(p.pages_evicted), {{"reason", "window"}});
   ClientMetric lru;
   lru.label = {{"reason", "lru"}};
   lru.counter.value = double(p.pages_evicted_lru);

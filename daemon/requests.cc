@@ -16,7 +16,8 @@ namespace kvarena {
 namespace {
 
 // A call's CacheInfo as the caller names it, into its reply; or its refusal, so named.
-absl::Status ReplyCache(const TenantScope& scope, absl::StatusOr<CacheInfo> info, v1::CacheInfo* out) {
+absl::Status ReplyCache(const TenantScope& scope, absl::StatusOr<CacheInfo> info,
+                        v1::CacheInfo* out) {
   if (!info.ok()) return scope.Out(info.status());
   scope.Out(&*info);
   ToProto(*info, out);
@@ -31,9 +32,9 @@ absl::StatusOr<AttendArgs> DecodeAttend(const v1::AttendRequest& req, const Tena
   args.layer = layer;
   KVARENA_ASSIGN_OR_RETURN(int64_t pos, DecodeInt64("attend", "pos", req.pos()));
   args.pos = pos;
-  for (auto [field, from, to] : {std::tuple("attend: q", &req.q(), &args.q),
-                                 std::tuple("attend: k", &req.k(), &args.k),
-                                 std::tuple("attend: v", &req.v(), &args.v)}) {
+  for (auto [field, from, to] :
+       {std::tuple("attend: q", &req.q(), &args.q), std::tuple("attend: k", &req.k(), &args.k),
+        std::tuple("attend: v", &req.v(), &args.v)}) {
     KVARENA_ASSIGN_OR_RETURN(TensorArg t, tensors->In(field, *from));
     *to = std::move(t);
   }
@@ -100,8 +101,9 @@ absl::Status Requests::SetTokens(S caller, const v1::SetTokensRequest& req,
 absl::Status Requests::Fork(S caller, const v1::ForkRequest& req, v1::ForkResponse* resp) {
   const TenantScope scope(caller.tenant);
   KVARENA_RETURN_IF_ERROR(scope.CheckWrite("fork"));
-  absl::StatusOr<CacheInfo> info = store_->Fork(SessionOf(caller, scope), scope.CacheIn(req.cache_id()),
-                                                NewCacheId(scope, req.new_cache_id()));
+  absl::StatusOr<CacheInfo> info =
+      store_->Fork(SessionOf(caller, scope), scope.CacheIn(req.cache_id()),
+                   NewCacheId(scope, req.new_cache_id()));
   return ReplyCache(scope, std::move(info), resp->mutable_cache());
 }
 

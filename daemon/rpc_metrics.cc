@@ -6,23 +6,40 @@ namespace kvarena {
 
 const char* RpcName(Rpc rpc) {
   switch (rpc) {
-    case Rpc::kAllocate: return "Allocate";
-    case Rpc::kAppend: return "Append";
-    case Rpc::kAttend: return "Attend";
-    case Rpc::kPopn: return "Popn";
-    case Rpc::kReset: return "Reset";
-    case Rpc::kRelease: return "Release";
-    case Rpc::kReserve: return "Reserve";
-    case Rpc::kCommit: return "Commit";
-    case Rpc::kGetKv: return "GetKv";
-    case Rpc::kDescribe: return "Describe";
-    case Rpc::kStats: return "Stats";
-    case Rpc::kListCaches: return "ListCaches";
-    case Rpc::kAttach: return "Attach";
-    case Rpc::kPing: return "Ping";
-    case Rpc::kSetTokens: return "SetTokens";
-    case Rpc::kFork: return "Fork";
-    case Rpc::kWatchEvents: return "WatchEvents";
+    case Rpc::kAllocate:
+      return "Allocate";
+    case Rpc::kAppend:
+      return "Append";
+    case Rpc::kAttend:
+      return "Attend";
+    case Rpc::kPopn:
+      return "Popn";
+    case Rpc::kReset:
+      return "Reset";
+    case Rpc::kRelease:
+      return "Release";
+    case Rpc::kReserve:
+      return "Reserve";
+    case Rpc::kCommit:
+      return "Commit";
+    case Rpc::kGetKv:
+      return "GetKv";
+    case Rpc::kDescribe:
+      return "Describe";
+    case Rpc::kStats:
+      return "Stats";
+    case Rpc::kListCaches:
+      return "ListCaches";
+    case Rpc::kAttach:
+      return "Attach";
+    case Rpc::kPing:
+      return "Ping";
+    case Rpc::kSetTokens:
+      return "SetTokens";
+    case Rpc::kFork:
+      return "Fork";
+    case Rpc::kWatchEvents:
+      return "WatchEvents";
   }
   return "unknown";
 }
@@ -42,7 +59,8 @@ void RpcMetrics::Count(Rpc rpc, const absl::Status& status) {
 
 void LatencyHistogram::Record(absl::Duration elapsed) {
   const int64_t nanos = std::max<int64_t>(0, absl::ToInt64Nanoseconds(elapsed));
-  const auto bound = std::lower_bound(kLatencyBoundsNanos.begin(), kLatencyBoundsNanos.end(), nanos);
+  const auto bound =
+      std::lower_bound(kLatencyBoundsNanos.begin(), kLatencyBoundsNanos.end(), nanos);
   buckets_[size_t(bound - kLatencyBoundsNanos.begin())].fetch_add(1, std::memory_order_relaxed);
   sum_nanos_.fetch_add(nanos, std::memory_order_relaxed);
 }

@@ -26,8 +26,22 @@
 namespace kvarena {
 
 enum class Rpc {
-  kAllocate, kAppend, kAttend, kPopn, kReset, kRelease, kReserve, kCommit,
-  kGetKv, kDescribe, kStats, kListCaches, kAttach, kPing, kSetTokens, kFork,
+  kAllocate,
+  kAppend,
+  kAttend,
+  kPopn,
+  kReset,
+  kRelease,
+  kReserve,
+  kCommit,
+  kGetKv,
+  kDescribe,
+  kStats,
+  kListCaches,
+  kAttach,
+  kPing,
+  kSetTokens,
+  kFork,
   kWatchEvents,
 };
 inline constexpr int kNumRpcs = static_cast<int>(Rpc::kWatchEvents) + 1;

@@ -19,7 +19,8 @@
 namespace kvarena {
 namespace {
 
-std::optional<absl::string_view> MetadataOf(const grpc::ServerContextBase* ctx, absl::string_view key) {
+std::optional<absl::string_view> MetadataOf(const grpc::ServerContextBase* ctx,
+                                            absl::string_view key) {
   const auto& md = ctx->client_metadata();
   const auto it = md.find(grpc::string_ref(key.data(), key.size()));
   if (it == md.end()) return std::nullopt;
@@ -30,9 +31,10 @@ std::optional<absl::string_view> MetadataOf(const grpc::ServerContextBase* ctx, 
 // IsCancelled() is asked at most once a millisecond.
 StopToken StopTokenOf(const grpc::CallbackServerContext* ctx) {
   const auto deadline = ctx->deadline();
-  return StopToken(deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
-                                                                           : absl::FromChrono(deadline),
-                   [ctx] { return ctx->IsCancelled(); }, absl::Milliseconds(1));
+  return StopToken(
+      deadline == std::chrono::system_clock::time_point::max() ? absl::InfiniteFuture()
+                                                               : absl::FromChrono(deadline),
+      [ctx] { return ctx->IsCancelled(); }, absl::Milliseconds(1));
 }
 
 // A tensor's payload bytes, inline or shared.
@@ -121,8 +123,8 @@ KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool sma
 }
 
 template <typename Body>
-grpc::Status KvCacheServiceImpl::Run(Rpc rpc, const Ctx* ctx, std::chrono::steady_clock::time_point start,
-                                     Body& body) {
+grpc::Status KvCacheServiceImpl::Run(Rpc rpc, const Ctx* ctx,
+                                     std::chrono::steady_clock::time_point start, Body& body) {
   absl::Status status;
   // The budgets bound what a request may make the daemon hold; should the machine still
   // run out of memory, the call is refused rather than the daemon aborted.
@@ -208,14 +210,15 @@ KvCacheServiceImpl::Unary* KvCacheServiceImpl::Stats(Ctx* ctx, const v1::StatsRe
                [this, req, resp](const Caller& c) { return requests_.Stats(c, *req, resp); });
 }
 
-KvCacheServiceImpl::Unary* KvCacheServiceImpl::ListCaches(Ctx* ctx, const v1::ListCachesRequest* req,
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::ListCaches(Ctx* ctx,
+                                                          const v1::ListCachesRequest* req,
                                                           v1::ListCachesResponse* resp) {
   return Serve(Rpc::kListCaches, ctx, false, {},
                [this, req, resp](const Caller& c) { return requests_.ListCaches(c, *req, resp); });
 }
 
-grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(Ctx* ctx,
-                                                                      const v1::AttachRequest* req) {
+grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
+    Ctx* ctx, const v1::AttachRequest* req) {
   return attach_->Start(ctx, *req, CallerOf(ctx));
 }
 
@@ -236,7 +239,8 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEven
   return events_->Start(ctx, *req, CallerOf(ctx));
 }
 
-KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*, v1::PingResponse*) {
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*,
+                                                    v1::PingResponse*) {
   return Serve(Rpc::kPing, ctx, true, {}, [](const Caller&) { return absl::OkStatus(); });
 }
 

@@ -81,8 +81,8 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   Unary* Ping(Ctx*, const v1::PingRequest*, v1::PingResponse*) override;
   Unary* SetTokens(Ctx*, const v1::SetTokensRequest*, v1::SetTokensResponse*) override;
   Unary* Fork(Ctx*, const v1::ForkRequest*, v1::ForkResponse*) override;
-  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(Ctx*,
-                                                                 const v1::WatchEventsRequest*) override;
+  grpc::ServerWriteReactor<v1::WatchEventsResponse>* WatchEvents(
+      Ctx*, const v1::WatchEventsRequest*) override;
 
  private:
   // The call's session and, with tenants, the tenant its bearer token names
@@ -98,7 +98,8 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   // Authenticates the caller, runs body for it, records its status and how long it took
   // since `start`, and maps the status.
   template <typename Body>
-  grpc::Status Run(Rpc rpc, const Ctx* ctx, std::chrono::steady_clock::time_point start, Body& body);
+  grpc::Status Run(Rpc rpc, const Ctx* ctx, std::chrono::steady_clock::time_point start,
+                   Body& body);
 
   Requests requests_;
   RpcMetrics* const rpcs_;

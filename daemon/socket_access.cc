@@ -32,9 +32,10 @@ std::string Octal(mode_t bits) { return absl::StrFormat("%04o", bits); }
 
 absl::Status CheckSocketMode(mode_t bits) {
   if (bits > 0777 || (bits & kOwnerReadWrite) != kOwnerReadWrite) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--socket_mode=", Octal(bits), " must lie within 0777 and include 0600 (owner read "
-        "and write), e.g. 0660"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--socket_mode=", Octal(bits),
+                     " must lie within 0777 and include 0600 (owner read "
+                     "and write), e.g. 0660"));
   }
   return absl::OkStatus();
 }
@@ -65,8 +66,7 @@ bool AbslParseFlag(absl::string_view text, UidList* out, std::string* error) {
     uint32_t uid = 0;
     // (uid_t)-1 means "no uid" to chown and setreuid; no peer has it.
     if (!AllDigits(part) || !absl::SimpleAtoi(part, &uid) || uid == UINT32_MAX) {
-      *error = absl::StrCat("'", part, "' in '", text,
-                            "' is not a numeric uid below 4294967295");
+      *error = absl::StrCat("'", part, "' in '", text, "' is not a numeric uid below 4294967295");
       return false;
     }
     list.uids.push_back(uid_t(uid));
@@ -95,9 +95,9 @@ absl::StatusOr<gid_t> LookupGroup(const std::string& name_or_gid) {
     buf.resize(buf.size() * 2);
   }
   if (err != 0) {
-    return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat("--socket_group=", name_or_gid,
-                                                                   ": cannot look it up: ",
-                                                                   std::strerror(err)));
+    return absl::Status(
+        absl::ErrnoToStatusCode(err),
+        absl::StrCat("--socket_group=", name_or_gid, ": cannot look it up: ", std::strerror(err)));
   }
   if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("--socket_group=", name_or_gid, ": no such group"));
@@ -110,8 +110,8 @@ absl::Status ApplySocketAccess(const std::string& path, const SocketAccess& acce
     const int err = errno;
     return absl::Status(
         absl::ErrnoToStatusCode(err),
-        absl::StrCat("cannot give ", path, " group ", *access.group, " (--socket_group): ",
-                     std::strerror(err),
+        absl::StrCat("cannot give ", path, " group ", *access.group,
+                     " (--socket_group): ", std::strerror(err),
                      err == EPERM ? " (kvarenad's user must be in that group)" : ""));
   }
   if (chmod(path.c_str(), access.mode) != 0) {
@@ -130,9 +130,9 @@ absl::Status CheckFdPeer(uid_t peer, uid_t self, const std::vector<uid_t>& allow
   if (peer == self) return absl::OkStatus();
   if (allowed_uids.empty()) {
     if (peer == 0) return absl::OkStatus();
-    return absl::PermissionDeniedError(absl::StrCat(
-        "fd socket: peer uid ", peer, " is neither kvarenad's uid ", self,
-        " nor root (--allowed_uids names further uids)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("fd socket: peer uid ", peer, " is neither kvarenad's uid ", self,
+                     " nor root (--allowed_uids names further uids)"));
   }
   if (std::find(allowed_uids.begin(), allowed_uids.end(), peer) != allowed_uids.end()) {
     return absl::OkStatus();

@@ -10,10 +10,10 @@
 #ifndef KVARENA_DAEMON_TCP_CREDENTIALS_H_
 #define KVARENA_DAEMON_TCP_CREDENTIALS_H_
 
+#include <grpcpp/security/server_credentials.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/security/server_credentials.h>
 
 #include "absl/status/statusor.h"
 

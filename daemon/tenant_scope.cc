@@ -30,9 +30,10 @@ const std::string& TenantScope::owner() const {
 
 absl::Status TenantScope::CheckWrite(absl::string_view rpc) const {
   if (!IsOperator(tenant_)) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      rpc, ": tenant '", tenant_->name, "' has role=operator, which only reads (Describe, "
-      "Stats, ListCaches, WatchEvents, Ping)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(rpc, ": tenant '", tenant_->name,
+                   "' has role=operator, which only reads (Describe, "
+                   "Stats, ListCaches, WatchEvents, Ping)"));
 }
 
 std::string TenantScope::CacheIn(absl::string_view id) const {
@@ -75,9 +76,8 @@ absl::Status TenantScope::Out(const absl::Status& status) const {
   // Any other core name the message holds unquoted.
   message = IsOperator(tenant_) ? Out(message) : absl::StrReplaceAll(message, {{prefix_, ""}});
   absl::Status out(status.code(), message);
-  status.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
-    out.SetPayload(url, payload);
-  });
+  status.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 

@@ -38,7 +38,7 @@ namespace kvarena {
 
 struct Tenant {
   std::string name;
-  std::string token;      // the bearer token itself
+  std::string token;  // the bearer token itself
   bool operator_role = false;
   int64_t max_sessions = 0;  // 0: only the daemon's --max_sessions
   int64_t max_caches = 0;    // 0: only --max_caches (and --max_caches_per_session)

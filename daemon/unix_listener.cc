@@ -45,8 +45,8 @@ std::optional<uid_t> PeerUids::Find(absl::string_view peer) const {
 }
 
 absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Bind(const std::string& path,
-                                                                  const SocketAccess& access,
-                                                                  PeerUids* uids) {
+                                                                 const SocketAccess& access,
+                                                                 PeerUids* uids) {
   KVARENA_ASSIGN_OR_RETURN(int fd, ListenUnix(path, access));
   std::unique_ptr<UnixListener> listener(new UnixListener(path, fd, uids));
   if (pipe2(listener->stop_pipe_, O_CLOEXEC) != 0) {
@@ -72,7 +72,8 @@ absl::Status UnixListener::Start(grpc::Server* server) {
   try {
     acceptor_ = std::thread([this, server] { AcceptLoop(server); });
   } catch (const std::exception& e) {  // std::system_error: no thread to be had now
-    return absl::ResourceExhaustedError(absl::StrCat(path_, ": cannot start its thread: ", e.what()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(path_, ": cannot start its thread: ", e.what()));
   }
   return absl::OkStatus();
 }
@@ -98,7 +99,8 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
       backing_off = false;
       absl::StatusOr<PeerCred> cred = PeerCredentials(conn);
       if (!cred.ok()) {
-        Log(path_, absl::StrCat("closing a connection: cannot learn its uid: ", cred.status().message()));
+        Log(path_,
+            absl::StrCat("closing a connection: cannot learn its uid: ", cred.status().message()));
         close(conn);
         continue;
       }
@@ -111,7 +113,8 @@ void UnixListener::AcceptLoop(grpc::Server* server) {
     if (err == EINTR || err == ECONNABORTED || err == EPROTO || err == EAGAIN) continue;
     // Out of fds or memory: the connection stays queued, so retrying at once would spin.
     if (!backing_off) {
-      Log(path_, absl::StrCat("accept: ", std::strerror(err), "; retrying every ", kAcceptBackoffMs, " ms"));
+      Log(path_, absl::StrCat("accept: ", std::strerror(err), "; retrying every ", kAcceptBackoffMs,
+                              " ms"));
       backing_off = true;
     }
     if (WaitForStop(kAcceptBackoffMs)) return;

@@ -99,8 +99,10 @@ class Harness {
     Caller caller;
     caller.tenant = (b >> 6) % 4 == 0 ? nullptr : &tenants_[(b >> 6) % 4 - 1];
     const size_t i = b % (sessions_.size() + 2);
-    if (i < sessions_.size()) caller.session = sessions_[i];
-    else caller.session = i == sessions_.size() ? "" : "not-a-session";
+    if (i < sessions_.size())
+      caller.session = sessions_[i];
+    else
+      caller.session = i == sessions_.size() ? "" : "not-a-session";
     return caller;
   }
   std::string CacheId(Program& in) {
@@ -144,7 +146,8 @@ class Harness {
         s->set_length(length == 0 && count < 4096 ? uint64_t(count * elem) : length);
         break;
       }
-      case 1: break;
+      case 1:
+        break;
       case 2: {
         std::string data(count < 4096 ? size_t(count * elem) : 0, '\0');
         uint32_t x = in.Byte() * 2654435761u + 1;  // finite values as raw bits don't matter
@@ -152,7 +155,8 @@ class Harness {
         t->set_data(std::move(data));
         break;
       }
-      default: t->set_data(in.Bytes(in.Byte()));
+      default:
+        t->set_data(in.Bytes(in.Byte()));
     }
   }
 
@@ -312,7 +316,8 @@ void Harness::Step(Program& in) {
       name = "OpenSession";  // a new session changes the stats: only the invariants apply
       SessionPeer peer;
       peer.owner = TenantScope(session.tenant).owner();
-      absl::StatusOr<SessionAttachment> s = store_->AttachSession(in.Bytes(in.Byte() % 8), "", peer);
+      absl::StatusOr<SessionAttachment> s =
+          store_->AttachSession(in.Bytes(in.Byte() % 8), "", peer);
       if (s.ok()) sessions_.push_back(s->session_id);
       return Check(name, absl::OkStatus(), before);
     }

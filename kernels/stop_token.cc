@@ -33,12 +33,13 @@ bool StopToken::Poll() const {
 absl::Status StopToken::status(absl::string_view op) const {
   switch (reason_.load(std::memory_order_acquire)) {
     case kDeadlineExceeded:
-      return absl::DeadlineExceededError(
-          absl::StrCat(op, "the call's deadline (", absl::FormatTime(deadline_, absl::UTCTimeZone()),
-                       ") passed; stopped early"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          op, "the call's deadline (", absl::FormatTime(deadline_, absl::UTCTimeZone()),
+          ") passed; stopped early"));
     case kCancelled:
       return absl::CancelledError(absl::StrCat(op, "the caller cancelled the call; stopped early"));
-    default: break;
+    default:
+      break;
   }
   return absl::OkStatus();
 }

@@ -6,11 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps
-# The cheap tree checks first (docs/testing.md): relative links in the docs resolve, the
-# C++ lines changed since main are formatted (.clang-format), and every BUILD.bazel lists
-# the sources CMake builds.
+# The cheap tree checks first (docs/testing.md): relative links in the docs resolve, every
+# C++ file is formatted (.clang-format), and every BUILD.bazel lists the sources CMake builds.
 scripts/check-links
-scripts/check-format
+scripts/check-format --all
 scripts/check-build-lists
 scripts/build.sh
 if [ -f tests/node/package.json ]; then

@@ -47,22 +47,21 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
   const PageStats& p = s.pages;
   std::string out = absl::StrCat("kvarena at ", address, " (backend ", s.backend, ")\n");
   Table t;
-  t.AddRow({"pages", absl::StrCat("used ", p.pages_used, "  free ", p.pages_free, "  total ",
-                                  p.num_pages, "  (page size ", PageSizeText(p.page_size),
-                                  " tokens)")});
-  t.AddRow({"bytes", absl::StrCat("used ", HumanBytes(s.bytes_used), "  committed ",
-                                  HumanBytes(s.bytes_committed), " (scratch ",
-                                  HumanBytes(s.scratch_bytes), ")  budget ",
-                                  HumanBytes(s.arena_bytes))});
+  t.AddRow(
+      {"pages", absl::StrCat("used ", p.pages_used, "  free ", p.pages_free, "  total ",
+                             p.num_pages, "  (page size ", PageSizeText(p.page_size), " tokens)")});
+  t.AddRow({"bytes",
+            absl::StrCat("used ", HumanBytes(s.bytes_used), "  committed ",
+                         HumanBytes(s.bytes_committed), " (scratch ", HumanBytes(s.scratch_bytes),
+                         ")  budget ", HumanBytes(s.arena_bytes))});
   t.AddRow({"metadata", absl::StrCat("used ", HumanBytes(s.metadata_bytes_used), "  budget ",
                                      HumanBytes(s.metadata_bytes), "  event log ",
                                      HumanBytes(s.event_log_bytes))});
-  t.AddRow({"caches", absl::StrCat(s.num_caches, "  sessions ", s.num_sessions, "  tokens ",
-                                   p.seq_len, "  layers ", p.layers_materialized, "/",
-                                   p.layers_total, " materialized, ", p.layers_sliding,
-                                   " sliding")});
-  t.AddRow({"events", absl::StrCat("pages evicted ", p.pages_evicted, "  refusals ",
-                                   p.refusals)});
+  t.AddRow(
+      {"caches", absl::StrCat(s.num_caches, "  sessions ", s.num_sessions, "  tokens ", p.seq_len,
+                              "  layers ", p.layers_materialized, "/", p.layers_total,
+                              " materialized, ", p.layers_sliding, " sliding")});
+  t.AddRow({"events", absl::StrCat("pages evicted ", p.pages_evicted, "  refusals ", p.refusals)});
   absl::StrAppend(&out, t.Render());
   if (s.pools.empty()) return absl::StrCat(out, "\nno pools yet\n");
   Table pools({"POOL", "KV_HEADS", "HEAD_DIM", "DTYPE", "PAGE", "PAGE_BYTES", "USED", "FREE",
@@ -93,14 +92,12 @@ std::string ArenaText(const std::string& address, const ArenaStats& s) {
 std::string CacheText(const std::string& cache_id, const PageStats& p) {
   std::string out = absl::StrCat("cache ", ForTerminal(cache_id), "\n");
   Table t;
-  t.AddRow({"pages", absl::StrCat("used ", p.pages_used, "  (page size ",
-                                  PageSizeText(p.page_size), " tokens, ",
-                                  HumanBytes(p.bytes_used), ")")});
+  t.AddRow({"pages", absl::StrCat("used ", p.pages_used, "  (page size ", PageSizeText(p.page_size),
+                                  " tokens, ", HumanBytes(p.bytes_used), ")")});
   t.AddRow({"tokens", absl::StrCat(p.seq_len)});
   t.AddRow({"layers", absl::StrCat(p.layers_total, "  materialized ", p.layers_materialized,
                                    "  sliding ", p.layers_sliding)});
-  t.AddRow({"events", absl::StrCat("pages evicted ", p.pages_evicted, "  refusals ",
-                                   p.refusals)});
+  t.AddRow({"events", absl::StrCat("pages evicted ", p.pages_evicted, "  refusals ", p.refusals)});
   return absl::StrCat(out, t.Render());
 }
 
@@ -145,9 +142,9 @@ CommandResult CachesCommand(Client& client, bool json) {
               absl::StrCat(c.spec.head_dim), DTypeName(c.spec.dtype),
               absl::StrCat(c.spec.page_size), absl::StrCat(c.seq_len),
               p.ok() ? absl::StrCat(p->pages_used) : std::string("-"),
-              windows.empty() ? std::string("global")
-                              : absl::StrCat(windows.size(), " sliding (",
-                                             absl::StrJoin(windows, ","), ")")});
+              windows.empty()
+                  ? std::string("global")
+                  : absl::StrCat(windows.size(), " sliding (", absl::StrJoin(windows, ","), ")")});
   }
   return Print(t.Render());
 }

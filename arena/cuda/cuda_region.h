@@ -45,7 +45,8 @@ struct CudaBackendOptions {
 // A backend on CUDA device `device` (runtime ordinal). FAILED_PRECONDITION without a
 // usable device, INVALID_ARGUMENT for an ordinal out of range.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device);
-absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device, const CudaBackendOptions& options);
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int device,
+                                                        const CudaBackendOptions& options);
 
 // Whether `backend` (from NewCudaBackend) hands out VMM regions ("cuda_vmm") rather than
 // legacy ones ("cuda_ipc").

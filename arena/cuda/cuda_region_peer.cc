@@ -23,7 +23,8 @@ int Fail(const std::string& what) {
 
 std::string Unhex(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 
@@ -50,9 +51,11 @@ int main(int argc, char** argv) {
   for (const kvarena::SharedPiece& r : ranges) {
     std::vector<unsigned char> host(r.bytes);
     uint8_t* at = (*mapped)->base() + r.offset;
-    if (cudaMemcpy(host.data(), at, r.bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return Fail("cudaMemcpy");
+    if (cudaMemcpy(host.data(), at, r.bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+      return Fail("cudaMemcpy");
     for (size_t i = 0; i < r.bytes; ++i) {
-      if (host[i] != expect) return Fail("byte " + std::to_string(r.offset + i) + " = " + std::to_string(host[i]));
+      if (host[i] != expect)
+        return Fail("byte " + std::to_string(r.offset + i) + " = " + std::to_string(host[i]));
     }
     if (cudaMemset(at, write, r.bytes) != cudaSuccess) return Fail("cudaMemset");
   }

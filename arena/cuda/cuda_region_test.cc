@@ -2,6 +2,8 @@
 // export to a second process (cuda_region_peer, started by posix_spawn) and back, and the
 // legacy cudaMalloc + IPC path. Every test skips without a usable device, except the one
 // that checks the backend fails cleanly where there is none.
+#include "arena/cuda/cuda_region.h"
+
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -14,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "arena/cuda/cuda_region.h"
 #include "arena/region.h"
 #include "gtest/gtest.h"
 
@@ -66,11 +67,12 @@ class CudaRegionTest : public ::testing::Test {
       std::snprintf(buf, sizeof(buf), "%02x", c);
       hex += buf;
     }
-    std::vector<std::string> args = {CUDA_REGION_PEER_PATH, kind, std::to_string(size),
+    std::vector<std::string> args = {CUDA_REGION_PEER_PATH,   kind, std::to_string(size),
                                      hex.empty() ? "-" : hex, "90", "165"};
     for (const SharedPiece& r : ranges) {
       if (r.fd >= 0) fcntl(r.fd, F_SETFD, 0);  // inherited by the peer
-      args.push_back(std::to_string(r.offset) + ":" + std::to_string(r.bytes) + ":" + std::to_string(r.fd));
+      args.push_back(std::to_string(r.offset) + ":" + std::to_string(r.bytes) + ":" +
+                     std::to_string(r.fd));
     }
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -89,7 +91,8 @@ class CudaRegionTest : public ::testing::Test {
 TEST(CudaBackendTest, WithoutDeviceEverythingFailsCleanly) {
   if (CudaDevicePresent()) GTEST_SKIP() << "a CUDA device is present";
   EXPECT_EQ(NewCudaBackend(0).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ImportRegion("cuda_vmm", kChunk, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ImportRegion("cuda_vmm", kChunk, "").status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ImportRegion("cuda_ipc", kChunk, std::string(64, '\0')).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
@@ -133,8 +136,8 @@ TEST_F(CudaRegionTest, UnalignedCommitsShareGranules) {
   SKIP_WITHOUT_GPU();
   if (!Vmm()) GTEST_SKIP() << "device without VMM + POSIX fd handles";
   auto r = Reserve(4 * kChunk);
-  const size_t third = kChunk * 3 / 2;  // chunks of 1.5 granules: [0, 1.5) and [1.5, 3)
-  ASSERT_TRUE(r->Commit(0, third).ok());   // maps granules 0-1
+  const size_t third = kChunk * 3 / 2;        // chunks of 1.5 granules: [0, 1.5) and [1.5, 3)
+  ASSERT_TRUE(r->Commit(0, third).ok());      // maps granules 0-1
   ASSERT_TRUE(r->Commit(third, third).ok());  // granule 1 is shared: maps granule 2
   EXPECT_EQ(Resident(*r), 3 * kChunk);
   Fill(r->base(), 0x22, 2 * third);
@@ -262,7 +265,8 @@ TEST_F(CudaRegionTest, ImportRejectsPiecesOffTheGranularity) {
   const int fd = dup(0);
   EXPECT_EQ((*m)->MapPieces({{4096, kChunk, fd}}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fcntl(fd, F_GETFD), -1);  // MapPieces took the fd and closed it
-  EXPECT_EQ((*m)->MapPieces({{3 * kChunk, 2 * kChunk, dup(0)}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*m)->MapPieces({{3 * kChunk, 2 * kChunk, dup(0)}}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 class CudaLegacyRegionTest : public CudaRegionTest {

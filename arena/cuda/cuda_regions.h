@@ -26,7 +26,8 @@ absl::StatusOr<VmmDevice> ProbeVmm(int device);
 
 // A VMM region of at least `bytes` (rounded up to the granularity and kChunkGranularity),
 // nothing committed. REQUIRES: vmm.supported; `device`'s context current.
-absl::StatusOr<std::unique_ptr<Region>> NewVmmRegion(const VmmDevice& vmm, int device, size_t bytes);
+absl::StatusOr<std::unique_ptr<Region>> NewVmmRegion(const VmmDevice& vmm, int device,
+                                                     size_t bytes);
 
 // A legacy region: `bytes` (rounded up to kChunkGranularity) cudaMalloc'ed at once.
 // REQUIRES: `device`'s context current.

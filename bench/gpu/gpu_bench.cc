@@ -52,12 +52,16 @@ std::vector<int64_t> ParseList(const char* arg, const char* flag, std::vector<in
 
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t bytes) { Check(cudaMalloc(&p_, std::max<size_t>(bytes, 16)), "cudaMalloc"); }
+  explicit DeviceBuffer(size_t bytes) {
+    Check(cudaMalloc(&p_, std::max<size_t>(bytes, 16)), "cudaMalloc");
+  }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <typename T = void>
-  T* get() const { return static_cast<T*>(p_); }
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   void* p_ = nullptr;
@@ -102,8 +106,11 @@ struct Pool {
     std::vector<int32_t> ids(size_t(blocks_per_seq) * c.batch);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
-    Check(cudaMemcpy(tables.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "tables");
-    Check(cudaMemset(pool.get(), 0x3c, size_t(blocks_per_seq) * c.batch * layout.PageBytes()), "fill");
+    Check(
+        cudaMemcpy(tables.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+        "tables");
+    Check(cudaMemset(pool.get(), 0x3c, size_t(blocks_per_seq) * c.batch * layout.PageBytes()),
+          "fill");
     batch.layout = layout;
     batch.pool_base = pool.get<uint8_t>();
     batch.block_tables = tables.get<int32_t>();
@@ -115,7 +122,9 @@ struct Pool {
   void SetPositions(int64_t pos, int n) {
     std::vector<PagedSeqDesc> d(static_cast<size_t>(n));
     for (int b = 0; b < n; ++b) d[b] = PagedSeqDesc{b * blocks_per_seq, 0, pos};
-    Check(cudaMemcpy(descs.get(), d.data(), d.size() * sizeof(PagedSeqDesc), cudaMemcpyHostToDevice), "descs");
+    Check(
+        cudaMemcpy(descs.get(), d.data(), d.size() * sizeof(PagedSeqDesc), cudaMemcpyHostToDevice),
+        "descs");
   }
 
   int64_t blocks_per_seq;
@@ -125,7 +134,9 @@ struct Pool {
 
 double CopySeconds(size_t bytes) {
   DeviceBuffer src(bytes), dst(bytes);
-  return TimeIt([&] { Check(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "memcpy"); });
+  return TimeIt([&] {
+    Check(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice), "memcpy");
+  });
 }
 
 void Run(const std::vector<Config>& configs) {
@@ -152,7 +163,8 @@ void Run(const std::vector<Config>& configs) {
     DeviceBuffer q(q_bytes), out(q_bytes), ws(ws_bytes);
     Check(cudaMemset(q.get(), 0x3c, q_bytes), "q");
     const double attend = TimeIt([&] {
-      Check(PagedAttentionBatch(pool.batch, p, q.get(), out.get(), ws.get(), ws_bytes), "PagedAttentionBatch");
+      Check(PagedAttentionBatch(pool.batch, p, q.get(), out.get(), ws.get(), ws_bytes),
+            "PagedAttentionBatch");
     });
 
     // Append: each sequence writes its whole context from position 0.
@@ -161,19 +173,23 @@ void Run(const std::vector<Config>& configs) {
     double append = 0, one = 0;
     {
       DeviceBuffer k(kv_in), v(kv_in);
-      append = TimeIt([&] { Check(AppendKvBatch(pool.batch, c.context, k.get(), v.get()), "AppendKvBatch"); });
+      append = TimeIt(
+          [&] { Check(AppendKvBatch(pool.batch, c.context, k.get(), v.get()), "AppendKvBatch"); });
       pool.SetPositions(c.context - 1, c.batch);
-      one = TimeIt([&] { Check(AppendKvBatch(pool.batch, 1, k.get(), v.get()), "AppendKvBatch(1)"); });
+      one = TimeIt(
+          [&] { Check(AppendKvBatch(pool.batch, 1, k.get(), v.get()), "AppendKvBatch(1)"); });
     }
     auto gbs = [](size_t bytes, double s) { return double(bytes) / s / 1e9; };
-    std::printf("%-6d %-8lld %9.1f | %10.1f %9.0f %9.0f %5.0f%% | %10.1f %9.0f %9.0f %5.0f%% | %12.1f\n",
-                c.batch, (long long)c.context, kv_bytes / 1048576.0, attend * 1e6, gbs(kv_bytes, attend),
-                gbs(kv_bytes, copy), 100 * copy / attend, append * 1e6, gbs(kv_bytes, append),
-                gbs(kv_bytes, copy), 100 * copy / append, one * 1e6);
+    std::printf(
+        "%-6d %-8lld %9.1f | %10.1f %9.0f %9.0f %5.0f%% | %10.1f %9.0f %9.0f %5.0f%% | %12.1f\n",
+        c.batch, (long long)c.context, kv_bytes / 1048576.0, attend * 1e6, gbs(kv_bytes, attend),
+        gbs(kv_bytes, copy), 100 * copy / attend, append * 1e6, gbs(kv_bytes, append),
+        gbs(kv_bytes, copy), 100 * copy / append, one * 1e6);
     std::fflush(stdout);
   }
-  std::printf("\nGB/s = KV bytes (K+V the call reads or writes) per second; copy = cudaMemcpy D2D of\n"
-              "the same bytes (each read and written); ratio = copy time / kernel time.\n");
+  std::printf(
+      "\nGB/s = KV bytes (K+V the call reads or writes) per second; copy = cudaMemcpy D2D of\n"
+      "the same bytes (each read and written); ratio = copy time / kernel time.\n");
 }
 
 }  // namespace

@@ -110,7 +110,8 @@ TEST_F(AppendGatherTest, CopyPagesCopiesTheKeptSlotsAndZeroesTheRest) {
   std::unique_ptr<KvKernels> k = NewCpuKvKernels(0);
   const PageCopy copies[] = {{0, 2, 3}, {1, 3, 0}};
   ASSERT_TRUE(k->CopyPages(layout, pool.data(), copies, 2).ok());
-  EXPECT_TRUE(std::equal(pool.begin(), pool.begin() + 2 * page, before.begin()));  // sources untouched
+  EXPECT_TRUE(
+      std::equal(pool.begin(), pool.begin() + 2 * page, before.begin()));  // sources untouched
   for (size_t part : {size_t{0}, half}) {
     const uint8_t* dst = pool.data() + 2 * page + part;
     EXPECT_TRUE(std::equal(dst, dst + 3 * token, before.data() + part));

@@ -90,8 +90,8 @@ TEST(StopTokenTest, SaysWhyAndKeepsSayingIt) {
   StopToken late(absl::Now() - absl::Seconds(1), [] { return true; });
   EXPECT_FALSE(late.stopped());  // nothing polled yet
   EXPECT_TRUE(late.Poll());
-  EXPECT_THAT(late.status("attend: "),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("attend: the call's deadline")));
+  EXPECT_THAT(late.status("attend: "), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                                HasSubstr("attend: the call's deadline")));
 
   bool gone = true;  // the caller went away, then the predicate changed its mind
   StopToken cancelled(absl::InfiniteFuture(), [&gone] { return gone; });
@@ -104,7 +104,8 @@ TEST(StopTokenTest, SaysWhyAndKeepsSayingIt) {
 // With cancelled_every, the predicate runs at most that often; the deadline at every poll.
 TEST(StopTokenTest, AnExpensivePredicateRunsAtMostOncePerInterval) {
   int calls = 0;
-  StopToken token(absl::InfiniteFuture(), [&calls] { return ++calls > 1000; }, absl::Hours(1));
+  StopToken token(
+      absl::InfiniteFuture(), [&calls] { return ++calls > 1000; }, absl::Hours(1));
   for (int i = 0; i < 100; ++i) EXPECT_FALSE(token.Poll());
   EXPECT_EQ(calls, 1);
 }

@@ -31,9 +31,12 @@ cudaError_t Copy(bool gather, const PageLayout& layout, AppendArgs a, int batch,
     return e;
   }
   switch (vec_bytes) {
-    case 16: return Launch<uint4>(gather, grid, a, stream);
-    case 2: return Launch<uint16_t>(gather, grid, a, stream);
-    default: break;
+    case 16:
+      return Launch<uint4>(gather, grid, a, stream);
+    case 2:
+      return Launch<uint16_t>(gather, grid, a, stream);
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -51,8 +54,8 @@ AppendArgs SingleArgs(const PagedKvView& view, int64_t pos, const void* k, const
 
 }  // namespace
 
-cudaError_t AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
-                     const void* v, cudaStream_t stream) {
+cudaError_t AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v,
+                     cudaStream_t stream) {
   return Copy(false, view.layout, SingleArgs(view, pos, k, v), 1, n, pos, stream);
 }
 

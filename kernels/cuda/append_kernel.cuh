@@ -30,7 +30,8 @@ __device__ __forceinline__ bool KvCopyEnds(const AppendArgs& a, V** tensor, V** 
   a.page.DivMod(uint32_t(seq.pos) + t_rel, &block, &slot);
   const int64_t page_id = a.tables[seq.table_offset + int64_t(block) - seq.first_block];
 
-  *tensor = reinterpret_cast<V*>(kv ? a.v : a.k) + (int64_t(b) * a.num_kv_heads + h) * a.head_units + idx;
+  *tensor =
+      reinterpret_cast<V*>(kv ? a.v : a.k) + (int64_t(b) * a.num_kv_heads + h) * a.head_units + idx;
   *paged = reinterpret_cast<V*>(a.pool) + page_id * a.page_units +
            (int64_t(kv) * a.page.divisor + slot) * a.token_units + int64_t(h) * a.row.divisor + c;
   return true;

@@ -60,7 +60,8 @@ int64_t SingleSpan(const PagedKvView& view, const AttentionParams& p) {
 // Written so it cannot wrap: q_pos + n < 2^31 (the kernels index tokens in 32 bits).
 bool SinglePositionsOk(const PagedKvView& view, const AttentionParams& p) {
   constexpr int64_t kLimit = int64_t{1} << 31;
-  return p.q_pos >= 0 && p.n >= 0 && p.n < kLimit && p.q_pos < kLimit - p.n && view.first_block >= 0;
+  return p.q_pos >= 0 && p.n >= 0 && p.n < kLimit && p.q_pos < kLimit - p.n &&
+         view.first_block >= 0;
 }
 
 AttentionArgs SingleArgs(const PagedKvView& view, const AttentionParams& p, const void* q,

@@ -31,13 +31,13 @@ struct AttentionConfig {
   static constexpr int kThreads = 128;
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kRows = kRowsPerCta;
-  static constexpr int kVec = Storage<T>::kVec;                  // elements per 16 bytes
-  static constexpr int kLanes = D / kVec < 32 ? D / kVec : 32;   // lanes per key row
-  static constexpr int kLoads = D / (kVec * kLanes);             // 16-byte loads per lane per row
-  static constexpr int kDims = kVec * kLoads;                    // dims a lane owns
+  static constexpr int kVec = Storage<T>::kVec;                 // elements per 16 bytes
+  static constexpr int kLanes = D / kVec < 32 ? D / kVec : 32;  // lanes per key row
+  static constexpr int kLoads = D / (kVec * kLanes);            // 16-byte loads per lane per row
+  static constexpr int kDims = kVec * kLoads;                   // dims a lane owns
   static constexpr int kTokensPerWarp = 32 / kLanes;
   static constexpr int kTokensPerStep = kWarps * kTokensPerWarp;
-  static constexpr int kUnroll = kLoads == 1 ? 2 : 1;            // tokens per lane per iteration
+  static constexpr int kUnroll = kLoads == 1 ? 2 : 1;  // tokens per lane per iteration
   static constexpr int kTokensPerIter = kUnroll * kTokensPerStep;
   static constexpr int kStages = 4;
   // Shared memory, 16-byte units. Loop: q [kRows][kLoads][kVec/4][kLanes] float4, then
@@ -78,8 +78,9 @@ __global__ void __launch_bounds__(128, 3) PagedAttentionKernel(const AttentionAr
   const int first_q = int(seq.pos) + row0 / a.group;
   const int begin = max(first_pos, a.window > 0 ? first_q - a.window + 1 : 0);
   const int end = int(seq.pos) + (row0 + nrows - 1) / a.group + 1;
-  const int per = (((end - begin + a.splits - 1) / a.splits + C::kTokensPerIter - 1) /
-                   C::kTokensPerIter) * C::kTokensPerIter;
+  const int per =
+      (((end - begin + a.splits - 1) / a.splits + C::kTokensPerIter - 1) / C::kTokensPerIter) *
+      C::kTokensPerIter;
   const int s_lo = begin + split * per;
   const int s_hi = min(end, s_lo + per);
   const int iters = s_hi > s_lo ? (s_hi - s_lo + C::kTokensPerIter - 1) / C::kTokensPerIter : 0;
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(128, 3) PagedAttentionKernel(const AttentionAr
     return page_id * a.page_elems + int64_t(in_page) * a.token_elems + int64_t(kvh) * D;
   };
   const int64_t v_offset = int64_t(a.page.divisor) * a.token_elems;
-  auto issue = [&](int stage, const int64_t (&off)[C::kUnroll]) {
+  auto issue = [&](int stage, const int64_t(&off)[C::kUnroll]) {
     uint4* st = kv_s + stage * C::kStageUnits;
 #pragma unroll
     for (int u = 0; u < C::kUnroll; ++u) {
@@ -138,7 +139,8 @@ __global__ void __launch_bounds__(128, 3) PagedAttentionKernel(const AttentionAr
       for (int j = 0; j < C::kLoads; ++j) {
         const T* kj = k + (j * C::kLanes + part) * C::kVec;
         CpAsync16(&st[((u * 2 + 0) * C::kLoads + j) * C::kThreads + tid], kj, off[u] >= 0);
-        CpAsync16(&st[((u * 2 + 1) * C::kLoads + j) * C::kThreads + tid], kj + v_offset, off[u] >= 0);
+        CpAsync16(&st[((u * 2 + 1) * C::kLoads + j) * C::kThreads + tid], kj + v_offset,
+                  off[u] >= 0);
       }
     }
   };
@@ -275,7 +277,8 @@ __global__ void __launch_bounds__(128, 3) PagedAttentionKernel(const AttentionAr
       for (int j = 0; j < C::kLoads; ++j) {
 #pragma unroll
         for (int e = 0; e < C::kVec; ++e) {
-          red_acc[(warp * kRows + r) * D + (j * C::kLanes + part) * C::kVec + e] = acc[r][j * C::kVec + e];
+          red_acc[(warp * kRows + r) * D + (j * C::kLanes + part) * C::kVec + e] =
+              acc[r][j * C::kVec + e];
         }
       }
       if (part == 0) {

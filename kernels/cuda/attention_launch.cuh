@@ -23,8 +23,8 @@ cudaError_t AttentionCtaSlots(int64_t* slots);
 template <typename T, int D>
 cudaError_t LaunchAttention(const AttentionArgs& a, int batch, cudaStream_t stream);
 
-#define KVARENA_ATTENTION_DECLARE(T, D, EXTERN)                                   \
-  EXTERN template cudaError_t AttentionCtaSlots<T, D>(int64_t*);                  \
+#define KVARENA_ATTENTION_DECLARE(T, D, EXTERN)                  \
+  EXTERN template cudaError_t AttentionCtaSlots<T, D>(int64_t*); \
   EXTERN template cudaError_t LaunchAttention<T, D>(const AttentionArgs&, int, cudaStream_t);
 
 #define KVARENA_ATTENTION_FOR_HEAD_DIMS(T, EXTERN) \

@@ -39,10 +39,10 @@ __device__ __forceinline__ float BlockReduce(float x, Op op, float* scratch) {
 // dynamic shared memory = MergeSmemBytes(splits).
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
-MergeSplitsKernel(const float2* part_ml,  // [rows][splits] {m, l}
-                  const float* part_acc,  // [rows][splits][head_dim]
-                  T* out,                 // [rows][head_dim]
-                  int splits, int head_dim) {
+    MergeSplitsKernel(const float2* part_ml,  // [rows][splits] {m, l}
+                      const float* part_acc,  // [rows][splits][head_dim]
+                      T* out,                 // [rows][head_dim]
+                      int splits, int head_dim) {
   extern __shared__ float merge_smem[];
   float* weight = merge_smem;            // [splits]
   float* scratch = merge_smem + splits;  // [32]
@@ -51,7 +51,8 @@ MergeSplitsKernel(const float2* part_ml,  // [rows][splits] {m, l}
 
   float mx = -INFINITY;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) mx = fmaxf(mx, ml[s].x);
-  mx = BlockReduce(mx, [](float x, float y) { return fmaxf(x, y); }, scratch);
+  mx = BlockReduce(
+      mx, [](float x, float y) { return fmaxf(x, y); }, scratch);
 
   float sum = 0.0f;
   for (int s = threadIdx.x; s < splits; s += blockDim.x) {
@@ -60,7 +61,8 @@ MergeSplitsKernel(const float2* part_ml,  // [rows][splits] {m, l}
     weight[s] = w;
     sum += p.y * w;
   }
-  sum = BlockReduce(sum, [](float x, float y) { return x + y; }, scratch);  // syncs: weight is visible
+  sum = BlockReduce(
+      sum, [](float x, float y) { return x + y; }, scratch);  // syncs: weight is visible
 
   const float inv = 1.0f / sum;
   const float* acc = part_acc + row * splits * head_dim;

@@ -12,8 +12,7 @@ AttentionPlan PlanAttention(const AttentionShape& shape, int64_t cta_slots) {
   const int64_t units = int64_t(shape.batch) * shape.num_kv_heads * plan.row_blocks;
   const int64_t span = std::max<int64_t>(1, shape.max_span);
   const int64_t slots = std::max<int64_t>(1, cta_slots);
-  const int64_t max_splits =
-      std::clamp<int64_t>(span / kMinSplitTokens, 1, kMaxSplits);
+  const int64_t max_splits = std::clamp<int64_t>(span / kMinSplitTokens, 1, kMaxSplits);
 
   int64_t best = 1;
   int64_t best_cost = CeilDiv(units, slots) * (span + kCtaOverheadTokens);

@@ -26,7 +26,7 @@ struct AttentionShape {
   int batch = 1;
   int num_kv_heads = 0;
   int num_q_heads = 0;
-  int64_t n = 1;         // queries per sequence
+  int64_t n = 1;  // queries per sequence
   int head_dim = 0;
   int64_t max_span = 0;  // keys the longest query range covers (a hint)
 };

@@ -1,5 +1,7 @@
 // Host-only tests of the launch arithmetic: FastDiv, the split plan and the argument
 // checks every launcher goes through. No GPU involved; these run everywhere.
+#include "kernels/cuda/attention_plan.h"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/fast_div.h"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
@@ -152,16 +153,19 @@ TEST_F(KernelArgsTest, PrepareRejectsMisalignedPointersAndShortWorkspace) {
   EXPECT_EQ(a.page_elems, 2 * 16 * 8 * 128);
   a = Args();
   a.q = buf_ + 1;
-  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch),
+            cudaErrorInvalidValue);
   a = Args();
   a.out = nullptr;
-  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch),
+            cudaErrorInvalidValue);
 
   AttentionPlan split = plan_;
   split.splits = 4;
   split.workspace_bytes = 4096;
   a = Args();
-  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, split, buf_, 4095, &a, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, split, buf_, 4095, &a, &launch),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(KernelArgsTest, NothingToDoLaunchesNothing) {
@@ -198,10 +202,12 @@ TEST_F(KernelArgsTest, AppendPicksTheWidestVector) {
   bad.dtype = DType::kUnspecified;
   EXPECT_EQ(PrepareAppend(bad, 1, 5, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, -1, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
-  EXPECT_EQ(PrepareAppend(layout_, 1, 5, int64_t{1} << 31, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAppend(layout_, 1, 5, int64_t{1} << 31, &a, &vec, &grid, &launch),
+            cudaErrorInvalidValue);
   // Sums that once wrapped past the bound.
   constexpr int64_t kMax64 = std::numeric_limits<int64_t>::max();
-  EXPECT_EQ(PrepareAppend(layout_, 1, 5, kMax64 - 2, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAppend(layout_, 1, 5, kMax64 - 2, &a, &vec, &grid, &launch),
+            cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, kMax64, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, 0, 10, &a, &vec, &grid, &launch), cudaSuccess);
   EXPECT_FALSE(launch);
@@ -224,7 +230,8 @@ TEST(PagedAttentionLauncherTest, RejectsPositionsWhoseSumWraps) {
                         {0, int64_t{1} << 62}}) {
     p.q_pos = pos;
     p.n = n;
-    EXPECT_EQ(PagedAttentionWorkspaceSize(view, p, &bytes), cudaErrorInvalidValue) << pos << " + " << n;
+    EXPECT_EQ(PagedAttentionWorkspaceSize(view, p, &bytes), cudaErrorInvalidValue)
+        << pos << " + " << n;
     EXPECT_EQ(PagedAttention(view, p, nullptr, nullptr, nullptr, 0), cudaErrorInvalidValue);
   }
 }

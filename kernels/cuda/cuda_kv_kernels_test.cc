@@ -1,6 +1,8 @@
 // NewCudaKvKernels against NewCpuKvKernels through core's KvKernels interface: host
 // tensors in and out, the pool on the device, the block table on the host (the adapter
 // stages it). Skips without a CUDA device, except the test of that case.
+#include "kernels/cuda/cuda_kv_kernels.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/cuda_kv_kernels.h"
 #include "kernels/cuda/test_problems.h"
 #include "kernels/kv_kernels.h"
 #include "tests/support/test_seed.h"
@@ -97,7 +98,8 @@ TEST(CudaKvKernelsTest, MatchesCpuKvKernels) {
 
       void* dpool = nullptr;
       ASSERT_EQ(cudaMalloc(&dpool, hb.pool().size()), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(dpool, hb.pool().data(), hb.pool().size(), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dpool, hb.pool().data(), hb.pool().size(), cudaMemcpyHostToDevice),
+                cudaSuccess);
       PagedKvView host_view = hb.View(0);
       host_view.len = pos + n;
       PagedKvView dev_view = host_view;
@@ -106,7 +108,8 @@ TEST(CudaKvKernelsTest, MatchesCpuKvKernels) {
       ASSERT_TRUE(cpu->AppendKv(host_view, pos, n, k.data(), v.data()).ok());
       ASSERT_TRUE((*cuda)->AppendKv(dev_view, pos, n, k.data(), v.data()).ok());
       std::vector<uint8_t> pool_back(hb.pool().size());
-      ASSERT_EQ(cudaMemcpy(pool_back.data(), dpool, pool_back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(pool_back.data(), dpool, pool_back.size(), cudaMemcpyDeviceToHost),
+                cudaSuccess);
       EXPECT_TRUE(pool_back == hb.pool()) << "append";
 
       std::vector<uint8_t> k_out(kv_bytes, 0xFF), v_out(kv_bytes, 0xFF);

@@ -64,7 +64,9 @@ struct Storage<__nv_bfloat16> {
     }
   }
   __device__ __forceinline__ static float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
-  __device__ __forceinline__ static __nv_bfloat16 FromFloat(float x) { return __float2bfloat16_rn(x); }
+  __device__ __forceinline__ static __nv_bfloat16 FromFloat(float x) {
+    return __float2bfloat16_rn(x);
+  }
 };
 
 // ---- cp.async (global -> shared, 16 bytes, bypassing L1) --------------------------------
@@ -75,12 +77,12 @@ struct Storage<__nv_bfloat16> {
 // but must still be a valid address).
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800  // no cp.async before Ampere: copy now
-  *static_cast<uint4*>(smem) = valid ? __ldg(static_cast<const uint4*>(gmem)) : make_uint4(0, 0, 0, 0);
+  *static_cast<uint4*>(smem) =
+      valid ? __ldg(static_cast<const uint4*>(gmem)) : make_uint4(0, 0, 0, 0);
 #elif defined(__CUDA_ARCH__)
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 #else
   if (valid) {
@@ -110,10 +112,14 @@ __device__ __forceinline__ void CpAsyncWait() {
 template <typename F>
 cudaError_t DispatchDType(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat16: return f(__half{});
-    case DType::kBFloat16: return f(__nv_bfloat16{});
-    case DType::kUnspecified: break;
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat16:
+      return f(__half{});
+    case DType::kBFloat16:
+      return f(__nv_bfloat16{});
+    case DType::kUnspecified:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -126,10 +132,14 @@ struct HeadDim {
 template <typename F>
 cudaError_t DispatchHeadDim(int head_dim, F&& f) {
   switch (head_dim) {
-    case 64: return f(HeadDim<64>{});
-    case 128: return f(HeadDim<128>{});
-    case 256: return f(HeadDim<256>{});
-    default: break;
+    case 64:
+      return f(HeadDim<64>{});
+    case 128:
+      return f(HeadDim<128>{});
+    case 256:
+      return f(HeadDim<256>{});
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }

@@ -60,8 +60,8 @@ void BlockRunner::Run(dim3 block, dim3 dim, const std::function<void()>& body) {
       if (fibers_[i].done) --live;
     }
     if (live > 0 && !progress_) {
-      std::fprintf(stderr, "emulator: block (%u,%u,%u) deadlocked on a barrier\n", block.x,
-                   block.y, block.z);
+      std::fprintf(stderr, "emulator: block (%u,%u,%u) deadlocked on a barrier\n", block.x, block.y,
+                   block.z);
       std::abort();
     }
   }

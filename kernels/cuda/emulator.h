@@ -4,8 +4,9 @@
 //
 // Each CTA runs as one fiber per thread on the calling OS thread (started with ucontext,
 // switched with _setjmp / _longjmp), scheduled round-robin; __syncthreads() and
-// __shfl_xor_sync() are cooperative barriers, so the kernels' own source runs unchanged. cp.async compiles to an immediate copy
-// (cuda_util.cuh). Not covered: timing, memory-model and alignment faults, occupancy.
+// __shfl_xor_sync() are cooperative barriers, so the kernels' own source runs unchanged. cp.async
+// compiles to an immediate copy (cuda_util.cuh). Not covered: timing, memory-model and alignment
+// faults, occupancy.
 //
 // Include this BEFORE any kernel header and after every other header: it defines the
 // CUDA built-ins (threadIdx, __syncthreads, ...) as macros. Not thread-safe: one grid at
@@ -75,7 +76,7 @@ class BlockRunner {
   const std::function<void()>* body_ = nullptr;
   Barrier block_barrier_;
   std::vector<Barrier> warp_barriers_;
-  std::vector<float> lanes_;  // [2][threads] shuffle slots, alternating between shuffles
+  std::vector<float> lanes_;   // [2][threads] shuffle slots, alternating between shuffles
   std::vector<int> shuffles_;  // [threads] shuffles each thread has done
 };
 

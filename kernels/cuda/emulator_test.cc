@@ -77,15 +77,17 @@ class EmulatorTest : public ::testing::Test {
     EXPECT_EQ(PlanAttentionRequest(layout, p, batch, max_span, slots, &plan), cudaSuccess);
     std::vector<float4> workspace(plan.workspace_bytes / 16 + 1);
     bool launch = false;
-    EXPECT_EQ(PrepareAttention(layout, p, batch, plan, workspace.data(), workspace.size() * 16, &a, &launch),
+    EXPECT_EQ(PrepareAttention(layout, p, batch, plan, workspace.data(), workspace.size() * 16, &a,
+                               &launch),
               cudaSuccess);
     if (!launch) return 0;
-    EXPECT_EQ(DispatchDType(layout.dtype, [&](auto t) {
-                return DispatchHeadDim(layout.head_dim, [&](auto d) {
-                  EmulateAttention<decltype(t), decltype(d)::value>(a, batch);
-                  return cudaSuccess;
-                });
-              }),
+    EXPECT_EQ(DispatchDType(layout.dtype,
+                            [&](auto t) {
+                              return DispatchHeadDim(layout.head_dim, [&](auto d) {
+                                EmulateAttention<decltype(t), decltype(d)::value>(a, batch);
+                                return cudaSuccess;
+                              });
+                            }),
               cudaSuccess);
     return plan.splits;
   }
@@ -103,7 +105,8 @@ class EmulatorTest : public ::testing::Test {
 
     int64_t span = 1;
     for (int b = 0; b < hb.batch(); ++b) {
-      const int64_t lo = std::max(hb.View(b).first_pos(), pb.window > 0 ? pb.seqs[b].pos - pb.window + 1 : 0);
+      const int64_t lo =
+          std::max(hb.View(b).first_pos(), pb.window > 0 ? pb.seqs[b].pos - pb.window + 1 : 0);
       span = std::max(span, pb.seqs[b].pos + pb.n - lo);
     }
     std::vector<uint8_t> got(want.size() + 64, 0xFF);  // NaN-poisoned, with a guard band
@@ -115,7 +118,8 @@ class EmulatorTest : public ::testing::Test {
     a.out = got.data();
     max_splits = RunAttention(pb.layout, ParamsFor(pb, 0), a, hb.batch(),
                               max_span_hint >= 0 ? max_span_hint : span, slots);
-    EXPECT_TRUE(std::all_of(got.begin() + want.size(), got.end(), [](uint8_t x) { return x == 0xFF; }));
+    EXPECT_TRUE(
+        std::all_of(got.begin() + want.size(), got.end(), [](uint8_t x) { return x == 0xFF; }));
     got.resize(want.size());
     EXPECT_EQ(CompareOutputs(pb.layout.dtype, got, want, pb.layout.head_dim), "") << "batched";
 
@@ -132,9 +136,12 @@ class EmulatorTest : public ::testing::Test {
       s.out = one.data();
       const AttentionParams p = ParamsFor(pb, pb.seqs[b].pos);
       const int64_t lo = std::max(view.first_pos(), p.window > 0 ? p.q_pos - p.window + 1 : 0);
-      max_splits = std::max(max_splits, RunAttention(pb.layout, p, s, 1, p.q_pos + p.n - lo, slots));
-      const std::vector<uint8_t> want_b(want.begin() + b * seq_bytes, want.begin() + (b + 1) * seq_bytes);
-      EXPECT_EQ(CompareOutputs(pb.layout.dtype, one, want_b, pb.layout.head_dim), "") << "sequence " << b;
+      max_splits =
+          std::max(max_splits, RunAttention(pb.layout, p, s, 1, p.q_pos + p.n - lo, slots));
+      const std::vector<uint8_t> want_b(want.begin() + b * seq_bytes,
+                                        want.begin() + (b + 1) * seq_bytes);
+      EXPECT_EQ(CompareOutputs(pb.layout.dtype, one, want_b, pb.layout.head_dim), "")
+          << "sequence " << b;
     }
     return max_splits;
   }
@@ -169,7 +176,8 @@ TEST_F(EmulatorTest, AppendMatchesCpuByteForByteAndGatherReadsItBack) {
 
         const std::vector<uint8_t> before = hb.pool();
         for (int b = 0; b < hb.batch(); ++b) {
-          ::kvarena::AppendKv(hb.View(b), pb.seqs[b].pos, pb.n, k.data() + b * seq_bytes, v.data() + b * seq_bytes);
+          ::kvarena::AppendKv(hb.View(b), pb.seqs[b].pos, pb.n, k.data() + b * seq_bytes,
+                              v.data() + b * seq_bytes);
         }
         const std::vector<uint8_t> want = hb.pool();
 
@@ -183,7 +191,8 @@ TEST_F(EmulatorTest, AppendMatchesCpuByteForByteAndGatherReadsItBack) {
         int vec_bytes = 0;
         dim3 grid;
         bool launch = false;
-        ASSERT_EQ(PrepareAppend(pb.layout, hb.batch(), pb.n, 0, &a, &vec_bytes, &grid, &launch), cudaSuccess);
+        ASSERT_EQ(PrepareAppend(pb.layout, hb.batch(), pb.n, 0, &a, &vec_bytes, &grid, &launch),
+                  cudaSuccess);
         ASSERT_TRUE(launch);
         EXPECT_EQ(vec_bytes, pb.layout.head_dim * pb.layout.ElemBytes() % 16 == 0 ? 16 : 2);
         emu::LaunchGrid(grid, dim3(kAppendThreads), nullptr, 0, [&] {
@@ -204,8 +213,9 @@ TEST_F(EmulatorTest, AppendMatchesCpuByteForByteAndGatherReadsItBack) {
           g.one = PagedSeqDesc{0, pb.seqs[b].first_block, pb.seqs[b].pos};
           g.k = k_out.data();
           g.v = v_out.data();
-          ASSERT_EQ(PrepareAppend(pb.layout, 1, pb.n, pb.seqs[b].pos, &g, &vec_bytes, &grid, &launch),
-                    cudaSuccess);
+          ASSERT_EQ(
+              PrepareAppend(pb.layout, 1, pb.n, pb.seqs[b].pos, &g, &vec_bytes, &grid, &launch),
+              cudaSuccess);
           emu::LaunchGrid(grid, dim3(kAppendThreads), nullptr, 0, [&] {
             if (vec_bytes == 16) {
               gpu_emu::GatherKvKernel<uint4>(g);
@@ -213,8 +223,10 @@ TEST_F(EmulatorTest, AppendMatchesCpuByteForByteAndGatherReadsItBack) {
               gpu_emu::GatherKvKernel<uint16_t>(g);
             }
           });
-          EXPECT_TRUE(std::equal(k.begin() + b * seq_bytes, k.begin() + (b + 1) * seq_bytes, k_out.begin()));
-          EXPECT_TRUE(std::equal(v.begin() + b * seq_bytes, v.begin() + (b + 1) * seq_bytes, v_out.begin()));
+          EXPECT_TRUE(std::equal(k.begin() + b * seq_bytes, k.begin() + (b + 1) * seq_bytes,
+                                 k_out.begin()));
+          EXPECT_TRUE(std::equal(v.begin() + b * seq_bytes, v.begin() + (b + 1) * seq_bytes,
+                                 v_out.begin()));
           EXPECT_EQ(k_out[seq_bytes], 0xFF);  // nothing past the output
         }
         if (HasFailure()) return;

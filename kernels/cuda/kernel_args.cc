@@ -48,8 +48,8 @@ cudaError_t PlanAttentionRequest(const PageLayout& layout, const AttentionParams
                                  int64_t max_span, int64_t cta_slots, AttentionPlan* plan) {
   const int kv_heads = layout.num_kv_heads;
   if (kv_heads <= 0 || kv_heads > 65535 || p.num_q_heads < kv_heads ||
-      p.num_q_heads % kv_heads != 0 || layout.page_size <= 0 || layout.head_dim <= 0 ||
-      p.n < 0 || p.window < 0 || batch < 0 || batch > 65535 || !std::isfinite(p.scale)) {
+      p.num_q_heads % kv_heads != 0 || layout.page_size <= 0 || layout.head_dim <= 0 || p.n < 0 ||
+      p.window < 0 || batch < 0 || batch > 65535 || !std::isfinite(p.scale)) {
     return cudaErrorInvalidValue;
   }
   const int64_t group = p.num_q_heads / kv_heads;

@@ -2,6 +2,8 @@
 // block tables on the device, outputs poisoned (0xFF = NaN) with a guard band first.
 // Every test skips when no CUDA device is usable; nothing touches CUDA before a test
 // body runs, so listing the tests (gtest_discover_tests) works on any machine.
+#include "kernels/cuda/kv_kernels_cuda.h"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/kv_kernels.h"
-#include "kernels/cuda/kv_kernels_cuda.h"
 #include "kernels/cuda/test_problems.h"
 #include "tests/support/test_seed.h"
 
@@ -52,7 +53,9 @@ class DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   template <typename T = void>
-  T* get() const { return static_cast<T*>(p_); }
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
   std::vector<uint8_t> Read(size_t bytes) const {
     std::vector<uint8_t> out(bytes);
     EXPECT_EQ(cudaMemcpy(out.data(), p_, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -110,7 +113,8 @@ class KvKernelsCudaTest : public ::testing::Test {
 
     int64_t span = 1;
     for (int b = 0; b < hb.batch(); ++b) {
-      const int64_t lo = std::max(hb.View(b).first_pos(), pb.window > 0 ? pb.seqs[b].pos - pb.window + 1 : 0);
+      const int64_t lo =
+          std::max(hb.View(b).first_pos(), pb.window > 0 ? pb.seqs[b].pos - pb.window + 1 : 0);
       span = std::max(span, pb.seqs[b].pos + pb.n - lo);
     }
     const PagedKvBatch batch = db.Batch(pb.layout, hb.batch(), span);
@@ -120,11 +124,13 @@ class KvKernelsCudaTest : public ::testing::Test {
     DeviceBuffer ws(ws_bytes);
     DeviceBuffer out(want.size() + 64);
     ASSERT_EQ(cudaMemset(out.get(), 0xFF, want.size() + 64), cudaSuccess);
-    ASSERT_EQ(PagedAttentionBatch(batch, params, dq.get(), out.get(), ws.get(), ws_bytes), cudaSuccess);
+    ASSERT_EQ(PagedAttentionBatch(batch, params, dq.get(), out.get(), ws.get(), ws_bytes),
+              cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<uint8_t> got = out.Read(want.size() + 64);
-    EXPECT_TRUE(std::all_of(got.begin() + want.size(), got.end(), [](uint8_t x) { return x == 0xFF; }))
-        << "wrote past the output";
+    EXPECT_TRUE(std::all_of(got.begin() + want.size(), got.end(), [](uint8_t x) {
+      return x == 0xFF;
+    })) << "wrote past the output";
     got.resize(want.size());
     EXPECT_EQ(CompareOutputs(pb.layout.dtype, got, want, pb.layout.head_dim), "") << "batched";
 
@@ -135,11 +141,14 @@ class KvKernelsCudaTest : public ::testing::Test {
       DeviceBuffer ws1(ws_bytes);
       DeviceBuffer out1(seq_bytes);
       ASSERT_EQ(cudaMemset(out1.get(), 0xFF, seq_bytes), cudaSuccess);
-      ASSERT_EQ(PagedAttention(view, p, dq.get<uint8_t>() + b * seq_bytes, out1.get(), ws1.get(), ws_bytes),
+      ASSERT_EQ(PagedAttention(view, p, dq.get<uint8_t>() + b * seq_bytes, out1.get(), ws1.get(),
+                               ws_bytes),
                 cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<uint8_t> want_b(want.begin() + b * seq_bytes, want.begin() + (b + 1) * seq_bytes);
-      EXPECT_EQ(CompareOutputs(pb.layout.dtype, out1.Read(seq_bytes), want_b, pb.layout.head_dim), "")
+      const std::vector<uint8_t> want_b(want.begin() + b * seq_bytes,
+                                        want.begin() + (b + 1) * seq_bytes);
+      EXPECT_EQ(CompareOutputs(pb.layout.dtype, out1.Read(seq_bytes), want_b, pb.layout.head_dim),
+                "")
           << "sequence " << b;
     }
   }
@@ -174,27 +183,35 @@ TEST_F(KvKernelsCudaTest, AppendMatchesCpuByteForByteAndGatherReadsItBack) {
         }
         SCOPED_TRACE(pb.Describe());
         HostBatch hb(pb, rng_);
-        const size_t seq_bytes = size_t(pb.layout.num_kv_heads) * pb.n * head_dim * pb.layout.ElemBytes();
-        const std::vector<uint8_t> k = RandomStored(dtype, seq_bytes / pb.layout.ElemBytes() * hb.batch(), rng_);
-        const std::vector<uint8_t> v = RandomStored(dtype, seq_bytes / pb.layout.ElemBytes() * hb.batch(), rng_);
+        const size_t seq_bytes =
+            size_t(pb.layout.num_kv_heads) * pb.n * head_dim * pb.layout.ElemBytes();
+        const std::vector<uint8_t> k =
+            RandomStored(dtype, seq_bytes / pb.layout.ElemBytes() * hb.batch(), rng_);
+        const std::vector<uint8_t> v =
+            RandomStored(dtype, seq_bytes / pb.layout.ElemBytes() * hb.batch(), rng_);
         DeviceBatch single(hb), batched(hb);  // both start as the 0xFF pool
         DeviceBuffer dk(k.data(), k.size()), dv(v.data(), v.size());
         for (int b = 0; b < hb.batch(); ++b) {
-          ::kvarena::AppendKv(hb.View(b), pb.seqs[b].pos, pb.n, k.data() + b * seq_bytes, v.data() + b * seq_bytes);
-          ASSERT_EQ(gpu::AppendKv(single.View(hb, b), pb.seqs[b].pos, pb.n, dk.get<uint8_t>() + b * seq_bytes,
-                             dv.get<uint8_t>() + b * seq_bytes),
-                    cudaSuccess);
+          ::kvarena::AppendKv(hb.View(b), pb.seqs[b].pos, pb.n, k.data() + b * seq_bytes,
+                              v.data() + b * seq_bytes);
+          ASSERT_EQ(
+              gpu::AppendKv(single.View(hb, b), pb.seqs[b].pos, pb.n,
+                            dk.get<uint8_t>() + b * seq_bytes, dv.get<uint8_t>() + b * seq_bytes),
+              cudaSuccess);
         }
-        ASSERT_EQ(AppendKvBatch(batched.Batch(pb.layout, hb.batch(), 0), pb.n, dk.get(), dv.get()), cudaSuccess);
+        ASSERT_EQ(AppendKvBatch(batched.Batch(pb.layout, hb.batch(), 0), pb.n, dk.get(), dv.get()),
+                  cudaSuccess);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_TRUE(single.pool.Read(hb.pool().size()) == hb.pool()) << "single";
         EXPECT_TRUE(batched.pool.Read(hb.pool().size()) == hb.pool()) << "batched";
         for (int b = 0; b < hb.batch(); ++b) {  // and gather reads them back
           DeviceBuffer gk(seq_bytes + 16), gv(seq_bytes);
           ASSERT_EQ(cudaMemset(gk.get(), 0xFF, seq_bytes + 16), cudaSuccess);
-          ASSERT_EQ(gpu::GatherKv(single.View(hb, b), pb.seqs[b].pos, pb.n, gk.get(), gv.get()), cudaSuccess);
+          ASSERT_EQ(gpu::GatherKv(single.View(hb, b), pb.seqs[b].pos, pb.n, gk.get(), gv.get()),
+                    cudaSuccess);
           const std::vector<uint8_t> got_k = gk.Read(seq_bytes + 16), got_v = gv.Read(seq_bytes);
-          EXPECT_TRUE(std::equal(got_k.begin(), got_k.begin() + seq_bytes, k.begin() + b * seq_bytes));
+          EXPECT_TRUE(
+              std::equal(got_k.begin(), got_k.begin() + seq_bytes, k.begin() + b * seq_bytes));
           EXPECT_TRUE(std::equal(got_v.begin(), got_v.end(), v.begin() + b * seq_bytes));
           EXPECT_EQ(got_k[seq_bytes], 0xFF) << "gather wrote past its output";
         }

@@ -44,10 +44,12 @@ struct Problem {
   float scale() const { return scale_factor / std::sqrt(float(layout.head_dim)); }
   std::string Describe() const {
     std::ostringstream s;
-    s << DTypeName(layout.dtype) << " head_dim=" << layout.head_dim << " page_size=" << layout.page_size
-      << " kv_heads=" << layout.num_kv_heads << " group=" << group << " window=" << window
-      << " n=" << n << " scale_factor=" << scale_factor << " seqs=[";
-    for (const SeqSpec& q : seqs) s << " {first_block=" << q.first_block << " pos=" << q.pos << " len=" << q.len << "}";
+    s << DTypeName(layout.dtype) << " head_dim=" << layout.head_dim
+      << " page_size=" << layout.page_size << " kv_heads=" << layout.num_kv_heads
+      << " group=" << group << " window=" << window << " n=" << n
+      << " scale_factor=" << scale_factor << " seqs=[";
+    for (const SeqSpec& q : seqs)
+      s << " {first_block=" << q.first_block << " pos=" << q.pos << " len=" << q.len << "}";
     s << " ]";
     return s.str();
   }
@@ -141,12 +143,14 @@ inline AttentionParams ParamsFor(const Problem& pb, int64_t q_pos) {
 }
 
 // The CPU kernel's output for every sequence: [batch][num_q_heads][n][head_dim] stored.
-inline std::vector<uint8_t> CpuAttention(const Problem& pb, HostBatch& hb, const std::vector<uint8_t>& q) {
-  const size_t per_seq = size_t(pb.num_q_heads()) * pb.n * pb.layout.head_dim * pb.layout.ElemBytes();
+inline std::vector<uint8_t> CpuAttention(const Problem& pb, HostBatch& hb,
+                                         const std::vector<uint8_t>& q) {
+  const size_t per_seq =
+      size_t(pb.num_q_heads()) * pb.n * pb.layout.head_dim * pb.layout.ElemBytes();
   std::vector<uint8_t> out(per_seq * hb.batch());
   for (int b = 0; b < hb.batch(); ++b) {
     ::kvarena::PagedAttention(hb.View(b), ParamsFor(pb, pb.seqs[b].pos), q.data() + b * per_seq,
-                   out.data() + b * per_seq, nullptr);
+                              out.data() + b * per_seq, nullptr);
   }
   return out;
 }
@@ -163,8 +167,8 @@ inline std::string CompareOutputs(DType dtype, const std::vector<uint8_t>& got_b
     const double tol = 2e-5 + rel * std::fabs(want[i]);
     if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
       ++bad;
-      s << "element " << i << " (row " << i / head_dim << ", dim " << i % head_dim << "): got " << got[i]
-        << " want " << want[i] << "\n";
+      s << "element " << i << " (row " << i / head_dim << ", dim " << i % head_dim << "): got "
+        << got[i] << " want " << want[i] << "\n";
     }
   }
   return s.str();

@@ -4,12 +4,12 @@
 #ifndef KVARENA_PYTHON_SRC_BINDINGS_H_
 #define KVARENA_PYTHON_SRC_BINDINGS_H_
 
+#include <pybind11/pybind11.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
-
-#include <pybind11/pybind11.h>
 
 #include "kvarena/client.h"
 #include "kvarena/kv_cache_handle.h"
@@ -38,8 +38,7 @@ struct Geometry {
 // InvalidArgument naming the tensor and the numbers.
 void CheckKv(const InTensor& t, const char* name, const Geometry& g, int64_t batch);
 // q (or out): [batch, h * num_kv_heads, tokens, head_dim], tokens as k's.
-void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batch,
-            int64_t tokens);
+void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batch, int64_t tokens);
 
 // Token ids from a sequence of ints or a tensor / array (its tolist()); InvalidArgument
 // for one outside int32.
@@ -50,8 +49,8 @@ std::vector<int32_t> ParseTokenIds(pybind11::handle ids);
 struct CacheTensors {
   InTensor q, k, v;
 };
-CacheTensors ParseForCache(const Geometry& g, int64_t batch, pybind11::handle q,
-                           pybind11::handle k, pybind11::handle v);
+CacheTensors ParseForCache(const Geometry& g, int64_t batch, pybind11::handle q, pybind11::handle k,
+                           pybind11::handle v);
 
 // attention's scale= / window= arguments (None: the cache's defaults).
 AttentionOptions MakeAttentionOptions(std::optional<double> scale, std::optional<uint32_t> window);

@@ -1,10 +1,10 @@
 // kvarena.Cache: a GenericKvCacheHandle — geometry, state, the served path and prefix
 // reuse. The local path's methods are in local_bindings.cc.
+#include <pybind11/stl.h>
+
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <pybind11/stl.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,9 +21,8 @@ namespace {
 void CheckRank4(const InTensor& t, const char* name, const Geometry& g, int64_t batch) {
   const std::vector<int64_t>& s = t.arg.shape;
   if (s.size() != 4) {
-    ThrowInvalid(absl::StrCat(name, ": shape [", absl::StrJoin(s, ", "),
-                              "] has rank ", s.size(), "; want [", batch, ", heads, tokens, ",
-                              g.head_dim, "]"));
+    ThrowInvalid(absl::StrCat(name, ": shape [", absl::StrJoin(s, ", "), "] has rank ", s.size(),
+                              "; want [", batch, ", heads, tokens, ", g.head_dim, "]"));
   }
   if (t.arg.dtype != g.dtype) {
     ThrowInvalid(absl::StrCat(name, ": dtype ", DTypeName(t.arg.dtype), " but the cache holds ",
@@ -45,8 +44,7 @@ void CheckKv(const InTensor& t, const char* name, const Geometry& g, int64_t bat
   }
 }
 
-void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batch,
-            int64_t tokens) {
+void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batch, int64_t tokens) {
   CheckRank4(t, name, g, batch);
   const int64_t heads = t.arg.shape[1];
   if (heads <= 0 || heads % g.num_kv_heads != 0) {
@@ -181,8 +179,9 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
           },
           py::arg("n"))
       .def("__repr__", [](const H& h) {
-        return absl::StrCat("kvarena.Cache(cache_id='", h.cache_id(), "', num_tokens=",
-                            h.num_tokens(), ", dtype=", DTypeName(h.dtype()), ")");
+        return absl::StrCat("kvarena.Cache(cache_id='", h.cache_id(),
+                            "', num_tokens=", h.num_tokens(), ", dtype=", DTypeName(h.dtype()),
+                            ")");
       });
 }
 
@@ -197,12 +196,12 @@ std::vector<int32_t> ParseTokenIds(py::handle ids) {
   for (py::handle v : seq) {
     const int64_t id = v.cast<int64_t>();
     if (id < INT32_MIN || id > INT32_MAX) {
-      ThrowInvalid(absl::StrCat("token id ", id, " at index ", out.size(), " is out of int32 range"));
+      ThrowInvalid(
+          absl::StrCat("token id ", id, " at index ", out.size(), " is out of int32 range"));
     }
     out.push_back(int32_t(id));
   }
   return out;
 }
-
 
 }  // namespace kvarena::python

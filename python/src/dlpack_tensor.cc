@@ -26,11 +26,16 @@ DType FromDLDataType(const DLDataType& t) {
 
 std::string DTypeString(const DLDataType& t) {
   switch (t.code) {
-    case kDLFloat: return absl::StrCat("float", t.bits);
-    case kDLBfloat: return absl::StrCat("bfloat", t.bits);
-    case kDLInt: return absl::StrCat("int", t.bits);
-    case kDLUInt: return absl::StrCat("uint", t.bits);
-    default: return absl::StrCat("dlpack_code", int(t.code), "_", t.bits);
+    case kDLFloat:
+      return absl::StrCat("float", t.bits);
+    case kDLBfloat:
+      return absl::StrCat("bfloat", t.bits);
+    case kDLInt:
+      return absl::StrCat("int", t.bits);
+    case kDLUInt:
+      return absl::StrCat("uint", t.bits);
+    default:
+      return absl::StrCat("dlpack_code", int(t.code), "_", t.bits);
   }
 }
 
@@ -65,8 +70,8 @@ InTensor Check(InTensor in, const char* name, DType dtype, const std::string& dt
                               "] is not contiguous (call .contiguous())"));
   }
   if (dtype == DType::kUnspecified) {
-    ThrowInvalid(absl::StrCat(name, ": dtype ", dtype_name,
-                              " is not one of float32, float16, bfloat16"));
+    ThrowInvalid(
+        absl::StrCat(name, ": dtype ", dtype_name, " is not one of float32, float16, bfloat16"));
   }
   in.arg.dtype = dtype;
   return in;
@@ -112,7 +117,7 @@ InTensor FromBuffer(py::handle obj, const char* name) {
   if (!format.empty() && (format[0] == '<' || format[0] == '=' || format[0] == '@')) {
     format.erase(0, 1);
   }
-  const DType dtype = format == "f" ? DType::kFloat32
+  const DType dtype = format == "f"   ? DType::kFloat32
                       : format == "e" ? DType::kFloat16
                                       : DType::kUnspecified;
   in.keep = std::move(view);
@@ -197,10 +202,14 @@ int64_t Tensor::numel() const {
 
 DLDataType ToDLDataType(DType t) {
   switch (t) {
-    case DType::kFloat32: return {kDLFloat, 32, 1};
-    case DType::kFloat16: return {kDLFloat, 16, 1};
-    case DType::kBFloat16: return {kDLBfloat, 16, 1};
-    case DType::kUnspecified: break;
+    case DType::kFloat32:
+      return {kDLFloat, 32, 1};
+    case DType::kFloat16:
+      return {kDLFloat, 16, 1};
+    case DType::kBFloat16:
+      return {kDLBfloat, 16, 1};
+    case DType::kUnspecified:
+      break;
   }
   return {kDLFloat, 0, 1};
 }
@@ -249,18 +258,22 @@ void BindTensor(py::module_& m) {
   py::class_<Tensor>(m, "Tensor",
                      "A typed view of memory the kvarena client owns or maps; consume it "
                      "with torch.from_dlpack / numpy.from_dlpack (no copy).")
-      .def("__dlpack__", [](const Tensor& t, py::object /*stream*/) { return ToCapsule(t); },
-           py::arg("stream") = py::none())
+      .def(
+          "__dlpack__", [](const Tensor& t, py::object /*stream*/) { return ToCapsule(t); },
+          py::arg("stream") = py::none())
       .def("__dlpack_device__",
-           [](const Tensor& t) { return py::make_tuple(int(t.device.device_type), t.device.device_id); })
+           [](const Tensor& t) {
+             return py::make_tuple(int(t.device.device_type), t.device.device_id);
+           })
       .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape)); })
       .def_property_readonly("dtype", [](const Tensor& t) { return DTypeString(t.dtype); })
       .def_property_readonly("device", [](const Tensor& t) { return DeviceString(t.device); })
       .def_property_readonly("data_ptr", [](const Tensor& t) { return uintptr_t(t.data); })
       .def_property_readonly("nbytes", [](const Tensor& t) { return t.nbytes(); })
       .def("__repr__", [](const Tensor& t) {
-        return absl::StrCat("kvarena.Tensor(shape=[", absl::StrJoin(t.shape, ", "), "], dtype=",
-                            DTypeString(t.dtype), ", device=", DeviceString(t.device), ")");
+        return absl::StrCat("kvarena.Tensor(shape=[", absl::StrJoin(t.shape, ", "),
+                            "], dtype=", DTypeString(t.dtype), ", device=", DeviceString(t.device),
+                            ")");
       });
 }
 

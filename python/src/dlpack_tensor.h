@@ -18,14 +18,14 @@
 #ifndef KVARENA_PYTHON_SRC_DLPACK_TENSOR_H_
 #define KVARENA_PYTHON_SRC_DLPACK_TENSOR_H_
 
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <dlpack/dlpack.h>
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include "kvarena/paged_kv.h"
 #include "kvarena/types.h"

@@ -13,14 +13,16 @@ void RegisterErrors(py::module_& m) {
     } catch (const StatusError& e) {
       // kvarena/_errors.py maps the code to its class and builds the instance.
       py::object make = py::module_::import("kvarena._errors").attr("error_for");
-      py::object err = make(static_cast<int>(e.status().code()),
-                            std::string(e.status().message()));
+      py::object err = make(static_cast<int>(e.status().code()), std::string(e.status().message()));
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
     }
   });
-  m.def("_raise_status", [](int code, const std::string& message) {
-    throw StatusError(absl::Status(static_cast<absl::StatusCode>(code), message));
-  }, "Raises the kvarena.Error of a status code (tests of the translator).");
+  m.def(
+      "_raise_status",
+      [](int code, const std::string& message) {
+        throw StatusError(absl::Status(static_cast<absl::StatusCode>(code), message));
+      },
+      "Raises the kvarena.Error of a status code (tests of the translator).");
 }
 
 }  // namespace kvarena::python

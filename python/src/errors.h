@@ -10,12 +10,12 @@
 #ifndef KVARENA_PYTHON_SRC_ERRORS_H_
 #define KVARENA_PYTHON_SRC_ERRORS_H_
 
+#include <pybind11/pybind11.h>
+
 #include <exception>
 #include <string>
 #include <type_traits>
 #include <utility>
-
-#include <pybind11/pybind11.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

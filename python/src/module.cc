@@ -1,8 +1,8 @@
 // The _kvarena extension module: the C++ client (client/include/kvarena/) for Python,
 // with no framework linked. kvarena/__init__.py is its public face.
-#include <memory>
-
 #include <pybind11/pybind11.h>
+
+#include <memory>
 
 #include "python/src/bindings.h"
 #include "python/src/dlpack_tensor.h"
@@ -16,7 +16,8 @@ PYBIND11_MODULE(_kvarena, m) {
   RegisterErrors(m);
   BindTensor(m);
   ClientClass client(m, "Client", "A connection to the KV arena (kvarena.connect makes one).");
-  CacheClass cache(m, "Cache", py::dynamic_attr(), "A reference to one paged KV cache in the arena.");
+  CacheClass cache(m, "Cache", py::dynamic_attr(),
+                   "A reference to one paged KV cache in the arena.");
   BindClient(m, client);
   BindCache(m, cache);
   BindLocalPath(m, client, cache);

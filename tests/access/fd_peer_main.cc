@@ -50,7 +50,8 @@ bool Ask(int sock, const v1::FdRequest& req, v1::FdReply* reply, size_t* fds) {
   // A refused peer is answered and closed as it connects, so the send may fail with the
   // refusal already waiting: then read only what is there.
   const bool sent = SendMessage(sock, req.SerializeAsString()).ok();
-  absl::StatusOr<Message> in = RecvMessage(sock, sent ? absl::InfiniteFuture() : absl::InfinitePast());
+  absl::StatusOr<Message> in =
+      RecvMessage(sock, sent ? absl::InfiniteFuture() : absl::InfinitePast());
   if (!in.ok()) return false;
   *fds += in->fds.size();
   for (int fd : in->fds) close(fd);

@@ -8,8 +8,8 @@
 
 #include <regex>
 
-#include "kvarena/client.h"
 #include "daemon/socket_access.h"
+#include "kvarena/client.h"
 #include "tests/daemon/rpc_test_util.h"
 #include "tests/support/status_matchers.h"
 

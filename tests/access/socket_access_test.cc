@@ -53,8 +53,8 @@ TEST(SocketAccessTest, ModeAndGroupApplyToEverySocket) {
   const std::string a = dir.path() + "/a.sock", b = dir.path() + "/b.sock";
   for (const std::string& group : {std::string("nogroup"), std::to_string(NoGroup())}) {
     SCOPED_TRACE(group);
-    DaemonProcess d({"--listen=unix:" + a + ",unix:" + b, "--socket_mode=0600",
-                     "--socket_group=" + group});
+    DaemonProcess d(
+        {"--listen=unix:" + a + ",unix:" + b, "--socket_mode=0600", "--socket_group=" + group});
     ASSERT_TRUE(d.WaitServing()) << d.Log();
     for (const std::string& path : {a, b, a + ".fds"}) {
       SCOPED_TRACE(path);
@@ -72,7 +72,8 @@ TEST(SocketAccessTest, BadModeGroupOrUidsStopTheDaemonNamingTheFlag) {
       {"--socket_mode=0999", "socket_mode"},
       {"--socket_mode=0460", "--socket_mode=0460 must lie within 0777 and include 0600"},
       {"--socket_mode=10660", "socket_mode"},
-      {"--socket_group=kvarena-no-such-group", "--socket_group=kvarena-no-such-group: no such group"},
+      {"--socket_group=kvarena-no-such-group",
+       "--socket_group=kvarena-no-such-group: no such group"},
       {"--allowed_uids=12,abc", "allowed_uids"},
   };
   for (const auto& [flag, says] : cases) {

@@ -25,9 +25,7 @@ absl::Status Openssl(std::vector<std::string> args) {
   return absl::InternalError(absl::StrCat(absl::StrJoin(args, " "), " failed:\n", out));
 }
 
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -40,17 +38,17 @@ std::string ReadFile(const std::string& path) {
 absl::Status KeyAndRequest(const std::string& dir, const std::string& name,
                            const std::string& subject) {
   return Openssl({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                  "-keyout", dir + "/" + name + ".key", "-out", dir + "/" + name + ".csr",
-                  "-subj", subject});
+                  "-keyout", dir + "/" + name + ".key", "-out", dir + "/" + name + ".csr", "-subj",
+                  subject});
 }
 
 // A self-signed CA in dir/name.pem and dir/name.key.
 absl::Status MakeCa(const std::string& dir, const std::string& name) {
   return Openssl({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                   "-nodes", "-days", "2", "-keyout", dir + "/" + name + ".key", "-out",
-                  dir + "/" + name + ".pem", "-subj", "/CN=kvarena test " + name,
-                  "-addext", "basicConstraints=critical,CA:TRUE",
-                  "-addext", "keyUsage=critical,keyCertSign,cRLSign"});
+                  dir + "/" + name + ".pem", "-subj", "/CN=kvarena test " + name, "-addext",
+                  "basicConstraints=critical,CA:TRUE", "-addext",
+                  "keyUsage=critical,keyCertSign,cRLSign"});
 }
 
 // dir/name.pem: dir/name.csr signed by CA `ca` with the extensions in `ext`.
@@ -68,13 +66,12 @@ absl::StatusOr<TestPki> MakePki(const std::string& dir) {
       "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
       "basicConstraints=CA:FALSE\n";
   constexpr char kClientExt[] = "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n";
-  for (absl::Status s : {MakeCa(dir, "ca"), MakeCa(dir, "other_ca"),
-                         KeyAndRequest(dir, "server", "/CN=localhost"),
-                         KeyAndRequest(dir, "client", "/CN=kvarena test client"),
-                         KeyAndRequest(dir, "other_client", "/CN=kvarena foreign client"),
-                         Sign(dir, "server", "ca", kServerExt, 2),
-                         Sign(dir, "client", "ca", kClientExt, 3),
-                         Sign(dir, "other_client", "other_ca", kClientExt, 4)}) {
+  for (absl::Status s :
+       {MakeCa(dir, "ca"), MakeCa(dir, "other_ca"), KeyAndRequest(dir, "server", "/CN=localhost"),
+        KeyAndRequest(dir, "client", "/CN=kvarena test client"),
+        KeyAndRequest(dir, "other_client", "/CN=kvarena foreign client"),
+        Sign(dir, "server", "ca", kServerExt, 2), Sign(dir, "client", "ca", kClientExt, 3),
+        Sign(dir, "other_client", "other_ca", kClientExt, 4)}) {
     if (!s.ok()) return s;
   }
   TestPki pki;

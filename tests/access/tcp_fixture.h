@@ -6,11 +6,11 @@
 #ifndef KVARENA_TESTS_ACCESS_TCP_FIXTURE_H_
 #define KVARENA_TESTS_ACCESS_TCP_FIXTURE_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"

@@ -8,7 +8,8 @@
 
 namespace kvarena {
 
-std::string WriteTestFile(const TempDir& dir, const std::string& name, const std::string& contents) {
+std::string WriteTestFile(const TempDir& dir, const std::string& name,
+                          const std::string& contents) {
   const std::string path = dir.path() + "/" + name;
   std::ofstream(path) << contents;
   return path;
@@ -28,15 +29,16 @@ void TenantsTest::SetUp() {
                                                 "/bob.token max_sessions=2\n"
                                                 "ops ops.token role=operator  # read-only\n"
                                                 "carol carol.token max_caches=3 max_pages=4\n");
-  daemon_ = std::make_unique<DaemonProcess>(
-      std::vector<std::string>{"--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});
+  daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
+      "--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});
   // Health stays open: WaitServing polls it without a token.
   ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
   stub_ = v1::KvCacheService::NewStub(daemon_->NewChannel());
 }
 
 void TenantsTest::TearDown() {
-  if (HasFailure() && daemon_ != nullptr) std::fprintf(stderr, "kvarenad log:\n%s\n", daemon_->Log().c_str());
+  if (HasFailure() && daemon_ != nullptr)
+    std::fprintf(stderr, "kvarenad log:\n%s\n", daemon_->Log().c_str());
   for (Stream& s : streams_) {
     s.context->TryCancel();
     s.reader->Finish();
@@ -67,8 +69,8 @@ grpc::Status TenantsTest::Allocate(const std::string& token, const std::string& 
   return s;
 }
 
-grpc::Status TenantsTest::Fill(const std::string& token, const std::string& id, uint64_t pos,
-                               int n, float seed, const std::string& session) {
+grpc::Status TenantsTest::Fill(const std::string& token, const std::string& id, uint64_t pos, int n,
+                               float seed, const std::string& session) {
   for (uint32_t layer = 0; layer < 2; ++layer) {
     v1::AppendRequest req;
     req.set_cache_id(id);

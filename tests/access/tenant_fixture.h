@@ -6,11 +6,11 @@
 #ifndef KVARENA_TESTS_ACCESS_TENANT_FIXTURE_H_
 #define KVARENA_TESTS_ACCESS_TENANT_FIXTURE_H_
 
+#include <gtest/gtest.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "tests/daemon/daemon_process.h"
@@ -36,9 +36,9 @@ class TenantsTest : public ::testing::Test {
                                                   const std::string& session = "");
   // Allocates `id` for the tenant of `token` (page_size 4, 2 layers, 2 heads, head_dim 8),
   // with a prefix namespace and prompt when given; returns the status and fills *info.
-  grpc::Status Allocate(const std::string& token, const std::string& id,
-                        const std::string& ns = "", const std::vector<int32_t>& prompt = {},
-                        v1::CacheInfo* info = nullptr, const std::string& session = "");
+  grpc::Status Allocate(const std::string& token, const std::string& id, const std::string& ns = "",
+                        const std::vector<int32_t>& prompt = {}, v1::CacheInfo* info = nullptr,
+                        const std::string& session = "");
   // Appends n float32 tokens of `seed` to every layer at pos.
   grpc::Status Fill(const std::string& token, const std::string& id, uint64_t pos, int n,
                     float seed, const std::string& session = "");

@@ -18,7 +18,8 @@ TEST_F(TenantsTest, CallsWithoutATenantsTokenAreUnauthenticated) {
   v1::PingResponse pong;
   EXPECT_THAT(stub_->Ping(Ctx("").get(), v1::PingRequest(), &pong),
               StatusIs(StatusCode::UNAUTHENTICATED, "authorization"));
-  const grpc::Status wrong = stub_->Ping(Ctx("alice-token-0123456789abcdeX").get(), v1::PingRequest(), &pong);
+  const grpc::Status wrong =
+      stub_->Ping(Ctx("alice-token-0123456789abcdeX").get(), v1::PingRequest(), &pong);
   EXPECT_THAT(wrong, StatusIs(StatusCode::UNAUTHENTICATED, "no tenant's"));
   EXPECT_EQ(wrong.error_message().find("alice-token"), std::string::npos);  // not echoed
   EXPECT_THAT(Allocate("", "c"), StatusIs(StatusCode::UNAUTHENTICATED));
@@ -236,7 +237,8 @@ TEST_F(TenantsTest, TheOperatorReadsEverythingAndWritesNothing) {
   v1::GetKvRequest get;
   get.set_cache_id("alice/a1");
   v1::GetKvResponse kv;
-  EXPECT_THAT(stub_->GetKv(Ctx(kOpsToken).get(), get, &kv), StatusIs(StatusCode::PERMISSION_DENIED));
+  EXPECT_THAT(stub_->GetKv(Ctx(kOpsToken).get(), get, &kv),
+              StatusIs(StatusCode::PERMISSION_DENIED));
   v1::ReleaseRequest release;
   release.set_cache_id("alice/a1");
   v1::ReleaseResponse released;
@@ -251,9 +253,9 @@ TEST_F(TenantsTest, MaxSessionsBoundsTheTenantsSessions) {
   v1::AttachEvent event;
   ASSERT_TRUE(Attach(kBobToken, &event).ok());
   ASSERT_TRUE(Attach(kBobToken, &event).ok());
-  EXPECT_THAT(Attach(kBobToken, &event),
-              StatusIs(StatusCode::RESOURCE_EXHAUSTED, "'bob' holds 2 sessions (attached or in "
-                                                       "their grace period); its max_sessions=2"));
+  EXPECT_THAT(Attach(kBobToken, &event), StatusIs(StatusCode::RESOURCE_EXHAUSTED,
+                                                  "'bob' holds 2 sessions (attached or in "
+                                                  "their grace period); its max_sessions=2"));
   EXPECT_TRUE(Attach(kAliceToken, &event).ok());  // another tenant's bound is not alice's
   EXPECT_TRUE(Attach(kAliceToken, &event).ok());
   EXPECT_TRUE(Attach(kAliceToken, &event).ok());

@@ -2,7 +2,6 @@
 // start on a bad file or a bad combination, and tenants' tokens over TLS. (StatusIs here
 // is rpc_test_util's, for grpc::Status: absl statuses are checked by code and message.)
 #include "daemon/tenants.h"
-
 #include "tests/access/tcp_fixture.h"
 #include "tests/access/tenant_fixture.h"
 #include "tests/daemon/rpc_test_util.h"
@@ -16,7 +15,8 @@ using ::testing::HasSubstr;
 // Token files "named" by their contents: "short" is too short, "missing" unreadable.
 absl::StatusOr<std::string> FakeToken(absl::string_view what, const std::string& path) {
   if (path == "missing") return absl::NotFoundError(absl::StrCat(what, "=missing: no such file"));
-  if (path == "short") return absl::InvalidArgumentError(absl::StrCat(what, "=short: the token has 5 bytes"));
+  if (path == "short")
+    return absl::InvalidArgumentError(absl::StrCat(what, "=short: the token has 5 bytes"));
   return path + "-0123456789abcdef";
 }
 
@@ -97,9 +97,11 @@ TEST(TenantsStartTest, ABadFileOrCombinationStopsKvarenad) {
   WriteTestFile(dir, "good.token", std::string(kAliceToken) + "\n");
   WriteTestFile(dir, "short.token", "tooshort\n");
   const std::string bad = WriteTestFile(dir, "bad", "alice good.token\nbob short.token\n");
-  ExpectRefusedAtStart({"--tenants_file=" + bad}, "line 2: token file=" + dir.path() + "/short.token");
+  ExpectRefusedAtStart({"--tenants_file=" + bad},
+                       "line 2: token file=" + dir.path() + "/short.token");
   const std::string twice = WriteTestFile(dir, "twice", "alice good.token\nbob good.token\n");
-  ExpectRefusedAtStart({"--tenants_file=" + twice}, "line 2: tenant 'bob' has the token of an earlier line");
+  ExpectRefusedAtStart({"--tenants_file=" + twice},
+                       "line 2: tenant 'bob' has the token of an earlier line");
   ExpectRefusedAtStart({"--tenants_file=" + dir.path() + "/absent"}, "--tenants_file=");
   const std::string good = WriteTestFile(dir, "good", "alice good.token\n");
   ExpectRefusedAtStart({"--tenants_file=" + good, "--listen=unix:" + dir.path() + "/s,127.0.0.1:0"},
@@ -111,11 +113,12 @@ class TenantsTcpTest : public TcpDaemonTest {};
 TEST_F(TenantsTcpTest, TenantTokensGuardTheTlsListenerToo) {
   WriteTestFile(sockets_, "alice.token", std::string(kAliceToken) + "\n");
   const std::string tenants = WriteTestFile(sockets_, "tenants", "alice alice.token\n");
-  ExpectRefusedAtStart({"--listen=unix:" + sockets_.path() + "/s,127.0.0.1:0", "--tls_cert=" + pki().server_cert,
-                        "--tls_key=" + pki().server_key, "--auth_token_file=" + pki().token_file,
-                        "--tenants_file=" + tenants},
+  ExpectRefusedAtStart({"--listen=unix:" + sockets_.path() + "/s,127.0.0.1:0",
+                        "--tls_cert=" + pki().server_cert, "--tls_key=" + pki().server_key,
+                        "--auth_token_file=" + pki().token_file, "--tenants_file=" + tenants},
                        "--tenants_file and --auth_token_file exclude each other");
-  Start({"--tls_cert=" + pki().server_cert, "--tls_key=" + pki().server_key, "--tenants_file=" + tenants});
+  Start({"--tls_cert=" + pki().server_cert, "--tls_key=" + pki().server_key,
+         "--tenants_file=" + tenants});
   const auto channel = TcpChannel(Tls(pki().ca));
   EXPECT_THAT(Ping(channel), StatusIs(grpc::StatusCode::UNAUTHENTICATED));
   EXPECT_TRUE(Ping(channel, std::string("Bearer ") + kAliceToken).ok());

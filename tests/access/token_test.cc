@@ -1,9 +1,8 @@
 // --auth_token_file: every call on a TCP listener (KvCacheService, health, reflection)
 // needs `authorization: Bearer <token>`; Unix-socket calls need none. Through the real
 // daemon, the client library and the kvarena CLI; and the client's option checks.
-#include <sys/wait.h>
-
 #include <grpcpp/generic/generic_stub.h>
+#include <sys/wait.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/client.h"
@@ -25,7 +24,8 @@ grpc::Status Health(const std::shared_ptr<grpc::Channel>& channel,
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
   grpc::health::v1::HealthCheckResponse resp;
-  return grpc::health::v1::Health::NewStub(channel)->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+  return grpc::health::v1::Health::NewStub(channel)->Check(
+      &ctx, grpc::health::v1::HealthCheckRequest(), &resp);
 }
 
 // A server-reflection stream that sends no request and half-closes: OK once admitted.
@@ -36,8 +36,8 @@ grpc::Status Reflection(const std::shared_ptr<grpc::Channel>& channel,
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
   grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(
-      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag = nullptr;
   bool ok = false;
   call->StartCall(reinterpret_cast<void*>(1));
@@ -70,8 +70,8 @@ class TokenTest : public TcpDaemonTest {
     return o;
   }
   int Cli(std::vector<std::string> args, std::string* out) const {
-    args.insert(args.begin(), {KVARENA_CLI_PATH, "--address=" + tcp_address(),
-                               "--tls_ca_file=" + pki().ca});
+    args.insert(args.begin(),
+                {KVARENA_CLI_PATH, "--address=" + tcp_address(), "--tls_ca_file=" + pki().ca});
     const int status = RunCommand(args, out);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }

@@ -2,6 +2,8 @@
 // while unary calls go on; every stream hears of each pool created or destroyed, once; the
 // session and per-peer bounds refuse with their numbers; TCP sessions charge no scratch;
 // shutdown ends every stream.
+#include "daemon/attach.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "daemon/attach.h"
 #include "tests/daemon/rpc_test_util.h"
 
 namespace kvarena {
@@ -159,8 +160,8 @@ TEST_F(AttachTest, HeldStreamsTakeNoThreadsAndUnaryCallsGoOn) {
   ASSERT_NO_FATAL_FAILURE(OpenMany(kStreams - 1, Channels(3)));
 
   const int threads = DaemonThreads();
-  RecordProperty("threads", absl::StrCat(threads_before, " with 1 stream, ", threads, " with ",
-                                         kStreams));
+  RecordProperty("threads",
+                 absl::StrCat(threads_before, " with 1 stream, ", threads, " with ", kStreams));
   EXPECT_LT(threads, threads_before + kStreams / 2);
   v1::PingResponse pong;
   EXPECT_TRUE(stub_->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
@@ -250,8 +251,7 @@ TEST_F(AttachTest, MaxAttachPerPeerBoundsTcpPeersOnly) {
                                        "peer 127.0.0.1 holds 2 Attach streams; "
                                        "max_attach_per_peer=2"));
   v1::PingResponse pong;
-  EXPECT_TRUE(v1::KvCacheService::NewStub(third)->Ping(Ctx().get(), v1::PingRequest(), &pong)
-                  .ok());
+  EXPECT_TRUE(v1::KvCacheService::NewStub(third)->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
   // Unix-socket peers count against max_sessions only.
   ASSERT_NO_FATAL_FAILURE(OpenMany(3, Channels(1)));
 
@@ -302,8 +302,9 @@ TEST_F(AttachTest, MaxSessionsPerPeerBoundsOneUid) {
   ASSERT_NO_FATAL_FAILURE(OpenMany(256, Channels(4)));
   EXPECT_THAT(TryOpen(daemon_->NewChannel()),
               StatusIs(StatusCode::RESOURCE_EXHAUSTED,
-                       "uid " + std::to_string(getuid()) + " holds 256 sessions (attached or in "
-                       "their grace period); max_sessions_per_peer=256"));
+                       "uid " + std::to_string(getuid()) +
+                           " holds 256 sessions (attached or in "
+                           "their grace period); max_sessions_per_peer=256"));
   // The cap's other side: a TCP peer's session, and sessionless calls of the operator.
   EXPECT_TRUE(TryOpen(TcpChannel(tcp)).ok());
   EXPECT_FALSE(Allocate(Spec(1, 2, 8)).empty());

@@ -59,7 +59,8 @@ class AttendLimitsTest : public KvarenadTest {
       v1::PingResponse pong;
       EXPECT_TRUE(other->Ping(Ctx().get(), v1::PingRequest(), &pong).ok());
       ++pings;
-      if (cancel_after > absl::ZeroDuration() && !cancelled && absl::Now() - start >= cancel_after) {
+      if (cancel_after > absl::ZeroDuration() && !cancelled &&
+          absl::Now() - start >= cancel_after) {
         ctx.TryCancel();
         cancelled = true;
       }

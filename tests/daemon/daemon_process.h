@@ -1,6 +1,7 @@
 // DaemonProcess: the real kvarenad binary (KVARENAD_PATH; $KVARENAD_UNDER_TEST overrides
 // it) run as a child process on a Unix socket in a fresh temporary directory, its stdout
-// and stderr captured to a log file there. The destructor kills a daemon still running and removes the directory.
+// and stderr captured to a log file there. The destructor kills a daemon still running and removes
+// the directory.
 //
 // Thread-compatible: one test thread drives it.
 #ifndef KVARENA_TESTS_DAEMON_DAEMON_PROCESS_H_

@@ -43,7 +43,6 @@ class ExtremesTest : public KvarenadTest {
     other_ = Attach("other");
   }
 
-
   // What a request may not change: c and d, and the arena (refusal counters aside).
   std::string State() { return Snapshot("c") + Snapshot("d"); }
 
@@ -101,7 +100,8 @@ class ExtremesTest : public KvarenadTest {
     v1::AllocateResponse resp;
     return stub_->Allocate(Ctx().get(), req, &resp);
   }
-  grpc::Status SetTokens(const std::string& id, uint64_t first_pos, const std::vector<int32_t>& ids) {
+  grpc::Status SetTokens(const std::string& id, uint64_t first_pos,
+                         const std::vector<int32_t>& ids) {
     v1::SetTokensRequest req;
     req.set_cache_id(id);
     req.set_first_pos(first_pos);
@@ -155,23 +155,56 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
   std::string refusal;
   const std::vector<Case> cases = {
       // Allocate: integers past their ranges, named as sent.
-      {"num_layers=u32max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_layers(kU32Max); }); },
+      {"num_layers=u32max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_layers(kU32Max); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.num_layers=4294967295 must be in [1, 1024]"},
-      {"num_layers=2^31", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_layers(1u << 31); }); },
+      {"num_layers=2^31",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_layers(1u << 31); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.num_layers=2147483648"},
-      {"num_kv_heads=u32max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_kv_heads(kU32Max); }); },
+      {"num_kv_heads=u32max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_num_kv_heads(kU32Max); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.num_kv_heads=4294967295"},
-      {"head_dim=u32max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_head_dim(kU32Max); }); },
+      {"head_dim=u32max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_head_dim(kU32Max); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.head_dim=4294967295"},
-      {"page_size=u32max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_page_size(kU32Max); }); },
+      {"page_size=u32max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_page_size(kU32Max); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.page_size=4294967295"},
-      {"window=u32max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->add_layer_windows(kU32Max); s->add_layer_windows(0); }); },
+      {"window=u32max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) {
+           s->add_layer_windows(kU32Max);
+           s->add_layer_windows(0);
+         });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.layer_windows[0]=4294967295"},
-      {"window=2^31", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->add_layer_windows(0); s->add_layer_windows(1u << 31); }); },
+      {"window=2^31",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) {
+           s->add_layer_windows(0);
+           s->add_layer_windows(1u << 31);
+         });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.layer_windows[1]=2147483648"},
-      {"max_tokens=u64max", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_max_tokens(kU64Max); }); },
+      {"max_tokens=u64max",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_max_tokens(kU64Max); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.max_tokens=18446744073709551615"},
-      {"max_tokens=2^63", [](ExtremesTest* t) { return t->AllocateSpec([](v1::CacheSpec* s) { s->set_max_tokens(k2To63); }); },
+      {"max_tokens=2^63",
+       [](ExtremesTest* t) {
+         return t->AllocateSpec([](v1::CacheSpec* s) { s->set_max_tokens(k2To63); });
+       },
        StatusCode::INVALID_ARGUMENT, "spec.max_tokens=9223372036854775808"},
       {"cache_id of 1 MiB",
        [&mib_id](ExtremesTest* t) {
@@ -183,15 +216,19 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
        },
        StatusCode::INVALID_ARGUMENT, "cache_id has 1048576 bytes; at most 256"},
       // Append.
-      {"append layer=u32max", [](ExtremesTest* t) { return t->AppendF32("c", kU32Max, 5, 1, 2, 8, 1); },
+      {"append layer=u32max",
+       [](ExtremesTest* t) { return t->AppendF32("c", kU32Max, 5, 1, 2, 8, 1); },
        StatusCode::INVALID_ARGUMENT, "append: layer=4294967295"},
-      {"append layer=2^31", [](ExtremesTest* t) { return t->AppendF32("c", 1u << 31, 5, 1, 2, 8, 1); },
+      {"append layer=2^31",
+       [](ExtremesTest* t) { return t->AppendF32("c", 1u << 31, 5, 1, 2, 8, 1); },
        StatusCode::INVALID_ARGUMENT, "append: layer=2147483648"},
-      {"append pos=u64max", [](ExtremesTest* t) { return t->AppendF32("c", 0, kU64Max, 1, 2, 8, 1); },
+      {"append pos=u64max",
+       [](ExtremesTest* t) { return t->AppendF32("c", 0, kU64Max, 1, 2, 8, 1); },
        StatusCode::INVALID_ARGUMENT, "append: pos=18446744073709551615"},
       {"append pos=2^63", [](ExtremesTest* t) { return t->AppendF32("c", 0, k2To63, 1, 2, 8, 1); },
        StatusCode::INVALID_ARGUMENT, "append: pos=9223372036854775808"},
-      {"append pos=2^63-1", [](ExtremesTest* t) { return t->AppendF32("c", 0, kI64Max, 1, 2, 8, 1); },
+      {"append pos=2^63-1",
+       [](ExtremesTest* t) { return t->AppendF32("c", 0, kI64Max, 1, 2, 8, 1); },
        StatusCode::INVALID_ARGUMENT, "pos=9223372036854775807 but layer 0 holds 5 tokens"},
       {"append tokens=2^62, empty data",
        [](ExtremesTest* t) {
@@ -224,13 +261,16 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
        StatusCode::INVALID_ARGUMENT, "k has 1048576 bytes"},
       {"append to an empty id", [](ExtremesTest* t) { return t->AppendF32("", 0, 0, 1, 2, 8, 1); },
        StatusCode::NOT_FOUND, "cache '' not found"},
-      {"append to a 1 MiB id", [&mib_id](ExtremesTest* t) { return t->AppendF32(mib_id, 0, 0, 1, 2, 8, 1); },
+      {"append to a 1 MiB id",
+       [&mib_id](ExtremesTest* t) { return t->AppendF32(mib_id, 0, 0, 1, 2, 8, 1); },
        StatusCode::NOT_FOUND, "(1048576 bytes) not found"},
       // Attend.
-      {"attend over the cache at pos=2^63-1 (was SIGFPE)", [](ExtremesTest* t) { return t->Attend(t->Query(kI64Max)); },
-       StatusCode::INVALID_ARGUMENT, "pos=9223372036854775807 with 1 queries"},
-      {"attend over the cache at pos=u64max", [](ExtremesTest* t) { return t->Attend(t->Query(kU64Max)); },
-       StatusCode::INVALID_ARGUMENT, "attend: pos=18446744073709551615"},
+      {"attend over the cache at pos=2^63-1 (was SIGFPE)",
+       [](ExtremesTest* t) { return t->Attend(t->Query(kI64Max)); }, StatusCode::INVALID_ARGUMENT,
+       "pos=9223372036854775807 with 1 queries"},
+      {"attend over the cache at pos=u64max",
+       [](ExtremesTest* t) { return t->Attend(t->Query(kU64Max)); }, StatusCode::INVALID_ARGUMENT,
+       "attend: pos=18446744073709551615"},
       {"attend layer=u32max",
        [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
@@ -242,66 +282,95 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
        [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(5);
          req.mutable_q()->clear_shape();
-         for (int64_t d : {int64_t{1}, int64_t{1} << 48, int64_t{256}, int64_t{128}}) req.mutable_q()->add_shape(d);
+         for (int64_t d : {int64_t{1}, int64_t{1} << 48, int64_t{256}, int64_t{128}})
+           req.mutable_q()->add_shape(d);
          req.mutable_q()->clear_data();
          *req.mutable_k() = F32Tensor(2, 1, 8, 1);
          *req.mutable_v() = F32Tensor(2, 1, 8, 2);
          return t->Attend(req);
        },
        StatusCode::INVALID_ARGUMENT, "q.shape=[1, 281474976710656, 256, 128]"},
-      {"attend q heads 2^31", [](ExtremesTest* t) {
+      {"attend q heads 2^31",
+       [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
          req.mutable_q()->set_shape(1, int64_t{1} << 31);
-         return t->Attend(req); },
+         return t->Attend(req);
+       },
        StatusCode::INVALID_ARGUMENT, "at most 64x"},
-      {"attend scale=NaN", [](ExtremesTest* t) {
+      {"attend scale=NaN",
+       [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
          req.set_scale(std::nan(""));
-         return t->Attend(req); },
+         return t->Attend(req);
+       },
        StatusCode::INVALID_ARGUMENT, "scale=nan"},
-      {"attend scale=-inf", [](ExtremesTest* t) {
+      {"attend scale=-inf",
+       [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
          req.set_scale(-INFINITY);
-         return t->Attend(req); },
+         return t->Attend(req);
+       },
        StatusCode::INVALID_ARGUMENT, "must be finite"},
-      {"attend window=u32max reads, changes nothing", [](ExtremesTest* t) {
+      {"attend window=u32max reads, changes nothing",
+       [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
          req.set_window(kU32Max);
-         return t->Attend(req); },
+         return t->Attend(req);
+       },
        StatusCode::OK, ""},
       // Shared slices.
-      {"slice offset=u64max", [](ExtremesTest* t) {
+      {"slice offset=u64max",
+       [](ExtremesTest* t) {
          return t->Append("c", 0, 5, t->Shared(t->ScratchOf(t->session_), kU64Max, 64),
-                          t->Shared(t->ScratchOf(t->session_), 0, 64), t->session_); },
+                          t->Shared(t->ScratchOf(t->session_), 0, 64), t->session_);
+       },
        StatusCode::INVALID_ARGUMENT, "lies outside the scratch region"},
-      {"slice offset + length overflows", [](ExtremesTest* t) {
+      {"slice offset + length overflows",
+       [](ExtremesTest* t) {
          return t->Append("c", 0, 5, t->Shared(t->ScratchOf(t->session_), k2To63, k2To63),
-                          t->Shared(t->ScratchOf(t->session_), 0, 64), t->session_); },
+                          t->Shared(t->ScratchOf(t->session_), 0, 64), t->session_);
+       },
        StatusCode::INVALID_ARGUMENT, "lies outside the scratch region"},
-      {"slice of another session's region", [](ExtremesTest* t) {
+      {"slice of another session's region",
+       [](ExtremesTest* t) {
          return t->Append("c", 0, 5, t->Shared(t->ScratchOf(t->other_), 0, 64),
-                          t->Shared(t->ScratchOf(t->other_), 64, 64), t->session_); },
+                          t->Shared(t->ScratchOf(t->other_), 64, 64), t->session_);
+       },
        StatusCode::PERMISSION_DENIED, "is not this session's scratch region"},
-      {"slice of region 0 (a pool's id space)", [](ExtremesTest* t) {
+      {"slice of region 0 (a pool's id space)",
+       [](ExtremesTest* t) {
          v1::AttendRequest req = t->Query(4);
          req.mutable_out()->set_region_id(0);
          req.mutable_out()->set_length(64);
-         return t->Attend(req, t->session_); },
+         return t->Attend(req, t->session_);
+       },
        StatusCode::PERMISSION_DENIED, "attend: out: shared slice"},
       // Popn: any n past seq_len is a refusal, not an error.
-      {"popn n=u64max", [&refusal](ExtremesTest* t) { return t->Popn(kU64Max, &refusal); }, StatusCode::OK, ""},
-      {"popn n=2^63", [&refusal](ExtremesTest* t) { return t->Popn(k2To63, &refusal); }, StatusCode::OK, ""},
+      {"popn n=u64max", [&refusal](ExtremesTest* t) { return t->Popn(kU64Max, &refusal); },
+       StatusCode::OK, ""},
+      {"popn n=2^63", [&refusal](ExtremesTest* t) { return t->Popn(k2To63, &refusal); },
+       StatusCode::OK, ""},
       // Reserve / Commit.
-      {"reserve tokens=u64max", [](ExtremesTest* t) { return t->Reserve({{"d", kU64Max}}); },
+      {"reserve tokens=u64max",
+       [](ExtremesTest* t) {
+         return t->Reserve({{"d", kU64Max}});
+       },
        StatusCode::INVALID_ARGUMENT, "reserve: items[0].tokens=18446744073709551615"},
-      {"reserve tokens=2^63-1", [](ExtremesTest* t) { return t->Reserve({{"d", uint64_t(kI64Max)}}); },
+      {"reserve tokens=2^63-1",
+       [](ExtremesTest* t) {
+         return t->Reserve({{"d", uint64_t(kI64Max)}});
+       },
        StatusCode::INVALID_ARGUMENT, "tokens=9223372036854775807"},
       {"reserve whose page total wraps across caches (was UNKNOWN, pages leaked)",
-       [](ExtremesTest* t) { return t->Reserve({{"c", uint64_t{1} << 61}, {"d", uint64_t{1} << 62}}); },
+       [](ExtremesTest* t) {
+         return t->Reserve({{"c", uint64_t{1} << 61}, {"d", uint64_t{1} << 62}});
+       },
        StatusCode::INVALID_ARGUMENT, "tokens=2305843009213693952"},
-      {"reserve of 70000 items", [](ExtremesTest* t) {
+      {"reserve of 70000 items",
+       [](ExtremesTest* t) {
          std::vector<std::pair<std::string, uint64_t>> items(70000, {"d", 1});
-         return t->Reserve(items); },
+         return t->Reserve(items);
+       },
        StatusCode::INVALID_ARGUMENT, "70000 items; at most 65536"},
       {"commit tokens=2^63-1 (was accepted; the next append was SIGSEGV)",
        [](ExtremesTest* t) { return t->Commit("d", uint64_t(kI64Max)); },
@@ -315,71 +384,94 @@ TEST_F(ExtremesTest, EveryRpcAtItsExtremesGetsItsCodeAndChangesNothing) {
        StatusCode::INVALID_ARGUMENT, "get_kv: from_pos=18446744073709551615"},
       {"get_kv max_tokens=2^63", [](ExtremesTest* t) { return t->GetKvRange(0, 0, k2To63); },
        StatusCode::INVALID_ARGUMENT, "get_kv: max_tokens=9223372036854775808"},
-      {"get_kv from_pos=2^63-1 is an empty range", [](ExtremesTest* t) { return t->GetKvRange(0, uint64_t(kI64Max), 1); },
-       StatusCode::OK, ""},
+      {"get_kv from_pos=2^63-1 is an empty range",
+       [](ExtremesTest* t) { return t->GetKvRange(0, uint64_t(kI64Max), 1); }, StatusCode::OK, ""},
       // Prefix reuse: prompt_tokens, SetTokens, Fork.
-      {"allocate prompt_tokens with a negative id", [](ExtremesTest* t) { return t->AllocatePrompt({1, -1, 2}); },
+      {"allocate prompt_tokens with a negative id",
+       [](ExtremesTest* t) {
+         return t->AllocatePrompt({1, -1, 2});
+       },
        StatusCode::INVALID_ARGUMENT, "allocate: prompt_tokens[1]=-1 must be >= 0"},
-      {"allocate prompt_tokens of 2^20 + 1 ids", [](ExtremesTest* t) {
-         return t->AllocatePrompt(std::vector<int32_t>((1 << 20) + 1, 7)); },
+      {"allocate prompt_tokens of 2^20 + 1 ids",
+       [](ExtremesTest* t) { return t->AllocatePrompt(std::vector<int32_t>((1 << 20) + 1, 7)); },
        StatusCode::INVALID_ARGUMENT, "prompt_tokens has 1048577 token ids; at most 1048576"},
-      {"allocate prompt_tokens of int32 min", [](ExtremesTest* t) {
-         return t->AllocatePrompt({std::numeric_limits<int32_t>::min()}); },
+      {"allocate prompt_tokens of int32 min",
+       [](ExtremesTest* t) { return t->AllocatePrompt({std::numeric_limits<int32_t>::min()}); },
        StatusCode::INVALID_ARGUMENT, "prompt_tokens[0]=-2147483648"},
-      {"allocate a 1 MiB prefix_namespace", [&mib_id](ExtremesTest* t) { return t->AllocatePrompt({1}, mib_id); },
+      {"allocate a 1 MiB prefix_namespace",
+       [&mib_id](ExtremesTest* t) { return t->AllocatePrompt({1}, mib_id); },
        StatusCode::INVALID_ARGUMENT, "spec.prefix_namespace has 1048576 bytes; at most 1024"},
-      {"set_tokens first_pos=u64max", [](ExtremesTest* t) { return t->SetTokens("c", kU64Max, {1}); },
-       StatusCode::INVALID_ARGUMENT, "set_tokens: first_pos=18446744073709551615 must be below 2^63"},
-      {"set_tokens first_pos=2^63-1", [](ExtremesTest* t) { return t->SetTokens("c", uint64_t(kI64Max), {1}); },
-       StatusCode::INVALID_ARGUMENT, "first_pos=9223372036854775807 but cache 'c' knows the token ids of positions [0, 0)"},
-      {"set_tokens past what is known (a gap)", [](ExtremesTest* t) { return t->SetTokens("c", 1, {1}); },
-       StatusCode::INVALID_ARGUMENT, "set_tokens: first_pos=1"},
-      {"set_tokens a negative id", [](ExtremesTest* t) { return t->SetTokens("c", 0, {3, -5}); },
+      {"set_tokens first_pos=u64max",
+       [](ExtremesTest* t) { return t->SetTokens("c", kU64Max, {1}); },
+       StatusCode::INVALID_ARGUMENT,
+       "set_tokens: first_pos=18446744073709551615 must be below 2^63"},
+      {"set_tokens first_pos=2^63-1",
+       [](ExtremesTest* t) { return t->SetTokens("c", uint64_t(kI64Max), {1}); },
+       StatusCode::INVALID_ARGUMENT,
+       "first_pos=9223372036854775807 but cache 'c' knows the token ids of positions [0, 0)"},
+      {"set_tokens past what is known (a gap)",
+       [](ExtremesTest* t) { return t->SetTokens("c", 1, {1}); }, StatusCode::INVALID_ARGUMENT,
+       "set_tokens: first_pos=1"},
+      {"set_tokens a negative id",
+       [](ExtremesTest* t) {
+         return t->SetTokens("c", 0, {3, -5});
+       },
        StatusCode::INVALID_ARGUMENT, "set_tokens: token_ids[1]=-5 must be >= 0"},
-      {"set_tokens 2^20 + 1 ids", [](ExtremesTest* t) {
-         return t->SetTokens("c", 0, std::vector<int32_t>((1 << 20) + 1, 1)); },
+      {"set_tokens 2^20 + 1 ids",
+       [](ExtremesTest* t) { return t->SetTokens("c", 0, std::vector<int32_t>((1 << 20) + 1, 1)); },
        StatusCode::INVALID_ARGUMENT, "token_ids has 1048577 token ids"},
-      {"set_tokens on a missing cache", [](ExtremesTest* t) { return t->SetTokens("nope", 0, {1}); },
-       StatusCode::NOT_FOUND, "cache 'nope' not found"},
-      {"set_tokens of no ids changes nothing", [](ExtremesTest* t) { return t->SetTokens("c", 0, {}); },
-       StatusCode::OK, ""},
+      {"set_tokens on a missing cache",
+       [](ExtremesTest* t) { return t->SetTokens("nope", 0, {1}); }, StatusCode::NOT_FOUND,
+       "cache 'nope' not found"},
+      {"set_tokens of no ids changes nothing",
+       [](ExtremesTest* t) { return t->SetTokens("c", 0, {}); }, StatusCode::OK, ""},
       {"fork a missing cache", [](ExtremesTest* t) { return t->Fork("nope", "e"); },
        StatusCode::NOT_FOUND, "cache 'nope' not found"},
-      {"fork an empty id", [](ExtremesTest* t) { return t->Fork("", "e"); },
-       StatusCode::NOT_FOUND, "cache '' not found"},
+      {"fork an empty id", [](ExtremesTest* t) { return t->Fork("", "e"); }, StatusCode::NOT_FOUND,
+       "cache '' not found"},
       {"fork into an id in use", [](ExtremesTest* t) { return t->Fork("c", "d"); },
        StatusCode::ALREADY_EXISTS, "fork: cache 'd' already exists"},
       {"fork into a 1 MiB id", [&mib_id](ExtremesTest* t) { return t->Fork("c", mib_id); },
        StatusCode::INVALID_ARGUMENT, "fork: new_cache_id has 1048576 bytes; at most 256"},
       // Ids on every other RPC.
-      {"describe a 1 MiB id", [&mib_id](ExtremesTest* t) {
+      {"describe a 1 MiB id",
+       [&mib_id](ExtremesTest* t) {
          v1::DescribeRequest req;
          req.set_cache_id(mib_id);
          v1::DescribeResponse resp;
-         return t->stub()->Describe(Ctx().get(), req, &resp); },
+         return t->stub()->Describe(Ctx().get(), req, &resp);
+       },
        StatusCode::NOT_FOUND, "(1048576 bytes) not found"},
-      {"stats of a 1 MiB id", [&mib_id](ExtremesTest* t) {
+      {"stats of a 1 MiB id",
+       [&mib_id](ExtremesTest* t) {
          v1::StatsRequest req;
          req.set_cache_id(mib_id);
          v1::StatsResponse resp;
-         return t->stub()->Stats(Ctx().get(), req, &resp); },
+         return t->stub()->Stats(Ctx().get(), req, &resp);
+       },
        StatusCode::NOT_FOUND, "(1048576 bytes) not found"},
-      {"release an empty id", [](ExtremesTest* t) {
+      {"release an empty id",
+       [](ExtremesTest* t) {
          v1::ReleaseRequest req;
          v1::ReleaseResponse resp;
-         return t->stub()->Release(Ctx().get(), req, &resp); },
+         return t->stub()->Release(Ctx().get(), req, &resp);
+       },
        StatusCode::NOT_FOUND, "cache '' not found"},
-      {"reset a 1 MiB id", [&mib_id](ExtremesTest* t) {
+      {"reset a 1 MiB id",
+       [&mib_id](ExtremesTest* t) {
          v1::ResetRequest req;
          req.set_cache_id(mib_id);
          v1::ResetResponse resp;
-         return t->stub()->Reset(Ctx().get(), req, &resp); },
+         return t->stub()->Reset(Ctx().get(), req, &resp);
+       },
        StatusCode::NOT_FOUND, "(1048576 bytes) not found"},
-      {"a request above --max_message_bytes", [](ExtremesTest* t) {
+      {"a request above --max_message_bytes",
+       [](ExtremesTest* t) {
          v1::ReleaseRequest req;
          req.set_cache_id(std::string(size_t{65} << 20, 'y'));
          v1::ReleaseResponse resp;
-         return t->stub()->Release(Ctx().get(), req, &resp); },
+         return t->stub()->Release(Ctx().get(), req, &resp);
+       },
        StatusCode::RESOURCE_EXHAUSTED, ""},
   };
   const std::string before = State();
@@ -428,7 +520,8 @@ TEST_F(TcpReaderTest, ReservedPagesNeverShowAnotherSessionsBytes) {
   v1::AllocateResponse resp;
   ASSERT_TRUE(stub_->Allocate(Ctx(victim).get(), req, &resp).ok());
   ASSERT_TRUE(Append("secret", 0, 0, RandomTensor(v1::FLOAT32, 2, 16, 8, 7),
-                     RandomTensor(v1::FLOAT32, 2, 16, 8, 8), victim).ok());
+                     RandomTensor(v1::FLOAT32, 2, 16, 8, 8), victim)
+                  .ok());
   v1::ReleaseRequest release;
   release.set_cache_id("secret");
   v1::ReleaseResponse released;

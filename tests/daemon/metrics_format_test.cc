@@ -106,9 +106,9 @@ TEST_F(MetricsFormatTest, EveryFamilyIsTypedDocumentedAndNamedByConvention) {
 }
 
 TEST_F(MetricsFormatTest, HistogramBucketsHoldEachObservationInItsFirstBound) {
-  for (absl::Duration d : {absl::Microseconds(5), absl::Microseconds(10),
-                           absl::Microseconds(10) + absl::Nanoseconds(1), absl::Seconds(3),
-                           absl::Seconds(20)}) {
+  for (absl::Duration d :
+       {absl::Microseconds(5), absl::Microseconds(10),
+        absl::Microseconds(10) + absl::Nanoseconds(1), absl::Seconds(3), absl::Seconds(20)}) {
     rpcs_.RecordCall(Rpc::kAppend, absl::OkStatus(), d);
   }
   rpcs_.RecordCall(Rpc::kAppend, absl::NotFoundError("x"), absl::Milliseconds(1));
@@ -121,14 +121,15 @@ TEST_F(MetricsFormatTest, HistogramBucketsHoldEachObservationInItsFirstBound) {
   }
   ASSERT_EQ(buckets.size(), kLatencyBoundsNanos.size() + 1);
   EXPECT_EQ(buckets.begin()->first, 10e-6);
-  EXPECT_EQ(buckets[10e-6], 2);   // 5 µs and exactly 10 µs
-  EXPECT_EQ(buckets[25e-6], 3);   // 10 µs + 1 ns
+  EXPECT_EQ(buckets[10e-6], 2);  // 5 µs and exactly 10 µs
+  EXPECT_EQ(buckets[25e-6], 3);  // 10 µs + 1 ns
   EXPECT_EQ(buckets[2.5], 3);
-  EXPECT_EQ(buckets[5], 4);       // 3 s
+  EXPECT_EQ(buckets[5], 4);  // 3 s
   EXPECT_EQ(buckets[10], 4);
   EXPECT_EQ(buckets.rbegin()->second, 5);  // +Inf: 20 s too
   EXPECT_EQ(e.Value("kvarena_rpc_duration_seconds_count", Call("Append", "OK")), 5);
-  EXPECT_NEAR(*e.Value("kvarena_rpc_duration_seconds_sum", Call("Append", "OK")), 23.000025001, 1e-6);
+  EXPECT_NEAR(*e.Value("kvarena_rpc_duration_seconds_sum", Call("Append", "OK")), 23.000025001,
+              1e-6);
   EXPECT_EQ(e.Value("kvarena_rpc_total", Call("Append", "OK")), 5);
   EXPECT_EQ(e.Value("kvarena_rpc_duration_seconds_count", Call("Append", "NOT_FOUND")), 1);
   EXPECT_EQ(e.Series("kvarena_rpc_duration_seconds_count").size(), 2u) << "only series seen";
@@ -149,18 +150,19 @@ TEST_F(MetricsFormatTest, AttachIsCountedByHowItEndedButNotTimed) {
 TEST_F(MetricsFormatTest, RefusalsAreCountedByTheBoundTheyMet) {
   ASSERT_TRUE(store_->Allocate("", SmallSpec(/*max_tokens=*/4), "a").ok());
   rpcs_.RecordCall(Rpc::kAppend, Append("a", 0, 5), absl::Microseconds(30));  // the store's refusal
-  rpcs_.RecordCall(Rpc::kReserve, RefusedError(Refusal::kArenaFull, "full"), absl::Microseconds(30));
+  rpcs_.RecordCall(Rpc::kReserve, RefusedError(Refusal::kArenaFull, "full"),
+                   absl::Microseconds(30));
   rpcs_.RecordCall(Rpc::kAllocate, RefusedError(Refusal::kMaxCaches, "n"), absl::Microseconds(30));
   rpcs_.RecordCall(Rpc::kAllocate, RefusedError(Refusal::kMaxCaches, "n"), absl::Microseconds(30));
   rpcs_.RecordCall(Rpc::kGetKv, absl::ResourceExhaustedError("untagged"), absl::Microseconds(30));
-  rpcs_.RecordCall(Rpc::kGetKv, absl::InvalidArgumentError("not a refusal"), absl::Microseconds(30));
+  rpcs_.RecordCall(Rpc::kGetKv, absl::InvalidArgumentError("not a refusal"),
+                   absl::Microseconds(30));
   const Exposition e = Scrape();
   EXPECT_EQ(e.Series("kvarena_resource_exhausted_total"),
-            (std::map<PromLabels, double>{
-                {{{"method", "Append"}, {"reason", "max_tokens"}}, 1},
-                {{{"method", "Reserve"}, {"reason", "arena_full"}}, 1},
-                {{{"method", "Allocate"}, {"reason", "max_caches"}}, 2},
-                {{{"method", "GetKv"}, {"reason", "other"}}, 1}}));
+            (std::map<PromLabels, double>{{{{"method", "Append"}, {"reason", "max_tokens"}}, 1},
+                                          {{{"method", "Reserve"}, {"reason", "arena_full"}}, 1},
+                                          {{{"method", "Allocate"}, {"reason", "max_caches"}}, 2},
+                                          {{{"method", "GetKv"}, {"reason", "other"}}, 1}}));
   EXPECT_EQ(e.Value("kvarena_rpc_total", Call("Allocate", "RESOURCE_EXHAUSTED")), 2);
   EXPECT_EQ(e.Value("kvarena_rpc_total", Call("GetKv", "INVALID_ARGUMENT")), 1);
   EXPECT_EQ(e.Value("kvarena_refusals_total"), 1) << "the store's own count of the refused append";
@@ -178,15 +180,16 @@ TEST_F(MetricsFormatTest, PoolsAreLabelledByGeometryAndNoIdIsALabel) {
   EXPECT_THAT(text, Not(HasSubstr("cache-id")));
   EXPECT_THAT(text, Not(HasSubstr(session)));
   const Exposition e = Scrape();
-  const PromLabels geometry = {{"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"},
-                               {"page_size", "4"}};
+  const PromLabels geometry = {
+      {"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"}, {"page_size", "4"}};
   const uint64_t page_bytes = 2 * 4 * 2 * 8 * 4;
   EXPECT_EQ(e.Series("kvarena_pool_pages_used"), (std::map<PromLabels, double>{{geometry, 3}}));
   EXPECT_EQ(e.Value("kvarena_pool_page_bytes", geometry), page_bytes);
   EXPECT_EQ(e.Value("kvarena_pool_bytes_used", geometry), 3 * page_bytes);
   EXPECT_EQ(e.Value("kvarena_pool_caches", geometry), 1);
   EXPECT_EQ(e.Value("kvarena_pool_pages_total", geometry),
-            *e.Value("kvarena_pool_pages_used", geometry) + *e.Value("kvarena_pool_pages_free", geometry));
+            *e.Value("kvarena_pool_pages_used", geometry) +
+                *e.Value("kvarena_pool_pages_free", geometry));
   EXPECT_EQ(e.Value("kvarena_pages_used"), 3);
   EXPECT_EQ(e.Value("kvarena_bytes_used"), 3 * page_bytes);
 }
@@ -272,8 +275,10 @@ TEST(PrometheusTextTest, RejectsWhatAScraperWould) {
       {"negative counter", "# TYPE x_total counter\nx_total -1\n"},
       {"bare histogram sample", typed + "h 1\n"},
       {"no +Inf", typed + "h_bucket{le=\"1\"} 1\nh_sum 1\nh_count 1\n"},
-      {"+Inf != count", typed + "h_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 2\n"},
-      {"count falls", typed + "h_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n"},
+      {"+Inf != count",
+       typed + "h_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 2\n"},
+      {"count falls",
+       typed + "h_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n"},
       {"le falls", typed + "h_bucket{le=\"2\"} 1\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 1\n"
                            "h_sum 1\nh_count 1\n"},
       {"no _sum", typed + "h_bucket{le=\"+Inf\"} 1\nh_count 1\n"},
@@ -283,7 +288,8 @@ TEST(PrometheusTextTest, RejectsWhatAScraperWould) {
     EXPECT_FALSE(ParseExposition(c.text).ok()) << c.text;
   }
   EXPECT_TRUE(ParseExposition(typed + "h_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\nh_sum 3\n"
-                                      "h_count 2\n# a comment\n\n").ok());
+                                      "h_count 2\n# a comment\n\n")
+                  .ok());
 }
 
 }  // namespace

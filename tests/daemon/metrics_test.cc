@@ -116,7 +116,8 @@ TEST_F(MetricsTest, PagesUsedFollowsAppends) {
 
 TEST_F(MetricsTest, RpcCounterSeparatesStatusCodes) {
   ASSERT_THAT(AppendF32("missing", 0, 0, 1, 1, 4, 1), StatusIs(grpc::StatusCode::NOT_FOUND));
-  EXPECT_THAT(Scrape(port_), HasSubstr("kvarena_rpc_total{method=\"Append\",code=\"NOT_FOUND\"} 1"));
+  EXPECT_THAT(Scrape(port_),
+              HasSubstr("kvarena_rpc_total{method=\"Append\",code=\"NOT_FOUND\"} 1"));
 }
 
 TEST_F(MetricsTest, BindsLoopbackByDefault) {
@@ -283,8 +284,8 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   for (const v1::RegionPiece& p : exported.pieces()) exported_bytes += p.bytes();
 
   const Exposition during = Parse();
-  const PromLabels geometry = {{"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"},
-                               {"page_size", "4"}};
+  const PromLabels geometry = {
+      {"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"}, {"page_size", "4"}};
   EXPECT_EQ(during.Value("kvarena_pages_used"), 3);
   EXPECT_EQ(during.Value("kvarena_pool_pages_used", geometry), 3);
   EXPECT_EQ(during.Value("kvarena_pool_bytes_used", geometry), 3 * 512);
@@ -300,7 +301,8 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   ASSERT_TRUE(stub_->Release(Ctx().get(), release_a, &released).ok());
   stream->TryCancel();
   ASSERT_TRUE(ParseUntil([&](const Exposition& e) {
-    return e.ValueOr0("kvarena_sessions_reaped_total") > before.ValueOr0("kvarena_sessions_reaped_total") &&
+    return e.ValueOr0("kvarena_sessions_reaped_total") >
+               before.ValueOr0("kvarena_sessions_reaped_total") &&
            e.ValueOr0("kvarena_fd_connections") == 0;
   }));
   const Exposition after = Parse();
@@ -319,13 +321,12 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
     inf["le"] = "+Inf";
     EXPECT_EQ(after.Value("kvarena_rpc_duration_seconds_bucket", inf), n);
   }
-  EXPECT_EQ(Moved(before, after, "kvarena_resource_exhausted_total"),
-            (std::map<PromLabels, double>{
-                {{{"method", "Append"}, {"reason", "max_tokens"}}, 1},
-                {{{"method", "Reserve"}, {"reason", "arena_full"}}, 1},
-                {{{"method", "Allocate"}, {"reason", "max_caches"}}, 1}}));
-  EXPECT_EQ(Moved(before, after, "kvarena_refusals_total"),
-            (std::map<PromLabels, double>{{{}, 2}}))
+  EXPECT_EQ(
+      Moved(before, after, "kvarena_resource_exhausted_total"),
+      (std::map<PromLabels, double>{{{{"method", "Append"}, {"reason", "max_tokens"}}, 1},
+                                    {{{"method", "Reserve"}, {"reason", "arena_full"}}, 1},
+                                    {{{"method", "Allocate"}, {"reason", "max_caches"}}, 1}}));
+  EXPECT_EQ(Moved(before, after, "kvarena_refusals_total"), (std::map<PromLabels, double>{{{}, 2}}))
       << "the store counts the append and the reserve, not the allocate";
 
   EXPECT_EQ(after.Value("kvarena_pages_used"), 0);

@@ -27,7 +27,8 @@ class NameRedactionTest : public KvarenadTest {
     v1::ListCachesResponse resp;
     EXPECT_TRUE(stub_->ListCaches(Ctx(session).get(), v1::ListCachesRequest(), &resp).ok());
     std::vector<std::string> out;
-    for (const v1::CacheInfo& c : resp.caches()) out.push_back(c.cache_id() + "=" + c.spec().prefix_namespace());
+    for (const v1::CacheInfo& c : resp.caches())
+      out.push_back(c.cache_id() + "=" + c.spec().prefix_namespace());
     return out;
   }
   // "namespace:token ids" of each stored event a WatchEvents stream replays.
@@ -35,7 +36,9 @@ class NameRedactionTest : public KvarenadTest {
     const v1::WatchEventsResponse batch = FirstEventsBatch(stub_.get(), Ctx(session).get());
     std::vector<std::string> out;
     for (const v1::KvEvent& e : batch.events()) {
-      if (e.has_stored()) out.push_back(absl::StrCat(e.stored().prefix_namespace(), ":", e.stored().token_ids_size()));
+      if (e.has_stored())
+        out.push_back(
+            absl::StrCat(e.stored().prefix_namespace(), ":", e.stored().token_ids_size()));
     }
     return out;
   }

@@ -3,11 +3,10 @@
 // WatchEvents (replay, the daemon's incarnation, a from_seq past the newest event).
 #include <signal.h>
 #include <sys/wait.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <string>
-
-#include <xxhash.h>
 
 #include "tests/daemon/rpc_test_util.h"
 
@@ -31,8 +30,8 @@ std::string LittleEndian(uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(char((v >> (8 * i)) & 0xff));
   return out;
 }
-XXH128_hash_t DocumentedRoot(const std::string& ns, uint32_t dtype, uint32_t page_size, uint32_t kv_heads,
-                             uint32_t head_dim, uint32_t layers) {
+XXH128_hash_t DocumentedRoot(const std::string& ns, uint32_t dtype, uint32_t page_size,
+                             uint32_t kv_heads, uint32_t head_dim, uint32_t layers) {
   std::string b = "kvarena.prefix.v1" + LittleEndian(ns.size(), 4) + ns;
   for (uint32_t v : {dtype, page_size, kv_heads, head_dim, layers}) b += LittleEndian(v, 4);
   return XXH3_128bits(b.data(), b.size());
@@ -85,8 +84,10 @@ TEST_F(PrefixRpcTest, PromptTokensSetTokensAndForkOverTheWire) {
     const v1::GetKvResponse ka = GetKv("a", l), kb = GetKv("b", l);
     ASSERT_EQ(kb.k().data().size(), 2 * 8 * kRow);
     for (size_t h = 0; h < 2; ++h) {
-      EXPECT_EQ(kb.k().data().substr(h * 8 * kRow, 8 * kRow), ka.k().data().substr(h * 9 * kRow, 8 * kRow));
-      EXPECT_EQ(kb.v().data().substr(h * 8 * kRow, 8 * kRow), ka.v().data().substr(h * 9 * kRow, 8 * kRow));
+      EXPECT_EQ(kb.k().data().substr(h * 8 * kRow, 8 * kRow),
+                ka.k().data().substr(h * 9 * kRow, 8 * kRow));
+      EXPECT_EQ(kb.v().data().substr(h * 8 * kRow, 8 * kRow),
+                ka.v().data().substr(h * 9 * kRow, 8 * kRow));
     }
   }
   v1::StatsResponse st = Stats();
@@ -141,7 +142,8 @@ TEST_F(PrefixRpcTest, PromptTokensSetTokensAndForkOverTheWire) {
   EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"lru\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_pages_evicted_by_reason_total{reason=\"window\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"Fork\",code=\"OK\"} 1"));
-  EXPECT_THAT(metrics, HasSubstr("kvarena_rpc_total{method=\"SetTokens\",code=\"FAILED_PRECONDITION\"} 1"));
+  EXPECT_THAT(metrics,
+              HasSubstr("kvarena_rpc_total{method=\"SetTokens\",code=\"FAILED_PRECONDITION\"} 1"));
 }
 
 TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
@@ -158,7 +160,8 @@ TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
   AllocatePrompt(prompt, "a");
   for (uint32_t l = 0; l < 2; ++l) ASSERT_TRUE(AppendF32("a", l, 0, 9, 2, 8, 1.0f + l).ok());
   std::vector<v1::KvEvent> events;
-  while (events.size() < 4 && reader->Read(&msg)) events.insert(events.end(), msg.events().begin(), msg.events().end());
+  while (events.size() < 4 && reader->Read(&msg))
+    events.insert(events.end(), msg.events().begin(), msg.events().end());
   ASSERT_EQ(events.size(), 4u);  // two full pages on each layer
   for (size_t i = 0; i < 4; ++i) {
     SCOPED_TRACE(i);
@@ -173,7 +176,8 @@ TEST_F(PrefixRpcTest, WatchEventsReplaysAndStreamsIndexChanges) {
       EXPECT_EQ(st.parent_hash(), events[i - 1].stored().block_hash());  // chained
     }
   }
-  EXPECT_EQ(events[0].stored().block_hash(), events[2].stored().block_hash());  // same page, next layer
+  EXPECT_EQ(events[0].stored().block_hash(),
+            events[2].stored().block_hash());  // same page, next layer
   for (const v1::KvEvent& e : events) {
     EXPECT_EQ(e.stored().num_tokens(), 4u);
     EXPECT_EQ(e.stored().prefix_namespace(), "model-x");

@@ -104,8 +104,8 @@ TEST_F(ProcessTest, ServesTcpBesidesTheSocket) {
   ASSERT_NE(at, std::string::npos) << log;
   const int port = std::atoi(log.c_str() + at + 10);
   ASSERT_GT(port, 0) << log;
-  auto stub = v1::KvCacheService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto stub = v1::KvCacheService::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   v1::PingResponse resp;
   EXPECT_TRUE(stub->Ping(Ctx().get(), v1::PingRequest(), &resp).ok());
 }
@@ -113,11 +113,11 @@ TEST_F(ProcessTest, ServesTcpBesidesTheSocket) {
 TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
   std::string out;
   RunCommand({KVARENAD_PATH, "--help"}, &out);
-  for (const char* flag : {"--listen", "--backend", "--arena_bytes", "--page_size",
-                           "--session_grace", "--metrics_port", "--metrics_address",
-                           "--num_threads", "--fd_socket", "--socket_mode", "--socket_group",
-                           "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
-                           "--auth_token_file", "--mutex_deadlock_detection"}) {
+  for (const char* flag :
+       {"--listen", "--backend", "--arena_bytes", "--page_size", "--session_grace",
+        "--metrics_port", "--metrics_address", "--num_threads", "--fd_socket", "--socket_mode",
+        "--socket_group", "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
+        "--auth_token_file", "--mutex_deadlock_detection"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));

@@ -97,7 +97,8 @@ std::optional<std::string> TakeLabels(absl::string_view* s, PromLabels* labels) 
       }
     }
     if (!closed) return absl::StrCat("the closing quote of label ", *name);
-    if (!labels->emplace(*name, std::move(value)).second) return absl::StrCat("label ", *name, " twice");
+    if (!labels->emplace(*name, std::move(value)).second)
+      return absl::StrCat("label ", *name, " twice");
     if (absl::ConsumePrefix(s, ",")) continue;
     if (absl::ConsumePrefix(s, "}")) return std::nullopt;
     return absl::StrCat(", or } after label ", *name);
@@ -204,7 +205,8 @@ absl::StatusOr<Exposition> ParseExposition(absl::string_view text) {
       const bool help = absl::ConsumePrefix(&rest, "# HELP ");
       if (!help && !absl::ConsumePrefix(&rest, "# TYPE ")) continue;  // a comment
       std::optional<std::string> name = TakeName(&rest, /*colon=*/true);
-      if (!name || !(rest.empty() || absl::ConsumePrefix(&rest, " "))) return error("a metric name");
+      if (!name || !(rest.empty() || absl::ConsumePrefix(&rest, " ")))
+        return error("a metric name");
       PromFamily& f = family(*name);
       if (!f.samples.empty()) return error("HELP or TYPE after the family's samples");
       if (help) {
@@ -224,7 +226,8 @@ absl::StatusOr<Exposition> ParseExposition(absl::string_view text) {
     if (!name) return error("a metric name");
     PromSample sample{*name, {}, 0};
     if (!rest.empty() && rest[0] == '{') {
-      if (std::optional<std::string> fault = TakeLabels(&rest, &sample.labels)) return error(*fault);
+      if (std::optional<std::string> fault = TakeLabels(&rest, &sample.labels))
+        return error(*fault);
     }
     if (!absl::ConsumePrefix(&rest, " ")) return error("a space before the value");
     std::vector<absl::string_view> fields = absl::StrSplit(rest, ' ', absl::SkipEmpty());
@@ -232,7 +235,8 @@ absl::StatusOr<Exposition> ParseExposition(absl::string_view text) {
     std::optional<double> value = ParseValue(fields[0]);
     int64_t timestamp = 0;
     if (!value) return error("a numeric value");
-    if (fields.size() == 2 && !absl::SimpleAtoi(fields[1], &timestamp)) return error("an integer timestamp");
+    if (fields.size() == 2 && !absl::SimpleAtoi(fields[1], &timestamp))
+      return error("an integer timestamp");
     sample.value = *value;
 
     // The family: the name itself, or a histogram's / summary's suffixed sample.
@@ -247,25 +251,30 @@ absl::StatusOr<Exposition> ParseExposition(absl::string_view text) {
         }
       }
     }
-    if (it == index.end() || out.families[it->second].type.empty()) return error("no TYPE line before it");
+    if (it == index.end() || out.families[it->second].type.empty())
+      return error("no TYPE line before it");
     PromFamily& f = out.families[it->second];
     const bool suffixed = base != *name;
     if (f.type == "histogram" ? !suffixed : (suffixed && f.type != "summary")) {
       return error(absl::StrCat("a sample name that does not fit its ", f.type, " family"));
     }
-    if (absl::EndsWith(*name, "_bucket") && f.type == "histogram" && !sample.labels.contains("le")) {
+    if (absl::EndsWith(*name, "_bucket") && f.type == "histogram" &&
+        !sample.labels.contains("le")) {
       return error("a bucket without le");
     }
     if (f.type == "counter" && !(sample.value >= 0)) return error("a counter below 0");
-    if (current != it->second && !f.samples.empty()) return error("the family's samples are not together");
+    if (current != it->second && !f.samples.empty())
+      return error("the family's samples are not together");
     if (!seen.emplace(sample.name, sample.labels).second) return error("a series seen before");
     current = it->second;
     f.samples.push_back(std::move(sample));
   }
   for (const PromFamily& f : out.families) {
-    if (f.type.empty()) return absl::InvalidArgumentError(absl::StrCat(f.name, ": HELP but no TYPE"));
+    if (f.type.empty())
+      return absl::InvalidArgumentError(absl::StrCat(f.name, ": HELP but no TYPE"));
     if (f.type != "histogram") continue;
-    if (std::string fault = CheckHistogram(f); !fault.empty()) return absl::InvalidArgumentError(fault);
+    if (std::string fault = CheckHistogram(f); !fault.empty())
+      return absl::InvalidArgumentError(fault);
   }
   return out;
 }

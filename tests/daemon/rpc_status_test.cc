@@ -19,7 +19,8 @@ TEST_F(StatusTest, EveryCacheRpcReturnsNotFoundForAnUnknownCache) {
   attend.set_cache_id(missing);
   *attend.mutable_q() = F32Tensor(1, 1, 4, 1);
   v1::AttendResponse attended;
-  EXPECT_THAT(stub_->Attend(Ctx().get(), attend, &attended), StatusIs(StatusCode::NOT_FOUND, missing));
+  EXPECT_THAT(stub_->Attend(Ctx().get(), attend, &attended),
+              StatusIs(StatusCode::NOT_FOUND, missing));
   v1::PopnRequest popn;
   popn.set_cache_id(missing);
   popn.set_n(1);
@@ -28,11 +29,13 @@ TEST_F(StatusTest, EveryCacheRpcReturnsNotFoundForAnUnknownCache) {
   v1::ResetRequest reset;
   reset.set_cache_id(missing);
   v1::ResetResponse was_reset;
-  EXPECT_THAT(stub_->Reset(Ctx().get(), reset, &was_reset), StatusIs(StatusCode::NOT_FOUND, missing));
+  EXPECT_THAT(stub_->Reset(Ctx().get(), reset, &was_reset),
+              StatusIs(StatusCode::NOT_FOUND, missing));
   v1::ReleaseRequest release;
   release.set_cache_id(missing);
   v1::ReleaseResponse released;
-  EXPECT_THAT(stub_->Release(Ctx().get(), release, &released), StatusIs(StatusCode::NOT_FOUND, missing));
+  EXPECT_THAT(stub_->Release(Ctx().get(), release, &released),
+              StatusIs(StatusCode::NOT_FOUND, missing));
   v1::GetKvRequest get;
   get.set_cache_id(missing);
   v1::GetKvResponse got;
@@ -40,7 +43,8 @@ TEST_F(StatusTest, EveryCacheRpcReturnsNotFoundForAnUnknownCache) {
   v1::DescribeRequest describe;
   describe.set_cache_id(missing);
   v1::DescribeResponse described;
-  EXPECT_THAT(stub_->Describe(Ctx().get(), describe, &described), StatusIs(StatusCode::NOT_FOUND, missing));
+  EXPECT_THAT(stub_->Describe(Ctx().get(), describe, &described),
+              StatusIs(StatusCode::NOT_FOUND, missing));
   v1::StatsRequest stats;
   stats.set_cache_id(missing);
   v1::StatsResponse stated;

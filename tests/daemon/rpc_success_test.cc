@@ -244,8 +244,9 @@ TEST_F(RpcTest, StatsTotalsTheArenaAndDescribesOneCache) {
   const std::string a = Allocate(Spec(2, 1, 4));
   const std::string b = Allocate(Spec(1, 2, 8, v1::FLOAT16));
   ASSERT_TRUE(AppendF32(a, 0, 0, 5, 1, 4, 1).ok());
-  ASSERT_TRUE(Append(b, 0, 0, RandomTensor(v1::FLOAT16, 2, 3, 8, 1),
-                     RandomTensor(v1::FLOAT16, 2, 3, 8, 2)).ok());
+  ASSERT_TRUE(
+      Append(b, 0, 0, RandomTensor(v1::FLOAT16, 2, 3, 8, 1), RandomTensor(v1::FLOAT16, 2, 3, 8, 2))
+          .ok());
 
   const v1::StatsResponse arena = Stats();
   EXPECT_EQ(arena.backend(), "host");
@@ -302,7 +303,8 @@ TEST_F(RpcTest, ListCachesPagesThroughEveryCacheOnce) {
   ASSERT_TRUE(stub_->ListCaches(Ctx().get(), v1::ListCachesRequest(), &all).ok());
   EXPECT_EQ(all.caches_size(), 25);
   EXPECT_EQ(all.next_page_token(), "");
-  for (const std::string& bad : {std::string("not a token"), std::string("YWZ0ZXI6"), *made.begin()}) {
+  for (const std::string& bad :
+       {std::string("not a token"), std::string("YWZ0ZXI6"), *made.begin()}) {
     SCOPED_TRACE(bad);
     v1::ListCachesRequest r;
     r.set_page_token(bad);
@@ -320,7 +322,8 @@ TEST_F(RpcTest, ReserveAndCommitAdvanceEveryLayer) {
   item->set_tokens(6);
   v1::ReserveResponse reserved;
   const grpc::Status s = stub_->Reserve(Ctx().get(), reserve, &reserved);
-  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) GTEST_SKIP() << "core: " << s.error_message();
+  if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED)
+    GTEST_SKIP() << "core: " << s.error_message();
   ASSERT_TRUE(s.ok()) << s.error_message();
   ASSERT_THAT(reserved.caches(), SizeIs(1));
   EXPECT_EQ(reserved.caches(0).first_pos(), 0u);

@@ -38,11 +38,23 @@ std::string GetMetrics(int port, int timeout_s) {
 }
 
 const char* GrpcCodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {
-      "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   const int c = static_cast<int>(code);
   return c >= 0 && c < 17 ? kNames[c] : "?";
 }
@@ -55,8 +67,7 @@ void grpc::PrintTo(const grpc::Status& status, std::ostream* os) {
 
 namespace kvarena {
 
-v1::CacheSpec Spec(int num_layers, int num_kv_heads, int head_dim, v1::DType dtype,
-                   int page_size) {
+v1::CacheSpec Spec(int num_layers, int num_kv_heads, int head_dim, v1::DType dtype, int page_size) {
   v1::CacheSpec s;
   s.set_num_layers(num_layers);
   s.set_num_kv_heads(num_kv_heads);
@@ -168,7 +179,8 @@ void KvarenadTest::StartDaemon(std::vector<std::string> flags) {
 
 void KvarenadTest::TearDown() {
   // A failed test shows what the daemon said (a crash, a sanitizer report).
-  if (HasFailure() && daemon_ != nullptr) std::fprintf(stderr, "kvarenad log:\n%s\n", daemon_->Log().c_str());
+  if (HasFailure() && daemon_ != nullptr)
+    std::fprintf(stderr, "kvarenad log:\n%s\n", daemon_->Log().c_str());
   for (AttachStream& a : attached_) {
     a.context->TryCancel();
     a.reader->Finish();
@@ -261,9 +273,9 @@ std::string KvarenadTest::Snapshot(const std::string& id, const std::string& ses
   v1::StatsResponse cache = Stats(id);
   cache.mutable_pages()->clear_refusals();
   const v1::DescribeResponse described = Describe(id, session);
-  std::string out = absl::StrCat("arena {", arena.ShortDebugString(), "}\ncache {",
-                                 cache.ShortDebugString(), "}\ndescribe {",
-                                 described.ShortDebugString(), "}\n");
+  std::string out =
+      absl::StrCat("arena {", arena.ShortDebugString(), "}\ncache {", cache.ShortDebugString(),
+                   "}\ndescribe {", described.ShortDebugString(), "}\n");
   for (uint32_t layer = 0; layer < described.cache().spec().num_layers(); ++layer) {
     absl::StrAppend(&out, "layer ", layer, " {", GetKv(id, layer, session).ShortDebugString(),
                     "}\n");

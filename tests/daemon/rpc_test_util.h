@@ -4,13 +4,13 @@
 #ifndef KVARENA_TESTS_DAEMON_RPC_TEST_UTIL_H_
 #define KVARENA_TESTS_DAEMON_RPC_TEST_UTIL_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -35,14 +35,16 @@ MATCHER_P(StatusIs, code, absl::StrCat(negation ? "isn't " : "is ", GrpcCodeName
   return arg.error_code() == code;
 }
 MATCHER_P2(StatusIs, code, substring,
-           absl::StrCat(negation ? "isn't " : "is ", GrpcCodeName(code), " with a message "
-                        "containing \"", std::string(substring), "\"")) {
+           absl::StrCat(negation ? "isn't " : "is ", GrpcCodeName(code),
+                        " with a message "
+                        "containing \"",
+                        std::string(substring), "\"")) {
   return arg.error_code() == code &&
          arg.error_message().find(std::string(substring)) != std::string::npos;
 }
 
-v1::CacheSpec Spec(int num_layers, int num_kv_heads, int head_dim,
-                   v1::DType dtype = v1::FLOAT32, int page_size = 4);
+v1::CacheSpec Spec(int num_layers, int num_kv_heads, int head_dim, v1::DType dtype = v1::FLOAT32,
+                   int page_size = 4);
 
 // A [1, heads, tokens, head_dim] float32 tensor with values derived from `seed`.
 v1::Tensor F32Tensor(int heads, int tokens, int head_dim, float seed);

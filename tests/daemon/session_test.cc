@@ -119,8 +119,7 @@ TEST_F(SessionTest, BrokenStreamReleasesTheSessionsCachesAfterGrace) {
   EXPECT_TRUE(WaitForArena([](const v1::StatsResponse& st) {
     return st.pages().pages_used() == 0 && st.num_caches() == 0 && st.num_sessions() == 0;
   })) << Stats().ShortDebugString();
-  EXPECT_THAT(AppendF32(id, 0, 8, 1, 1, 4, 2, session),
-              StatusIs(StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(AppendF32(id, 0, 8, 1, 1, 4, 2, session), StatusIs(StatusCode::FAILED_PRECONDITION));
 }
 
 // Proven by order, not by waiting long enough: the bystander's stream breaks (and the
@@ -183,7 +182,8 @@ TEST_F(SessionTest, AResumeTokenTakesTheSessionOverWithItsCaches) {
   EXPECT_EQ(b.first.session_id(), session);
   EXPECT_TRUE(b.first.resumed());
   v1::AttachEvent more;
-  while (a.reader->Read(&more)) {}
+  while (a.reader->Read(&more)) {
+  }
   EXPECT_THAT(a.reader->Finish(), StatusIs(StatusCode::ABORTED, "resumed by a newer Attach"));
   EXPECT_TRUE(Allocate(Spec(1, 1, 4), session).size() > 0);
 
@@ -226,7 +226,8 @@ TEST_F(SessionTest, StreamsEndedByTheShutdownSaySo) {
   ASSERT_TRUE(a.got_first);
   daemon_->Signal(SIGTERM);
   v1::AttachEvent more;
-  while (a.reader->Read(&more)) {}
+  while (a.reader->Read(&more)) {
+  }
   EXPECT_THAT(a.reader->Finish(), StatusIs(StatusCode::UNAVAILABLE, "shutting down"));
   const auto& trailers = a.ctx->GetServerTrailingMetadata();
   auto it = trailers.find(kAttachEndMetadataKey);

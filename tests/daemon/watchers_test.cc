@@ -77,7 +77,8 @@ class WatchersTest : public KvarenadTest {
     for (int32_t t = 0; t < kPromptTokens; ++t) req.add_prompt_tokens(first_token + t);
     v1::AllocateResponse resp;
     int ok = stub_->Allocate(Ctx().get(), req, &resp).ok() ? 1 : 0;
-    for (uint32_t l = 0; l < kLayers; ++l) ok += AppendF32(id, l, 0, kPromptTokens, 1, 8, 1.0f + l).ok();
+    for (uint32_t l = 0; l < kLayers; ++l)
+      ok += AppendF32(id, l, 0, kPromptTokens, 1, 8, 1.0f + l).ok();
     return ok;
   }
 
@@ -125,7 +126,8 @@ TEST_F(WatchersTest, StalledWatchersAreDroppedAndResumeFromTheirSeq) {
   // (its slot frees once the daemon has seen a dropped stream end).
   const std::shared_ptr<grpc::Channel> channel = daemon_->NewChannel();
   grpc::Status resumed = TryWatch(channel, resume_seqs[0]);
-  for (int tries = 0; tries < 500 && resumed.error_code() == StatusCode::RESOURCE_EXHAUSTED; ++tries) {
+  for (int tries = 0; tries < 500 && resumed.error_code() == StatusCode::RESOURCE_EXHAUSTED;
+       ++tries) {
     absl::SleepFor(absl::Milliseconds(20));
     resumed = TryWatch(channel, resume_seqs[0]);
   }

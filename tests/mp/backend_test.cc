@@ -73,8 +73,8 @@ TEST_P(BackendWorkersTest, LocalPathDecodeAcrossPoolGrowthMatchesServedPath) {
 // the CUDA kernels sequence by sequence (DESIGN.md, "Where the code differs from the
 // brief"); outputs match the float64 reference either way (the worker checks).
 TEST_P(BackendWorkersTest, BatchWorkerDecodesThroughItsMapping) {
-  auto w = StartProgram(KVARENA_BATCH_WORKER_PATH,
-                        {absl::StrCat("--seed=", uint64_t{seed_}), "--batch=5", "--head_dim=64", "--steps=30"});
+  auto w = StartProgram(KVARENA_BATCH_WORKER_PATH, {absl::StrCat("--seed=", uint64_t{seed_}),
+                                                    "--batch=5", "--head_dim=64", "--steps=30"});
   ExpectExitsOk(*w, "batch worker");
   EXPECT_THAT(w->output(), HasSubstr("batch worker ok"));
   EXPECT_EQ(WaitForArenaPages([](int64_t p) { return p == 0; }), 0);

@@ -13,7 +13,8 @@ namespace {
 
 class BatchWorkersTest : public MultiProcessTest {
  protected:
-  std::unique_ptr<Subprocess> StartBatchWorker(uint64_t index, const std::vector<std::string>& flags) {
+  std::unique_ptr<Subprocess> StartBatchWorker(uint64_t index,
+                                               const std::vector<std::string>& flags) {
     std::vector<std::string> all = {absl::StrCat("--seed=", uint64_t{seed_} + index)};
     all.insert(all.end(), flags.begin(), flags.end());
     return StartProgram(KVARENA_BATCH_WORKER_PATH, all);
@@ -21,7 +22,8 @@ class BatchWorkersTest : public MultiProcessTest {
   static std::vector<std::string> CacheIds(const std::string& out) {
     std::vector<std::string> ids;
     const std::regex re("allocated cache (\\S+)");
-    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+         ++it) {
       ids.push_back((*it)[1]);
     }
     return ids;
@@ -41,7 +43,9 @@ TEST_F(BatchWorkersTest, TwoWorkersDecodeTheirBatchesAndFreeEverything) {
     const std::string out = w->output();
     EXPECT_NE(out.find("batch worker ok"), std::string::npos) << out;
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("reserve (\\d+) commit (\\d+) describe (\\d+)"))) << out;
+    ASSERT_TRUE(
+        std::regex_search(out, m, std::regex("reserve (\\d+) commit (\\d+) describe (\\d+)")))
+        << out;
     // Prefill: one reserve and one commit per non-empty cache (3); decode: a commit per
     // step, and a reserve per 4-token page (the batch tops up caches out of phase).
     EXPECT_EQ(std::stoi(m[2]), 3 + 40) << out;

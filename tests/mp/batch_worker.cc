@@ -54,7 +54,8 @@ absl::Status Run() {
   }
   std::fflush(stdout);
   KVARENA_ASSIGN_OR_RETURN(auto batch, DecodeBatch::Create(caches));
-  const int steps = absl::GetFlag(FLAGS_steps), every = std::max(1, absl::GetFlag(FLAGS_print_every));
+  const int steps = absl::GetFlag(FLAGS_steps),
+            every = std::max(1, absl::GetFlag(FLAGS_print_every));
   for (int step = 0; steps == 0 || step < steps; ++step) {
     if (auto s = CheckedBatchStep(*batch, caches, history, rng, 8); !s.ok()) return s;
     if ((step + 1) % every == 0) {
@@ -64,8 +65,9 @@ absl::Status Run() {
   }
   if (auto s = CheckBatchKv(caches, history); !s.ok()) return s;
   const CallCounts calls = (client)->call_counts();
-  std::printf("calls: reserve %lld commit %lld describe %lld\n", static_cast<long long>(calls.reserve),
-              static_cast<long long>(calls.commit), static_cast<long long>(calls.describe));
+  std::printf("calls: reserve %lld commit %lld describe %lld\n",
+              static_cast<long long>(calls.reserve), static_cast<long long>(calls.commit),
+              static_cast<long long>(calls.describe));
   for (const auto& h : caches) {
     if (auto s = h->release(); !s.ok()) return s;
   }

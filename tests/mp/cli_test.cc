@@ -143,7 +143,8 @@ TEST_F(CliTest, CachesListsEveryPage) {
   spec.num_kv_heads = 1;
   spec.head_dim = 8;
   spec.dtype = DType::kFloat32;
-  for (int i = 0; i < 1005; ++i) ASSERT_THAT(Observer()->Allocate(spec, absl::StrCat("p", i)), IsOk());
+  for (int i = 0; i < 1005; ++i)
+    ASSERT_THAT(Observer()->Allocate(spec, absl::StrCat("p", i)), IsOk());
   CommandResult j = Cli({"caches", "--json"});
   ASSERT_TRUE(j.exited_ok()) << j.output.substr(0, 1000);
   v1::ListCachesResponse m;

@@ -38,7 +38,8 @@ void MultiProcessTest::SetUp() {
 void MultiProcessTest::TearDown() {
   observer_.reset();
   // A failed test shows what the daemon said (a crash, a sanitizer report).
-  if (HasFailure() && daemon_ != nullptr) fprintf(stderr, "kvarenad output:\n%s\n", daemon_->output().c_str());
+  if (HasFailure() && daemon_ != nullptr)
+    fprintf(stderr, "kvarenad output:\n%s\n", daemon_->output().c_str());
   if (daemon_ != nullptr && daemon_->running()) {
     // The restart test checks a clean SIGTERM exit; here a slow one only costs time.
     daemon_->Signal(SIGTERM);
@@ -69,8 +70,8 @@ void MultiProcessTest::StartDaemonWith(const std::vector<std::string>& flags) {
   observer_.reset();
   daemon_ = std::make_unique<Subprocess>();
   std::vector<std::string> argv = {
-      KVARENAD_PATH,      "--listen=" + address(), "--backend=host",   "--arena_bytes=256Mi",
-      "--page_size=16",   "--session_grace=1s",    "--metrics_port=0", "--num_threads=1"};
+      KVARENAD_PATH,    "--listen=" + address(), "--backend=host",   "--arena_bytes=256Mi",
+      "--page_size=16", "--session_grace=1s",    "--metrics_port=0", "--num_threads=1"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   ASSERT_TRUE(daemon_->Start(argv).ok());
   ClientOptions options;

@@ -11,8 +11,8 @@
 #include <map>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/mp/mp_fixture.h"
 
@@ -92,10 +92,14 @@ TEST_F(PrefixReuseTest, SecondWorkerAdoptsThePrefixAndMatchesARunWithoutReuseBit
   EXPECT_EQ(both.pages.prefix_hit_tokens, uint64_t(kCached));
   std::printf("pages: one worker %lld, both %lld (without reuse %lld): %.0f%% saved\n",
               static_cast<long long>(one), static_cast<long long>(both.pages.pages_used),
-              static_cast<long long>(2 * one), 100.0 * (1.0 - double(both.pages.pages_used) / double(2 * one)));
+              static_cast<long long>(2 * one),
+              100.0 * (1.0 - double(both.pages.pages_used) / double(2 * one)));
 
   // The same calls without reuse: the prompt up to kCached, then the rest, then decode.
-  EXPECT_EQ(Run({"--prefix_namespace=", absl::StrCat("--split_at=", kCached), "--out=" + Path("r.txt")}, "r"), 0);
+  EXPECT_EQ(
+      Run({"--prefix_namespace=", absl::StrCat("--split_at=", kCached), "--out=" + Path("r.txt")},
+          "r"),
+      0);
   const auto rb = Outputs(Path("b.txt")), rr = Outputs(Path("r.txt")), ra = Outputs(Path("a.txt"));
   EXPECT_EQ(rb.size(), size_t((200 + 8 - kCached) * kLayers));
   EXPECT_EQ(ExpectSameRows(rb, rr), int(rb.size()));
@@ -115,15 +119,18 @@ TEST_F(PrefixReuseTest, SecondWorkerAdoptsThePrefixAndMatchesARunWithoutReuseBit
   EXPECT_EQ(after.pages.pages_used, 0);
   EXPECT_EQ(after.pages.pages_shared, 0);
   EXPECT_EQ(after.pages.pages_cached, kPagesOfOne);  // a's full pages; b's duplicate was private
-  EXPECT_EQ(after.pages.prefix_lookups, 2u);  // r had no namespace: no lookup
+  EXPECT_EQ(after.pages.prefix_lookups, 2u);         // r had no namespace: no lookup
 }
 
 TEST_F(PrefixReuseTest, TheLocalPathAdoptsFromCachedPagesToo) {
   StartDaemon();
   EXPECT_EQ(Run({}, "a"), 0);  // computes and releases: its pages stay cached
   EXPECT_EQ(Stats().pages.pages_cached, kPagesOfOne);
-  EXPECT_EQ(Run({"--local", "--out=" + Path("b.txt"), absl::StrCat("--expect_cached=", kCached)}, "b"), kCached);
-  EXPECT_EQ(Run({"--local", "--prefix_namespace=", absl::StrCat("--split_at=", kCached), "--out=" + Path("r.txt")},
+  EXPECT_EQ(
+      Run({"--local", "--out=" + Path("b.txt"), absl::StrCat("--expect_cached=", kCached)}, "b"),
+      kCached);
+  EXPECT_EQ(Run({"--local", "--prefix_namespace=", absl::StrCat("--split_at=", kCached),
+                 "--out=" + Path("r.txt")},
                 "r"),
             0);
   const auto rb = Outputs(Path("b.txt"));
@@ -229,7 +236,8 @@ TEST_F(PrefixReuseTest, RefcountsStayExactWhenAWorkerHoldingAdoptedPagesIsKilled
   EXPECT_EQ(held.pages.pages_cached, kLayers);  // a's last page (its decoded tokens)
   b1->Signal(SIGKILL);
   ASSERT_TRUE(b1->Wait(kEventBound).ok());
-  ASSERT_TRUE(WaitForArena([](const ArenaStats& s) { return s.num_sessions == 1 && s.num_caches == 1; }));
+  ASSERT_TRUE(
+      WaitForArena([](const ArenaStats& s) { return s.num_sessions == 1 && s.num_caches == 1; }));
   held = Stats();
   EXPECT_EQ(held.pages.pages_used, kPromptPages * kLayers + kLayers);
   EXPECT_EQ(held.pages.pages_shared, 0);

@@ -34,7 +34,8 @@
 #include "tests/support/worker_main.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH, HOST:PORT or inproc:");
-ABSL_FLAG(std::string, prefix_namespace, "model", "the spec's prefix_namespace (\"\": share nothing)");
+ABSL_FLAG(std::string, prefix_namespace, "model",
+          "the spec's prefix_namespace (\"\": share nothing)");
 ABSL_FLAG(int, prompt_len, 200, "prompt tokens");
 ABSL_FLAG(int, prompt_seed, 1, "which prompt");
 ABSL_FLAG(int, differ_at, -1, "change the prompt's token at this index (-1: none)");
@@ -76,7 +77,8 @@ uint64_t Fnv(const void* data, size_t n, uint64_t h = 1469598103934665603u) {
 std::vector<int32_t> Prompt() {
   std::vector<int32_t> t;
   const int seed = absl::GetFlag(FLAGS_prompt_seed);
-  for (int i = 0; i < absl::GetFlag(FLAGS_prompt_len); ++i) t.push_back((seed * 1000003 + i * 7919) % 50000);
+  for (int i = 0; i < absl::GetFlag(FLAGS_prompt_len); ++i)
+    t.push_back((seed * 1000003 + i * 7919) % 50000);
   if (int d = absl::GetFlag(FLAGS_differ_at); d >= 0 && d < int(t.size())) t[size_t(d)] += 1;
   if (const int answer = absl::GetFlag(FLAGS_previous_answer); answer > 0) {
     for (int s = 0; s < answer; ++s) t.push_back(absl::GetFlag(FLAGS_decode_seed) + s);
@@ -90,7 +92,8 @@ class Sequence {
  public:
   Sequence(std::shared_ptr<GenericKvCacheHandle> cache, std::vector<int32_t> tokens, FILE* out)
       : cache_(std::move(cache)), tokens_(std::move(tokens)), out_(out) {
-    for (int l = 0; l < cache_->num_layers(); ++l) history_.emplace_back(cache_->num_kv_heads(), cache_->head_dim());
+    for (int l = 0; l < cache_->num_layers(); ++l)
+      history_.emplace_back(cache_->num_kv_heads(), cache_->head_dim());
   }
   GenericKvCacheHandle& cache() { return *cache_; }
   std::vector<int32_t>& tokens() { return tokens_; }
@@ -111,7 +114,8 @@ class Sequence {
         for (int d = 0; d < dim; ++d) {
           const uint64_t x = (h ^ uint64_t(hd * dim + d)) * 0x9E3779B97F4A7C15u;
           const double v = double(int64_t(x >> 40) % 2001 - 1000) / 1000.0;
-          t.values[size_t((hd * (to - from) + (p - from)) * dim + d)] = testing::RoundTo(v, t.dtype);
+          t.values[size_t((hd * (to - from) + (p - from)) * dim + d)] =
+              testing::RoundTo(v, t.dtype);
         }
       }
     }
@@ -123,7 +127,8 @@ class Sequence {
   // them: CheckGetKv).
   void Adopted(int64_t n) {
     if (n == 0) return;
-    for (int l = 0; l < cache_->num_layers(); ++l) history_[size_t(l)].Append(Model(l, 0, 0, n), Model(l, 1, 0, n));
+    for (int l = 0; l < cache_->num_layers(); ++l)
+      history_[size_t(l)].Append(Model(l, 0, 0, n), Model(l, 1, 0, n));
   }
 
   // Computes positions [from, to) on every layer, checking outputs against the reference.
@@ -135,12 +140,14 @@ class Sequence {
       auto out = local ? cache_->attention_local(l, q.arg(), k.arg(), v.arg())
                        : cache_->attention(l, q.arg(), k.arg(), v.arg());
       if (!out.ok()) {
-        return absl::Status(out.status().code(), absl::StrCat("layer ", l, " positions [", from, ", ", to,
-                                                              "): ", out.status().message()));
+        return absl::Status(out.status().code(),
+                            absl::StrCat("layer ", l, " positions [", from, ", ", to,
+                                         "): ", out.status().message()));
       }
       history_[size_t(l)].Append(k, v);
       if (absl::GetFlag(FLAGS_check)) {
-        const auto ref = history_[size_t(l)].Attention(q, from, 0, cache_->layer_windows()[size_t(l)]);
+        const auto ref =
+            history_[size_t(l)].Attention(q, from, 0, cache_->layer_windows()[size_t(l)]);
         KVARENA_RETURN_IF_ERROR(
             testing::CompareOutput(absl::StrCat("layer ", l, " pos ", from), *out, ref));
       }
@@ -149,7 +156,8 @@ class Sequence {
         const size_t row = out->data.size() / size_t(heads * n);
         for (int64_t i = 0; i < n; ++i) {
           uint64_t h = 1469598103934665603u;
-          for (int hd = 0; hd < heads; ++hd) h = Fnv(out->data.data() + (size_t(hd * n + i)) * row, row, h);
+          for (int hd = 0; hd < heads; ++hd)
+            h = Fnv(out->data.data() + (size_t(hd * n + i)) * row, row, h);
           std::fprintf(out_, "%lld %d %016llx\n", static_cast<long long>(from + i), l,
                        static_cast<unsigned long long>(h));
         }
@@ -234,7 +242,8 @@ absl::Status Run() {
   }
   // Allocate, then the prompt up to its last output: the arena's part of time to first token.
   const double ms =
-      allocate_ms + std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+      allocate_ms +
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
   KVARENA_ASSIGN_OR_RETURN(auto pages, (cache)->pages_used());
   std::printf("prefill done: pages_used %lld, %lld positions computed, %.2f ms\n",
               static_cast<long long>(pages), static_cast<long long>(len - cached), ms);

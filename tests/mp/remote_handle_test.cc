@@ -100,9 +100,13 @@ TEST_F(RemoteHandleTest, PoolViewsReadExactlyWhatGetKvReturns) {
       for (int head = 0; head < h->num_kv_heads(); ++head) {
         const size_t at = (size_t(head) * n + t) * row;
         EXPECT_EQ(std::memcmp(keys->TokenPtr(kv->first_pos + t) + head * row,
-                              kv->k.data.data() + at, row), 0) << t;
+                              kv->k.data.data() + at, row),
+                  0)
+            << t;
         EXPECT_EQ(std::memcmp(values->TokenPtr(kv->first_pos + t) + head * row,
-                              kv->v.data.data() + at, row), 0) << t;
+                              kv->v.data.data() + at, row),
+                  0)
+            << t;
       }
     }
   }
@@ -190,8 +194,7 @@ TEST_F(RemoteHandleTest, ErrorsCarryTheDaemonsCodes) {
   HostTensor k = RandomTensor(rng_, DType::kFloat16, 2, 1, 32);
   HostTensor wrong = RandomTensor(rng_, DType::kFloat16, 3, 1, 32);
   EXPECT_THAT(h->append(0, 5, k.arg(), k.arg()), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(h->append(0, wrong.arg(), wrong.arg()),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(h->append(0, wrong.arg(), wrong.arg()), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(client_->OpenCache("no-such-cache"), StatusIs(absl::StatusCode::kNotFound));
   CacheSpec spec;
   spec.num_layers = 2;

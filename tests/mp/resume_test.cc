@@ -30,9 +30,9 @@ class ResumeTest : public MultiProcessTest {
   void Start(const std::string& grace, bool tcp) {
     const std::string socket = std::string(absl::StripPrefix(address(), "unix:"));
     const std::string daemon_tcp = absl::StrCat("127.0.0.1:", PickUnusedPort());
-    StartDaemonWith({"--session_grace=" + grace,
-                     tcp ? absl::StrCat("--listen=unix:", socket, ",", daemon_tcp)
-                         : "--listen=unix:" + socket});
+    StartDaemonWith(
+        {"--session_grace=" + grace, tcp ? absl::StrCat("--listen=unix:", socket, ",", daemon_tcp)
+                                         : "--listen=unix:" + socket});
     auto proxy = tcp ? StreamProxy::Start("127.0.0.1:0", daemon_tcp)
                      : StreamProxy::Start(absl::StrCat("unix:", dir(), "/proxy.sock"), address());
     ASSERT_TRUE(proxy.ok()) << proxy.status();
@@ -95,7 +95,8 @@ TEST_F(ResumeTest, ASecondBreakResumesWithTheTokenTheFirstResumeGave) {
   AppendTokens(**cache, 4);
   for (int64_t resumes = 1; resumes <= 2; ++resumes) {
     proxy_->Cut();
-    ASSERT_TRUE(WaitFor([&] { return (*client)->resumes() == resumes || !(*client)->connected(); }));
+    ASSERT_TRUE(
+        WaitFor([&] { return (*client)->resumes() == resumes || !(*client)->connected(); }));
     ASSERT_EQ((*client)->resumes(), resumes) << daemon().output();
     EXPECT_TRUE((*client)->connected());
   }

@@ -41,7 +41,8 @@ absl::StatusOr<SocketAddress> Parse(absl::string_view address) {
   uint32_t port = 0;
   if (!absl::ConsumePrefix(&address, "127.0.0.1:") || !absl::SimpleAtoi(address, &port) ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("want unix:PATH or 127.0.0.1:PORT, got ", address));
+    return absl::InvalidArgumentError(
+        absl::StrCat("want unix:PATH or 127.0.0.1:PORT, got ", address));
   }
   auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
   in->sin_family = AF_INET;
@@ -135,9 +136,8 @@ void StreamProxy::Cut() {
   absl::MutexLock lock(&mu_);
   const int want = ++cuts_requested_;
   Wake();
-  auto done = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return cuts_done_ >= want || stopping_;
-  };
+  auto done = [this, want]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cuts_done_ >= want || stopping_; };
   mu_.Await(absl::Condition(&done));
 }
 
@@ -174,7 +174,8 @@ void StreamProxy::Run() {
     }
     if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) break;
     {
-      while (read(wake_read_, buf, sizeof(buf)) > 0) {}
+      while (read(wake_read_, buf, sizeof(buf)) > 0) {
+      }
       absl::MutexLock lock(&mu_);
       if (stopping_) break;
       if (cuts_done_ < cuts_requested_) {

@@ -40,7 +40,8 @@ class StreamProxy {
   int refused() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  StreamProxy(int listen_fd, std::string address, std::string target, int wake_read, int wake_write);
+  StreamProxy(int listen_fd, std::string address, std::string target, int wake_read,
+              int wake_write);
   void Run();  // the forwarding thread
   void Wake() const;
 

@@ -105,8 +105,8 @@ class Worker {
       auto out = twin_ != nullptr ? cache_->attention_local(layer, q.arg(), k.arg(), v.arg())
                                   : cache_->attention(layer, q.arg(), k.arg(), v.arg());
       if (!out.ok()) {
-        return absl::Status(out.status().code(), absl::StrCat(what, " layer ", layer, " pos ",
-                                                              pos, ": ", out.status().message()));
+        return absl::Status(out.status().code(), absl::StrCat(what, " layer ", layer, " pos ", pos,
+                                                              ": ", out.status().message()));
       }
       if (twin_ != nullptr) {
         KVARENA_ASSIGN_OR_RETURN(auto served, twin_->attention(layer, q.arg(), k.arg(), v.arg()));
@@ -127,8 +127,8 @@ class Worker {
   absl::Status CheckLength(const std::string& what) const {
     const int64_t want = history_[0].len();
     if (cache_->num_tokens() != want) {
-      return absl::InternalError(absl::StrCat(what, ": num_tokens() = ", cache_->num_tokens(),
-                                              ", want ", want));
+      return absl::InternalError(
+          absl::StrCat(what, ": num_tokens() = ", cache_->num_tokens(), ", want ", want));
     }
     return absl::OkStatus();
   }
@@ -220,16 +220,16 @@ absl::Status CheckLocalCalls(Client& client, const CallCounts& before, int decod
   const int64_t ahead = std::max<int64_t>(cache.reserve_ahead(), page);
   const int64_t popn_extra = 1;
   const int64_t limit = (decode + 3 + ahead - 1) / ahead + popn_extra;
-  std::printf("local path: decode_steps %d reserve_calls %lld commit_calls %lld describe_calls %lld "
-              "(ceil(decode/page_size) = %lld)\n",
-              decode, static_cast<long long>(reserves),
-              static_cast<long long>(now.commit - before.commit),
-              static_cast<long long>(now.describe - before.describe),
-              static_cast<long long>((decode + page - 1) / page));
+  std::printf(
+      "local path: decode_steps %d reserve_calls %lld commit_calls %lld describe_calls %lld "
+      "(ceil(decode/page_size) = %lld)\n",
+      decode, static_cast<long long>(reserves), static_cast<long long>(now.commit - before.commit),
+      static_cast<long long>(now.describe - before.describe),
+      static_cast<long long>((decode + page - 1) / page));
   std::fflush(stdout);
   if (reserves > limit) {
-    return absl::InternalError(absl::StrCat("local path made ", reserves,
-                                            " Reserve calls for ", decode, " decode steps"));
+    return absl::InternalError(
+        absl::StrCat("local path made ", reserves, " Reserve calls for ", decode, " decode steps"));
   }
   return absl::OkStatus();
 }

@@ -57,8 +57,7 @@ TEST_F(WorkersTest, FourConcurrentWorkersMatchReferenceAndFreeEverything) {
   for (size_t i = 0; i < workers.size(); ++i) {
     ExpectExitsOk(*workers[i], absl::StrCat("worker ", i + 1));
     if (i != 1) {  // worker 2 has sliding layers: popn may refuse there
-      EXPECT_NE(workers[i]->output().find("popn ok"), std::string::npos)
-          << workers[i]->output();
+      EXPECT_NE(workers[i]->output().find("popn ok"), std::string::npos) << workers[i]->output();
     }
   }
   auto st = Observer()->Stats();
@@ -74,8 +73,8 @@ TEST_F(WorkersTest, FourConcurrentWorkersMatchReferenceAndFreeEverything) {
 TEST_F(WorkersTest, KilledWorkerPagesFreedAfterSessionGrace) {
   StartDaemon("1s");
   // The victim has its own geometry (head_dim 32), hence its own pool.
-  auto victim = StartWorker(7, {"--head_dim=32", "--decode=100000", "--step_delay_ms=5",
-                                "--print_every=4"});
+  auto victim =
+      StartWorker(7, {"--head_dim=32", "--decode=100000", "--step_delay_ms=5", "--print_every=4"});
   std::vector<std::unique_ptr<Subprocess>> others;
   others.push_back(StartWorker(8, {"--decode=250", "--pause_after_prefill"}));
   others.push_back(StartWorker(9, {"--decode=250", "--window=8", "--pause_after_prefill"}));
@@ -170,9 +169,9 @@ TEST_F(WorkersTest, KilledLocalPathWorkerLeaksNoPages) {
 
 // The same worker binary against the in-process arena: the handle API is one API.
 TEST_F(WorkersTest, WorkerRunsAgainstInproc) {
-  auto r = RunCommand({KVARENA_WORKER_PATH, "--address=inproc:", "--window=8", "--decode=40",
-                       "--dtype=bfloat16"},
-                      absl::Seconds(60));
+  auto r = RunCommand(
+      {KVARENA_WORKER_PATH, "--address=inproc:", "--window=8", "--decode=40", "--dtype=bfloat16"},
+      absl::Seconds(60));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->exited_ok()) << r->output;
   EXPECT_NE(r->output.find("worker ok"), std::string::npos) << r->output;

@@ -59,9 +59,9 @@ struct Actor::Tracked {
 };
 
 const char* OpName(OpKind kind) {
-  static constexpr const char* kNames[kNumOpKinds] = {
-      "allocate", "append", "attend", "attend_cached", "popn", "reset", "release", "local",
-      "verify"};
+  static constexpr const char* kNames[kNumOpKinds] = {"allocate",      "append", "attend",
+                                                      "attend_cached", "popn",   "reset",
+                                                      "release",       "local",  "verify"};
   return kNames[int(kind)];
 }
 
@@ -87,7 +87,8 @@ int64_t Tally::exhausted() const {
 
 std::string Tally::ToString() const {
   std::string out = absl::StrCat("ops=", total_ops());
-  for (int i = 0; i < kNumOpKinds; ++i) absl::StrAppend(&out, " ", OpName(OpKind(i)), "=", ops[size_t(i)]);
+  for (int i = 0; i < kNumOpKinds; ++i)
+    absl::StrAppend(&out, " ", OpName(OpKind(i)), "=", ops[size_t(i)]);
   int64_t errs = 0;
   for (const auto& [k, n] : errors) errs += n;
   absl::StrAppend(&out, " errors=", errs);
@@ -131,26 +132,44 @@ absl::Status Actor::Step() {
   if (c.longest() > options_.max_len) {
     op = r < 50 ? OpKind::kReset : OpKind::kRelease;
   } else if (options_.fill) {
-    op = r < 45 ? OpKind::kAppend : r < 85 ? OpKind::kLocal : r < 90 ? OpKind::kPopn
-       : r < 94 ? OpKind::kVerify : r < 97 ? OpKind::kReset : OpKind::kRelease;
+    op = r < 45   ? OpKind::kAppend
+         : r < 85 ? OpKind::kLocal
+         : r < 90 ? OpKind::kPopn
+         : r < 94 ? OpKind::kVerify
+         : r < 97 ? OpKind::kReset
+                  : OpKind::kRelease;
   } else {
-    op = r < 18 ? OpKind::kAppend : r < 40 ? OpKind::kAttend : r < 48 ? OpKind::kAttendCached
-       : r < 60 ? OpKind::kPopn : r < 64 ? OpKind::kReset : r < 68 ? OpKind::kRelease
-       : r < 92 ? OpKind::kLocal : OpKind::kVerify;
+    op = r < 18   ? OpKind::kAppend
+         : r < 40 ? OpKind::kAttend
+         : r < 48 ? OpKind::kAttendCached
+         : r < 60 ? OpKind::kPopn
+         : r < 64 ? OpKind::kReset
+         : r < 68 ? OpKind::kRelease
+         : r < 92 ? OpKind::kLocal
+                  : OpKind::kVerify;
   }
   // A ragged cache takes no popn and no local step (both work on whole tokens).
   if (c.ragged() && (op == OpKind::kPopn || op == OpKind::kLocal)) op = OpKind::kAppend;
   ++tally_.ops[size_t(op)];
   switch (op) {
-    case OpKind::kAppend: return Append(c, /*attend=*/false);
-    case OpKind::kAttend: return Append(c, /*attend=*/true);
-    case OpKind::kAttendCached: return AttendCached(c);
-    case OpKind::kPopn: return Popn(c);
-    case OpKind::kReset: return Reset(c);
-    case OpKind::kRelease: return Release(index);
-    case OpKind::kLocal: return Local(c);
-    case OpKind::kVerify: return Verify(c);
-    case OpKind::kAllocate: break;
+    case OpKind::kAppend:
+      return Append(c, /*attend=*/false);
+    case OpKind::kAttend:
+      return Append(c, /*attend=*/true);
+    case OpKind::kAttendCached:
+      return AttendCached(c);
+    case OpKind::kPopn:
+      return Popn(c);
+    case OpKind::kReset:
+      return Reset(c);
+    case OpKind::kRelease:
+      return Release(index);
+    case OpKind::kLocal:
+      return Local(c);
+    case OpKind::kVerify:
+      return Verify(c);
+    case OpKind::kAllocate:
+      break;
   }
   return Allocate();
 }
@@ -201,7 +220,8 @@ absl::Status Actor::Judge(OpKind op, const absl::Status& s, const Tracked& c, in
     ++tally_.errors[absl::StrCat(OpName(op), ":RESOURCE_EXHAUSTED")];
     return absl::OkStatus();
   }
-  return Annotate(s, absl::StrCat(OpName(op), " of ", n, " tokens at ", len, " on ", c.h->cache_id()));
+  return Annotate(s,
+                  absl::StrCat(OpName(op), " of ", n, " tokens at ", len, " on ", c.h->cache_id()));
 }
 
 absl::Status Actor::Append(Tracked& c, bool attend) {
@@ -226,7 +246,8 @@ absl::Status Actor::Append(Tracked& c, bool attend) {
     const absl::Status judged = Judge(op, out.status(), c, pos, n);
     if (!judged.ok() || !out.ok()) return judged;
     c.layers[size_t(layer)].Append(k, v);
-    const auto ref = c.layers[size_t(layer)].Attention(q, pos, 0, c.h->layer_windows()[size_t(layer)]);
+    const auto ref =
+        c.layers[size_t(layer)].Attention(q, pos, 0, c.h->layer_windows()[size_t(layer)]);
     KVARENA_RETURN_IF_ERROR(testing::CompareOutput(
         absl::StrCat("attend on ", c.h->cache_id(), " layer ", layer, " pos ", pos), *out, ref));
   }
@@ -252,23 +273,27 @@ absl::Status Actor::Popn(Tracked& c) {
   const int64_t len = c.len(0);
   std::uniform_int_distribution<int> pct(0, 99);
   // Mostly a draft's rollback (1..6 tokens, at most what is there); sometimes too many.
-  const int64_t n = len == 0 || pct(rng_) < 10
-                        ? len + std::uniform_int_distribution<int64_t>(1, 4)(rng_)
-                        : std::uniform_int_distribution<int64_t>(1, std::min<int64_t>(6, len))(rng_);
+  const int64_t n =
+      len == 0 || pct(rng_) < 10
+          ? len + std::uniform_int_distribution<int64_t>(1, 4)(rng_)
+          : std::uniform_int_distribution<int64_t>(1, std::min<int64_t>(6, len))(rng_);
   auto r = c.h->popn(n);
   if (!r.ok()) return Annotate(r.status(), absl::StrCat("popn(", n, ") on ", c.h->cache_id()));
   const std::string what = absl::StrCat("popn(", n, ") at ", len, " on ", c.h->cache_id());
   if (r->popped == 0) {
     // Refused: too many tokens, or a sliding layer evicted what the rollback needs.
     if (n <= len && !c.sliding()) {
-      return absl::InternalError(absl::StrCat(what, " refused on a cache with no sliding layer: ", r->refusal));
+      return absl::InternalError(
+          absl::StrCat(what, " refused on a cache with no sliding layer: ", r->refusal));
     }
     ++tally_.popn_refused;
-    return r->seq_len == len ? absl::OkStatus()
-                             : absl::InternalError(absl::StrCat(what, " refused but seq_len is ", r->seq_len));
+    return r->seq_len == len
+               ? absl::OkStatus()
+               : absl::InternalError(absl::StrCat(what, " refused but seq_len is ", r->seq_len));
   }
   if (r->popped != n || n > len || r->seq_len != len - n) {
-    return absl::InternalError(absl::StrCat(what, ": popped ", r->popped, ", seq_len ", r->seq_len));
+    return absl::InternalError(
+        absl::StrCat(what, ": popped ", r->popped, ", seq_len ", r->seq_len));
   }
   for (KvHistory& l : c.layers) l.Truncate(len - n);
   return absl::OkStatus();
@@ -279,8 +304,8 @@ absl::Status Actor::Reset(Tracked& c) {
   KVARENA_RETURN_IF_ERROR(c.h->reset(keep_pages));
   for (KvHistory& l : c.layers) l = KvHistory(c.h->num_kv_heads(), c.h->head_dim());
   if (c.h->num_tokens() != 0) {
-    return absl::InternalError(absl::StrCat("reset on ", c.h->cache_id(), ": num_tokens() = ",
-                                            c.h->num_tokens()));
+    return absl::InternalError(
+        absl::StrCat("reset on ", c.h->cache_id(), ": num_tokens() = ", c.h->num_tokens()));
   }
   return absl::OkStatus();
 }
@@ -302,7 +327,8 @@ absl::Status Actor::Local(Tracked& c) {
   std::uniform_int_distribution<int> pct(0, 99);
   for (int layer = 0; layer < c.h->num_layers(); ++layer) {
     HostTensor k = Random(c, c.h->num_kv_heads(), n), v = Random(c, c.h->num_kv_heads(), n);
-    const std::string what = absl::StrCat("local on ", c.h->cache_id(), " layer ", layer, " pos ", len);
+    const std::string what =
+        absl::StrCat("local on ", c.h->cache_id(), " layer ", layer, " pos ", len);
     if (pct(rng_) < 30) {
       KVARENA_RETURN_IF_ERROR(Annotate(c.h->append_local(layer, k.arg(), v.arg()), what));
       c.layers[size_t(layer)].Append(k, v);
@@ -326,13 +352,15 @@ absl::Status Actor::Verify(const Tracked& c) const {
     const std::string what = absl::StrCat("get_kv ", c.h->cache_id(), " layer ", layer);
     const KvHistory& want = c.layers[size_t(layer)];
     if (d->info.layer_lens[size_t(layer)] != want.len()) {
-      return absl::InternalError(absl::StrCat(what, ": describe says ", d->info.layer_lens[size_t(layer)],
-                                              " tokens, ", want.len(), " were written"));
+      return absl::InternalError(absl::StrCat(what, ": describe says ",
+                                              d->info.layer_lens[size_t(layer)], " tokens, ",
+                                              want.len(), " were written"));
     }
     auto kv = c.h->get_kv(layer);
     if (!kv.ok()) return Annotate(kv.status(), what);
     if (c.h->layer_windows()[size_t(layer)] == 0 && kv->first_pos != 0) {
-      return absl::InternalError(absl::StrCat(what, ": first_pos ", kv->first_pos, " on a global layer"));
+      return absl::InternalError(
+          absl::StrCat(what, ": first_pos ", kv->first_pos, " on a global layer"));
     }
     // Bit for bit: the bytes sent, re-encoded from the copy, against the bytes read back.
     for (int part = 0; part < 2; ++part) {
@@ -364,7 +392,8 @@ absl::StatusOr<std::vector<std::string>> Actor::PageLines() const {
     auto d = c->h->describe();
     if (!d.ok()) return Annotate(d.status(), absl::StrCat("describe ", c->h->cache_id()));
     std::vector<int32_t> pages;
-    for (const LayerPages& l : d->layers) pages.insert(pages.end(), l.page_ids.begin(), l.page_ids.end());
+    for (const LayerPages& l : d->layers)
+      pages.insert(pages.end(), l.page_ids.begin(), l.page_ids.end());
     lines.push_back(absl::StrCat("cache ", c->h->cache_id(), " pool ", d->info.pool_id, " pages ",
                                  pages.empty() ? "-" : absl::StrJoin(pages, ",")));
   }

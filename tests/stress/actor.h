@@ -38,8 +38,8 @@ enum class OpKind {
   kPopn,
   kReset,
   kRelease,
-  kLocal,         // local path: reserve, append_local / attention_local per layer, commit
-  kVerify,        // get_kv of every layer and describe() against the copy
+  kLocal,   // local path: reserve, append_local / attention_local per layer, commit
+  kVerify,  // get_kv of every layer and describe() against the copy
 };
 inline constexpr int kNumOpKinds = 9;
 const char* OpName(OpKind kind);

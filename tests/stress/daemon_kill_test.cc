@@ -31,19 +31,22 @@ TEST_F(DaemonKillTest, WorkersSeeUnavailableAndAreServedByTheRestartedDaemon) {
     workers.push_back(StartStressWorker(uint64_t(i), flags));
   }
   for (int i = 0; i < kWorkers; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectLine(*workers[size_t(i)], "phase running", absl::StrCat("worker ", i)));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectLine(*workers[size_t(i)], "phase running", absl::StrCat("worker ", i)));
   }
   auto loaded = Observer()->Stats();
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->num_sessions, kWorkers);
 
-  for (auto& w : workers) ASSERT_EQ(w->output().find("daemon gone"), std::string::npos) << w->output();
+  for (auto& w : workers)
+    ASSERT_EQ(w->output().find("daemon gone"), std::string::npos) << w->output();
   daemon().Signal(SIGKILL);
   auto killed = daemon().Wait(StressBound());
   ASSERT_TRUE(killed.ok()) << killed.status();
   EXPECT_EQ(DescribeWaitStatus(*killed), "signal 9 (Killed)");
   for (int i = 0; i < kWorkers; ++i) {
-    ASSERT_NO_FATAL_FAILURE(ExpectLine(*workers[size_t(i)], "daemon gone", absl::StrCat("worker ", i)));
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectLine(*workers[size_t(i)], "daemon gone", absl::StrCat("worker ", i)));
   }
 
   // The same socket path, a stale socket file left behind; the workers, already trying to
@@ -59,9 +62,9 @@ TEST_F(DaemonKillTest, WorkersSeeUnavailableAndAreServedByTheRestartedDaemon) {
     AddReport(ParseReports(w.output(), "report"), &after);
   }
   EXPECT_EQ(after["ops"], kWorkers * kThreads * ops) << FormatReport(after);
-  const std::string summary = absl::StrCat(
-      kWorkers, " processes x ", kThreads, " threads; before the kill: ", FormatReport(before),
-      "; after the restart: ", FormatReport(after));
+  const std::string summary = absl::StrCat(kWorkers, " processes x ", kThreads,
+                                           " threads; before the kill: ", FormatReport(before),
+                                           "; after the restart: ", FormatReport(after));
   std::cout << "daemon kill: " << summary << std::endl;
   RecordProperty("daemon_kill", summary);
   ExpectArenaEmpty("after every worker exited");

@@ -66,7 +66,8 @@ TEST_F(KillStormTest, EveryPageFdAndByteComesBackAfterKilledWorkers) {
       Subprocess& victim = *victims[size_t(v)];
       const KillPoint& point = kKillPoints[points[size_t(v)]];
       // A delay, not an assertion: where in its work the victim is when the signal lands.
-      const absl::Duration delay = absl::Microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
+      const absl::Duration delay =
+          absl::Microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
       if (point.after != nullptr) {
         ASSERT_TRUE(victim.WaitForOutput(point.after, StressBound())) << victim.output();
         absl::SleepFor(delay);
@@ -99,11 +100,11 @@ TEST_F(KillStormTest, EveryPageFdAndByteComesBackAfterKilledWorkers) {
   for (size_t i = 0; i < std::size(kKillPoints); ++i) {
     absl::StrAppend(&where, i ? ", " : "", kills_at[i], " ", kKillPoints[i].name);
   }
-  const std::string summary = absl::StrCat(
-      cycles, " cycles, ", cycles * kVictimsPerCycle, " workers killed (", where,
-      "); pages leaked ", st->pages.pages_used, "; daemon fds ", fds_before, " -> ", fds_after,
-      "; RSS ", rss_before, " KiB at start, ", rss_after_first, " KiB after cycle 1, ", rss_after,
-      " KiB after the storm");
+  const std::string summary =
+      absl::StrCat(cycles, " cycles, ", cycles * kVictimsPerCycle, " workers killed (", where,
+                   "); pages leaked ", st->pages.pages_used, "; daemon fds ", fds_before, " -> ",
+                   fds_after, "; RSS ", rss_before, " KiB at start, ", rss_after_first,
+                   " KiB after cycle 1, ", rss_after, " KiB after the storm");
   std::cout << "kill storm: " << summary << std::endl;
   RecordProperty("kill_storm", summary);
   EXPECT_EQ(st->pages.pages_used, 0);

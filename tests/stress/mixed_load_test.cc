@@ -29,7 +29,8 @@ TEST_F(MixedLoadTest, EightProcessesByEightThreadsKeepEveryPageAccountedFor) {
   StartDaemonWith({"--session_grace=200ms", "--scratch_bytes=4Mi"});
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int i = 0; i < kWorkers; ++i) {
-    std::vector<std::string> flags = {"--mode=mixed", "--hold", absl::StrCat("--threads=", kThreads),
+    std::vector<std::string> flags = {"--mode=mixed", "--hold",
+                                      absl::StrCat("--threads=", kThreads),
                                       absl::StrCat("--ops=", ops)};
     if (i % 2 == 1) flags.push_back("--inline_tensors");
     workers.push_back(StartStressWorker(uint64_t(i), flags));
@@ -79,10 +80,10 @@ TEST_F(MixedLoadTest, EightProcessesByEightThreadsKeepEveryPageAccountedFor) {
     AddReport(ParseReports(workers[size_t(i)]->output(), "report"), &total);
   }
   EXPECT_EQ(total["ops"], kWorkers * kThreads * ops) << FormatReport(total);
-  const std::string summary = absl::StrCat(
-      kWorkers, " processes x ", kThreads, " threads x ", ops, " ops: ", FormatReport(total),
-      "; held at the pause: ", held_ids.size(), " caches, ", pages_held, " pages in ",
-      st->pools.size(), " pools");
+  const std::string summary =
+      absl::StrCat(kWorkers, " processes x ", kThreads, " threads x ", ops,
+                   " ops: ", FormatReport(total), "; held at the pause: ", held_ids.size(),
+                   " caches, ", pages_held, " pages in ", st->pools.size(), " pools");
   std::cout << "mixed load: " << summary << std::endl;
   RecordProperty("mixed_load", summary);
 

@@ -79,7 +79,8 @@ std::unique_ptr<Subprocess> StressTest::StartStressWorker(uint64_t index,
 
 void StressTest::ExpectLine(Subprocess& worker, const std::string& line, const std::string& name) {
   ASSERT_TRUE(worker.WaitForOutput(line, StressBound()))
-      << name << " never printed \"" << line << "\"; output:\n" << worker.output();
+      << name << " never printed \"" << line << "\"; output:\n"
+      << worker.output();
 }
 
 int StressTest::DaemonFds() {

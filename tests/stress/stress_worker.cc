@@ -46,7 +46,8 @@ ABSL_FLAG(int, threads, 8, "threads, each with its own caches");
 ABSL_FLAG(int, ops, 100, "operations per thread (mixed, survive after the restart; cap for fill)");
 ABSL_FLAG(int, exhaustions, 3, "fill: RESOURCE_EXHAUSTED refusals each thread waits for");
 ABSL_FLAG(bool, inline_tensors, false, "send tensors inline instead of through shared slices");
-ABSL_FLAG(bool, hold, false, "mixed: print the caches' pages and wait for SIGUSR1 before releasing");
+ABSL_FLAG(bool, hold, false,
+          "mixed: print the caches' pages and wait for SIGUSR1 before releasing");
 
 namespace kvarena::stress {
 namespace {
@@ -218,8 +219,8 @@ absl::Status ExpectGone(const std::shared_ptr<Client>& client, const Actor& acto
   };
   while (!gone() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   if (!gone()) {
-    return absl::InternalError(absl::StrCat("the daemon is gone but connected() = ", client->connected(),
-                                            " or a handle is still valid"));
+    return absl::InternalError(absl::StrCat("the daemon is gone but connected() = ",
+                                            client->connected(), " or a handle is still valid"));
   }
   if (absl::Status s = client->Stats().status(); s.code() != absl::StatusCode::kUnavailable) {
     return absl::InternalError(absl::StrCat("Stats after the daemon went away: ", s.ToString()));

@@ -31,8 +31,12 @@ class FakePiecesRegion final : public Region {
 
   uint8_t* base() const override { return memory_->base(); }
   size_t size() const override { return memory_->size(); }
-  absl::Status Commit(size_t offset, size_t bytes) override { return memory_->Commit(offset, bytes); }
-  absl::Status Decommit(size_t offset, size_t bytes) override { return memory_->Decommit(offset, bytes); }
+  absl::Status Commit(size_t offset, size_t bytes) override {
+    return memory_->Commit(offset, bytes);
+  }
+  absl::Status Decommit(size_t offset, size_t bytes) override {
+    return memory_->Decommit(offset, bytes);
+  }
   absl::StatusOr<size_t> ResidentBytes() const override { return memory_->ResidentBytes(); }
   std::string share_kind() const override { return "fake_pieces"; }
 

@@ -37,8 +37,8 @@ class ForwardingKvKernels : public KvKernels {
                         void* v_out) override {
     return inner_->GatherKv(view, pos, n, k_out, v_out);
   }
-  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params,
-                              const void* q, void* out) override {
+  absl::Status PagedAttention(const PagedKvView& view, const AttentionParams& params, const void* q,
+                              void* out) override {
     return inner_->PagedAttention(view, params, q, out);
   }
 

@@ -1,5 +1,6 @@
-// Test-only, shared by every layer's tests. StatusIs(code) and StatusIs(code, message_matcher): gmock matchers for absl::Status and absl::StatusOr<T> (Debian's abseil
-// predates absl's own status_matchers.h).
+// Test-only, shared by every layer's tests. StatusIs(code) and StatusIs(code, message_matcher):
+// gmock matchers for absl::Status and absl::StatusOr<T> (Debian's abseil predates absl's own
+// status_matchers.h).
 #ifndef KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
 #define KVARENA_TESTS_SUPPORT_STATUS_MATCHERS_H_
 

@@ -16,8 +16,8 @@ namespace kvarena::testing {
 
 inline uint32_t TestSeed() {
   const char* env = std::getenv("KVARENA_SEED");
-  const uint32_t seed =
-      env != nullptr && *env != '\0' ? uint32_t(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+  const uint32_t seed = env != nullptr && *env != '\0' ? uint32_t(std::strtoul(env, nullptr, 10))
+                                                       : std::random_device{}();
   std::cout << "seed=" << seed << " (KVARENA_SEED=" << seed << " replays it)" << std::endl;
   ::testing::Test::RecordProperty("seed", std::to_string(seed));
   return seed;

@@ -40,7 +40,8 @@ namespace {
 // konst: a const member function (_ZNK).
 void* Real(const char* rest, bool konst = false) {
   const std::string ns = KVARENA_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name = std::string(konst ? "_ZNK4absl" : "_ZN4absl") + std::to_string(ns.size()) + ns + rest;
+  const std::string name =
+      std::string(konst ? "_ZNK4absl" : "_ZN4absl") + std::to_string(ns.size()) + ns + rest;
   void* fn = dlsym(RTLD_NEXT, name.c_str());
   if (fn == nullptr) {
     std::fprintf(stderr, "absl_sync_annotations: %s not found: %s\n", name.c_str(), dlerror());
@@ -50,7 +51,7 @@ void* Real(const char* rest, bool konst = false) {
 }
 
 // The real function, looked up once (thread-safe static init).
-#define KVARENA_REAL(type, rest, ...)                                     \
+#define KVARENA_REAL(type, rest, ...) \
   static const auto real = reinterpret_cast<type>(Real(rest, ##__VA_ARGS__))
 
 void Acquire(const void* addr) {
@@ -210,7 +211,8 @@ void CondVar::Wait(Mutex* mu) {
 }
 
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
-  KVARENA_REAL(bool (*)(CondVar*, Mutex*, Duration), "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  KVARENA_REAL(bool (*)(CondVar*, Mutex*, Duration),
+               "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
   Release(mu);
   const bool timed_out = real(this, mu, timeout);
   Acquire(mu);
@@ -218,7 +220,8 @@ bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
-  KVARENA_REAL(bool (*)(CondVar*, Mutex*, Time), "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  KVARENA_REAL(bool (*)(CondVar*, Mutex*, Time),
+               "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
   Release(mu);
   const bool timed_out = real(this, mu, deadline);
   Acquire(mu);

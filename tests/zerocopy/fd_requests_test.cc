@@ -2,6 +2,8 @@
 // refusals, bytes that are no request, and export pages over a region of 600 pieces
 // (a large CUDA VMM pool, faked) that honour first_piece and after_generation exactly
 // and create fds for the reply's pieces only.
+#include "daemon/fd_requests.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -11,7 +13,6 @@
 
 #include "arena/fd_passing.h"
 #include "core/kv_store.h"
-#include "daemon/fd_requests.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.pb.h"
 #include "tests/support/fake_pieces_backend.h"
@@ -29,11 +30,13 @@ class FdRequestsTest : public ::testing::Test {
     o.arena_bytes = size_t{64} << 20;
     o.num_threads = 0;
     o.scratch_bytes = kChunkGranularity;
-    auto store = KvStore::Create(o, std::make_unique<testing::FakePiecesBackend>(kPieces, &fds_created_));
+    auto store =
+        KvStore::Create(o, std::make_unique<testing::FakePiecesBackend>(kPieces, &fds_created_));
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     session_ = *store_->OpenSession("w");
-    ASSERT_TRUE(store_->Allocate(session_, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a").ok());
+    ASSERT_TRUE(
+        store_->Allocate(session_, CacheSpec{1, 2, 8, DType::kFloat32, 4, {}, 0, ""}, "a").ok());
   }
   // Handles `bytes`; checks that the reply's pieces and pieces_out agree, closes the fds.
   v1::FdReply Handle(const std::string& bytes, const absl::Status& access = absl::OkStatus()) {
@@ -58,7 +61,9 @@ class FdRequestsTest : public ::testing::Test {
     return Handle(req.SerializeAsString());
   }
   static uint64_t FirstGeneration(const v1::FdReply& r) { return r.pieces(0).generation(); }
-  static uint64_t LastGeneration(const v1::FdReply& r) { return r.pieces(r.pieces_size() - 1).generation(); }
+  static uint64_t LastGeneration(const v1::FdReply& r) {
+    return r.pieces(r.pieces_size() - 1).generation();
+  }
 
   std::atomic<int> fds_created_{0};
   std::unique_ptr<KvStore> store_;
@@ -127,7 +132,8 @@ TEST_F(FdRequestsTest, RefusesPeersOfAnotherUserBeforeReadingTheRequest) {
 }
 
 TEST_F(FdRequestsTest, RejectsBytesThatAreNoRequest) {
-  EXPECT_EQ(Handle(std::string("\xff\xff\xff\xff", 4)).code(), int(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(Handle(std::string("\xff\xff\xff\xff", 4)).code(),
+            int(absl::StatusCode::kInvalidArgument));
   v1::FdRequest none;
   none.set_session_id(session_);
   EXPECT_EQ(Handle(none.SerializeAsString()).code(), int(absl::StatusCode::kInvalidArgument));

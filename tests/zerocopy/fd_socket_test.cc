@@ -45,7 +45,8 @@ class FdSocketTest : public ::testing::Test {
   }
   void Restart(FdServerOptions options) {
     server_.reset();
-    auto server = FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get(), std::move(options));
+    auto server =
+        FdServer::Start((dir_ / "kvarena.sock.fds").string(), store_.get(), std::move(options));
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
@@ -183,12 +184,14 @@ TEST_F(FdSocketTest, PeersOfAnotherUserAreRefused) {
       // Refused at accept, the peer may find the socket closed before it sends; the
       // refusal is there to read either way.
       const bool sent = ask && SendMessage(*sock, req.SerializeAsString()).ok();
-      const absl::Time deadline = !ask ? absl::Now() + absl::Seconds(10)
-                                  : sent ? absl::InfiniteFuture() : absl::InfinitePast();
+      const absl::Time deadline = !ask   ? absl::Now() + absl::Seconds(10)
+                                  : sent ? absl::InfiniteFuture()
+                                         : absl::InfinitePast();
       auto m = RecvMessage(*sock, deadline);
       v1::FdReply r;
       if (m.ok()) r.ParseFromString(m->bytes);
-      _exit(m.ok() && r.code() == int(absl::StatusCode::kPermissionDenied) && m->fds.empty() ? 3 : 1);
+      _exit(m.ok() && r.code() == int(absl::StatusCode::kPermissionDenied) && m->fds.empty() ? 3
+                                                                                             : 1);
     }
     int status = 0;
     EXPECT_EQ(waitpid(child, &status, 0), child);

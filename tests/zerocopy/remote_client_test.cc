@@ -91,10 +91,10 @@ TEST_F(RemoteClientTest, GetKvPagesALayerAboveTheMessageLimitBitForBit) {
       EXPECT_GT(kv->first_pos, 0);  // the window evicted the first pages
     }
     EXPECT_EQ(kv->k.shape, (std::vector<int64_t>{1, kKvHeads, 3000 - kv->first_pos, kHeadDim}));
-    EXPECT_EQ(kv->k.data, testing::EncodeValues(history_[layer].HeadMajor(0, kv->first_pos),
-                                                DType::kBFloat16));
-    EXPECT_EQ(kv->v.data, testing::EncodeValues(history_[layer].HeadMajor(1, kv->first_pos),
-                                                DType::kBFloat16));
+    EXPECT_EQ(kv->k.data,
+              testing::EncodeValues(history_[layer].HeadMajor(0, kv->first_pos), DType::kBFloat16));
+    EXPECT_EQ(kv->v.data,
+              testing::EncodeValues(history_[layer].HeadMajor(1, kv->first_pos), DType::kBFloat16));
   }
 
   // One GetKv of the whole layer is above the limit; a range within it is served.
@@ -137,7 +137,8 @@ TEST_F(RemoteClientTest, GetKvsAdvisedPageSizeFitsTheWire) {
   ASSERT_EQ(whole.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << whole.error_message();
   std::smatch m;
   const std::string message = whole.error_message();
-  ASSERT_TRUE(std::regex_search(message, m, std::regex("ask for at most (\\d+) tokens"))) << message;
+  ASSERT_TRUE(std::regex_search(message, m, std::regex("ask for at most (\\d+) tokens")))
+      << message;
   const uint64_t advised = std::stoull(m[1]);
   EXPECT_GT(advised, 500u);
   EXPECT_LT(advised, 512u);
@@ -147,7 +148,8 @@ TEST_F(RemoteClientTest, GetKvsAdvisedPageSizeFitsTheWire) {
   EXPECT_LE(resp.ByteSizeLong(), kDaemonLimit);
   const grpc::Status over = get(advised + 1, &resp);
   EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << over.error_message();
-  EXPECT_THAT(over.error_message(), HasSubstr("ask for at most"));  // core's refusal, not the wire's
+  EXPECT_THAT(over.error_message(),
+              HasSubstr("ask for at most"));  // core's refusal, not the wire's
 }
 
 TEST_F(RemoteClientTest, AClientLimitAboveTheDaemonsSaysWhichOptionToSet) {

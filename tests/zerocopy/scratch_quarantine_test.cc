@@ -138,10 +138,11 @@ TEST_F(ScratchQuarantineTest, ATimedOutCallsLaneIsNeverReusedAndLaterCallsStayEx
     wrong += out->data != want->data;
   }
   waiter.join();
-  std::printf("straggler took %s alone, ran %s against a %s deadline; %d calls alongside and "
-              "after it, %d wrong\n",
-              absl::FormatDuration(straggler).c_str(), absl::FormatDuration(absl::Now() - t0).c_str(),
-              absl::FormatDuration(options.call_timeout).c_str(), calls, wrong);
+  std::printf(
+      "straggler took %s alone, ran %s against a %s deadline; %d calls alongside and "
+      "after it, %d wrong\n",
+      absl::FormatDuration(straggler).c_str(), absl::FormatDuration(absl::Now() - t0).c_str(),
+      absl::FormatDuration(options.call_timeout).c_str(), calls, wrong);
   EXPECT_EQ(wrong, 0);
   EXPECT_EQ(client_internal::ClientTestPeer(**worker).QuarantinedLanes(), 1);
 }

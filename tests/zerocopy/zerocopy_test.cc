@@ -2,6 +2,7 @@
 // session's regions (and announces new pools), Append / Attend take SharedSlice payloads
 // in the caller's scratch region with bit-identical results and tiny requests, and one
 // session can reach neither another's scratch fds nor its bytes.
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,14 +14,12 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/time/clock.h"
 #include "arena/fd_passing.h"
 #include "client/region_client.h"
-#include "kvarena/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvarena/client.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "tests/daemon/daemon_process.h"
 
@@ -48,8 +47,8 @@ v1::Tensor HalfTensor(int heads, int tokens, std::mt19937* rng) {
 
 // The client library's view of a wire tensor's bytes.
 TensorArg Arg(const v1::Tensor& t) {
-  return TensorArg{DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(),
-                   t.data().size()};
+  return TensorArg{
+      DType::kFloat16, {t.shape().begin(), t.shape().end()}, t.data().data(), t.data().size()};
 }
 
 struct Attached {
@@ -287,7 +286,8 @@ TEST_F(ZeroCopyTest, AScratchTheArenaCannotCoverIsRefusedAndTheWorkerGoesInline)
   ASSERT_TRUE(regions.ok()) << regions.status();
   auto scratch = (*regions)->GetScratch();
   EXPECT_EQ(scratch.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("scratch_bytes=8388608"));
+  EXPECT_THAT(std::string(scratch.status().message()),
+              ::testing::HasSubstr("scratch_bytes=8388608"));
   EXPECT_THAT(std::string(scratch.status().message()), ::testing::HasSubstr("arena_bytes=4194304"));
   Allocate(a.session());
   EXPECT_TRUE((*regions)->GetPool(0).ok());

@@ -23,8 +23,9 @@
 // (vLLM's block_tables, pad -1): row b holds the pages of sequence b's positions
 // [first_block * page_size, position(b) + tokens_per_step). Plan updates it in place from
 // the handles' own tables (kv_cache_handle.h local_table): only page ids that changed are
-// written (stats()), so a step that crosses no page boundary writes none. The table's address stays the same from
-// step to step unless a sequence outgrows max_blocks(): set options.max_blocks to fix it.
+// written (stats()), so a step that crosses no page boundary writes none. The table's address stays
+// the same from step to step unless a sequence outgrows max_blocks(): set options.max_blocks to fix
+// it.
 //
 // Rules, each checked (FAILED_PRECONDITION naming the cache and the numbers):
 //   - Run and Append only between Plan and Commit, each layer at most once per step;
@@ -71,11 +72,11 @@ struct TensorBuffer {
 };
 
 struct DecodeBatchStats {
-  int64_t steps = 0;             // Plans that succeeded
-  int64_t ids_written = 0;       // page ids Plan wrote into the block tables, all layers
-  int64_t sequences_rebuilt = 0; // (sequence, layer) tables rewritten from their start: the
-                                 // first Plan, a window eviction, a reload after popn / reset
-  int64_t tables_moved = 0;      // times the tables were reallocated (max_blocks grew)
+  int64_t steps = 0;              // Plans that succeeded
+  int64_t ids_written = 0;        // page ids Plan wrote into the block tables, all layers
+  int64_t sequences_rebuilt = 0;  // (sequence, layer) tables rewritten from their start: the
+                                  // first Plan, a window eviction, a reload after popn / reset
+  int64_t tables_moved = 0;       // times the tables were reallocated (max_blocks grew)
 };
 
 class DecodeBatch {
@@ -85,7 +86,8 @@ class DecodeBatch {
   // INVALID_ARGUMENT otherwise, naming the cache and the field. Maps the pool (the local
   // path needs it: inproc:, or a unix: client).
   static absl::StatusOr<std::unique_ptr<DecodeBatch>> Create(
-      std::vector<std::shared_ptr<GenericKvCacheHandle>> caches, const DecodeBatchOptions& options = {});
+      std::vector<std::shared_ptr<GenericKvCacheHandle>> caches,
+      const DecodeBatchOptions& options = {});
   ~DecodeBatch();
   DecodeBatch(const DecodeBatch&) = delete;
   DecodeBatch& operator=(const DecodeBatch&) = delete;

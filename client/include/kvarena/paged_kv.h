@@ -25,20 +25,27 @@ enum class DType : uint8_t { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFlo
 
 inline size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
+    case DType::kFloat32:
+      return 4;
     case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kUnspecified: break;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kUnspecified:
+      break;
   }
   return 0;
 }
 // "float32", "float16", "bfloat16", "unspecified".
 inline const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kUnspecified: break;
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kUnspecified:
+      break;
   }
   return "unspecified";
 }
@@ -58,7 +65,7 @@ inline float DefaultScale(int head_dim) { return 1.0f / std::sqrt(float(head_dim
 // The geometry shared by every page of one pool.
 struct PageLayout {
   DType dtype = DType::kFloat16;
-  int page_size = 16;     // tokens per page
+  int page_size = 16;  // tokens per page
   int num_kv_heads = 0;
   int head_dim = 0;
 
@@ -74,11 +81,11 @@ struct PageLayout {
 // first_block * page_size have been evicted (sliding window) and cannot be read.
 struct PagedKvView {
   PageLayout layout;
-  uint8_t* pool_base = nullptr;        // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
+  uint8_t* pool_base = nullptr;          // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
   const int32_t* block_table = nullptr;  // [num_blocks] pool page ids
-  int64_t first_block = 0;  // logical page index of block_table[0]
+  int64_t first_block = 0;               // logical page index of block_table[0]
   int64_t num_blocks = 0;
-  int64_t len = 0;          // tokens written: positions [first_pos(), len) are readable
+  int64_t len = 0;  // tokens written: positions [first_pos(), len) are readable
 
   int64_t first_pos() const { return first_block * layout.page_size; }
   // Address of K (kv=0) or V (kv=1) of absolute position t, all heads.

@@ -218,25 +218,27 @@ struct TierStats {
 // module's dicts, as X(name) each: the one list the conversions walk, so a field added to a
 // struct and its message is added here once. Nested, renamed and repeated fields are
 // converted by hand beside them.
-#define KVARENA_PAGE_STATS_FIELDS(X)                                                               \
-  X(num_pages)                                                                                     \
-  X(pages_used) X(pages_free) X(page_size) X(seq_len) X(layers_materialized) X(layers_total)       \
-      X(layers_sliding) X(bytes_used) X(pages_evicted) X(refusals) X(pages_cached) X(pages_shared) \
-          X(pages_evicted_lru) X(prefix_lookups) X(prefix_requested_tokens) X(prefix_hit_tokens)   \
-              X(forks) X(cow_copies)
-#define KVARENA_POOL_STATS_FIELDS(X)                                                        \
-  X(pool_id)                                                                                \
-  X(page_bytes) X(num_pages) X(pages_used) X(pages_free) X(chunks_committed) X(chunk_bytes) \
-      X(bytes_committed) X(num_caches) X(pages_cached) X(pages_shared)
-#define KVARENA_TIER_STATS_FIELDS(X)                                                   \
-  X(medium)                                                                            \
-  X(bytes_used) X(bytes_limit) X(chunks) X(up) X(lookups) X(hit_chunks) X(miss_chunks) \
-      X(loaded_tokens) X(stored_chunks) X(dropped_writes) X(corrupt_chunks) X(errors)
+// clang-format off
+#define KVARENA_PAGE_STATS_FIELDS(X)                                              \
+  X(num_pages) X(pages_used) X(pages_free) X(page_size) X(seq_len)              \
+  X(layers_materialized) X(layers_total) X(layers_sliding) X(bytes_used)        \
+  X(pages_evicted) X(refusals) X(pages_cached) X(pages_shared)                  \
+  X(pages_evicted_lru) X(prefix_lookups) X(prefix_requested_tokens)             \
+  X(prefix_hit_tokens) X(forks) X(cow_copies)
+#define KVARENA_POOL_STATS_FIELDS(X)                                              \
+  X(pool_id) X(page_bytes) X(num_pages) X(pages_used) X(pages_free)             \
+  X(chunks_committed) X(chunk_bytes) X(bytes_committed) X(num_caches)           \
+  X(pages_cached) X(pages_shared)
+#define KVARENA_TIER_STATS_FIELDS(X)                                              \
+  X(medium) X(bytes_used) X(bytes_limit) X(chunks) X(up) X(lookups)             \
+  X(hit_chunks) X(miss_chunks) X(loaded_tokens) X(stored_chunks)                \
+  X(dropped_writes) X(corrupt_chunks) X(errors)
 // ArenaStats' on the wire (the session counters are the daemon's metrics only).
-#define KVARENA_ARENA_STATS_FIELDS(X)                                                            \
-  X(backend)                                                                                     \
-  X(arena_bytes) X(bytes_committed) X(bytes_used) X(num_caches) X(num_sessions) X(scratch_bytes) \
-      X(scratch_regions) X(metadata_bytes) X(metadata_bytes_used) X(event_log_bytes)
+#define KVARENA_ARENA_STATS_FIELDS(X)                                             \
+  X(backend) X(arena_bytes) X(bytes_committed) X(bytes_used) X(num_caches)      \
+  X(num_sessions) X(scratch_bytes) X(scratch_regions) X(metadata_bytes)         \
+  X(metadata_bytes_used) X(event_log_bytes)
+// clang-format on
 
 struct ArenaStats {
   PageStats pages;  // totals over every pool
