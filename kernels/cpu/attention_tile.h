@@ -24,6 +24,14 @@ namespace cpu_internal {
 // Key positions per tile (the scratch row length).
 inline constexpr int kTileTokens = 32;
 
+// The vector tiles' 2^f for f in [-0.5, 0.5] (f the fraction of x after rounding): the
+// Taylor series of e^(f ln2) to degree 7, highest power first, for Horner's rule; relative
+// error < 1e-8 on the interval.
+inline constexpr float kExp2Taylor[8] = {1.5252733804059841e-05f, 1.5403530393381606e-04f,
+                                         1.3333558146428443e-03f, 9.6181291076284772e-03f,
+                                         5.5504108664821580e-02f, 2.4022650695910071e-01f,
+                                         6.9314718055994531e-01f, 1.0f};
+
 struct AttendTileArgs {
   DType dtype = DType::kFloat32;  // K/V storage type
   int head_dim = 0;
