@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
-#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
-#include "core/tier_set.h"
 
 namespace kvarena {
 namespace {
@@ -289,73 +287,6 @@ void PagePool::Unallocate(absl::Span<const int32_t> ids, absl::Span<const int32_
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     if (chunks_[*it].committed && chunks_[*it].used == 0) DecommitChunkLocked(*it);
   }
-}
-
-void PagePool::ParkLocked(int32_t id) {
-  cache_->Insert(id);
-  ++ChunkOf(id).cached;
-}
-
-void PagePool::UnparkLocked(int32_t id) {
-  cache_->Erase(id);
-  --ChunkOf(id).cached;
-}
-
-void PagePool::EvictedLocked(int32_t page) {
-  const uint64_t node = index_.NodeOfPage(page);
-  PrefixEvent e;
-  e.kind = PrefixEvent::Kind::kRemoved;
-  e.pool_id = id_;
-  std::tie(e.hash, e.layer) = index_.KeyOfPage(page);
-  // The first page of a chunk to leave sends the chunk down, while the rest is still here.
-  const uint64_t end =
-      TiersFor(PrefixIndex::kTierEvicted) != nullptr ? ChunkEndLocked(node) : PrefixIndex::kNoNode;
-  if (end != PrefixIndex::kNoNode && (index_.TierFlagsOf(end) & PrefixIndex::kTierEvicted) == 0) {
-    std::vector<PrefixEvent> after;
-    after.push_back(std::move(e));
-    CaptureChunkLocked(end, PrefixIndex::kTierEvicted, std::move(after));
-  } else if (const Hash128* key = index_.TierKeyOf(node);
-             key != nullptr && counters_->tiers != nullptr) {
-    counters_->tiers->RecordAfterWrite(*key, std::move(e));
-  } else {
-    RecordLocked(std::move(e));
-  }
-  index_.Unregister(page);
-  --ChunkOf(page).cached;
-}
-
-int32_t PagePool::ReclaimLocked() {
-  const int32_t id = cache_->Evict();  // stays taken: it goes straight to the caller
-  RefsLocked(id) = 1;
-  return id;
-}
-
-size_t PagePool::ReclaimableBytes() const {
-  absl::MutexLock lock(&mu_);
-  int64_t chunks = 0;
-  for (const Chunk& c : chunks_) chunks += c.committed && c.used == c.cached;
-  return size_t(chunks) * chunk_bytes_;
-}
-
-size_t PagePool::TrimCached(size_t bytes) {
-  absl::MutexLock lock(&mu_);
-  const int64_t before = chunks_committed_;
-  auto freed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return size_t(before - chunks_committed_) * chunk_bytes_;
-  };
-  for (int32_t c = 0; c < int32_t(chunks_.size()) && freed() < bytes; ++c) {
-    if (chunks_[c].committed && chunks_[c].used == 0) DecommitChunkLocked(c);
-  }
-  if (freed() >= bytes || cache_->size() == 0) return freed();
-  for (int32_t id : cache_->EvictionOrder()) {
-    if (freed() >= bytes) break;
-    const Chunk& chunk = ChunkOf(id);
-    if (chunk.used != chunk.cached) continue;  // live pages keep this chunk committed
-    cache_->Evict(id);
-    FreeLocked({&id, 1}, /*force_decommit=*/true);
-    if (counters_ != nullptr) ++counters_->pages_reclaimed;
-  }
-  return freed();
 }
 
 size_t PagePool::BudgetShortfall(int64_t n) const {
