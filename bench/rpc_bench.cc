@@ -1,13 +1,16 @@
 // RPC latency over a Unix socket: starts the real kvarenad as a child process and times,
 // from one client thread, grpc.health.v1.Health/Check (gRPC's own empty-ish unary call on
-// the same server), Ping (the empty unary RPC), Append of one decode token, Popn(1), Stats
-// over a dozen pools and a decode Attend over a 4096-token context; every row's p50 is
-// given against both Health/Check and Ping. The same core operations are timed in
-// process (a KvStore here) so the table shows what the RPC adds, also in empty RPCs
-// (Pings). Plain loops with std::chrono, every operation interleaved round by round;
-// prints one table; runs in well under 2 minutes.
+// the same server), Ping (the empty unary RPC), Append of one decode token, Popn(1) after
+// an untimed Append, Health/Check after the same untimed Append (Popn's like-for-like
+// baseline), Stats over a dozen pools and a decode Attend over a 4096-token context; every row's
+// p50 is given against both Health/Check and Ping. The same core operations are timed in process (a
+// KvStore here) so the table shows what the RPC adds, also in empty RPCs (Pings). Plain loops with
+// std::chrono, every operation interleaved round by round; prints one table; runs in well under 2
+// minutes.
 //
-// Usage: rpc_bench [--kvarenad=PATH] [--quick]
+// Usage: rpc_bench [--kvarenad=PATH] [--quick] [--num_threads=N]
+//   N: CPU attention threads of the daemon and of the in-process store alike (default -1:
+//   one per core).
 //   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -116,13 +119,14 @@ void PrintTable(const std::vector<Row>& rows) {
   }
 }
 
-int Run(const std::string& kvarenad, bool quick) {
+int Run(const std::string& kvarenad, bool quick, int num_threads) {
   const int scale = quick ? 10 : 1;
   char dir_template[] = "/tmp/kvarena_rpc_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::vector<Row> rows;
   {
-    ChildDaemon daemon(kvarenad, dir);
+    ChildDaemon daemon(kvarenad, dir,
+                       {"--arena_bytes=1Gi", "--num_threads=" + std::to_string(num_threads)});
     const std::shared_ptr<grpc::Channel> daemon_channel =
         daemon.ok() ? ConnectToDaemon(daemon.address()) : nullptr;
     if (daemon_channel == nullptr) {
@@ -132,7 +136,9 @@ int Run(const std::string& kvarenad, bool quick) {
     }
     const std::unique_ptr<v1::KvCacheService::Stub> stub =
         v1::KvCacheService::NewStub(daemon_channel);
-    std::unique_ptr<KvStore> store = *KvStore::Create(StoreOptions{}, NewHostBackend());
+    StoreOptions local_options;
+    local_options.num_threads = num_threads;
+    std::unique_ptr<KvStore> store = *KvStore::Create(local_options, NewHostBackend());
     std::mt19937 rng(1);
     const auto call = [&](auto method, const auto& req, auto* resp) {
       grpc::ClientContext ctx;
@@ -231,6 +237,24 @@ int Run(const std::string& kvarenad, bool quick) {
                      },
                      [&] { local_append(); }, 5000 / scale};
 
+    // Popn's like-for-like baseline: Health/Check after the same untimed Append (popped again,
+    // untimed, before the next one), so both calls follow an Append whose tail on the
+    // daemon's threads (the reply's flush, the next call's request slot) competes with them.
+    bool appended_for_health = false;
+    Timed health_after_append{
+        [&] {
+          grpc::ClientContext ctx;
+          return health_stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &served).ok();
+        },
+        [&] {
+          if (appended_for_health) {
+            --rpc_pos;
+            call(&v1::KvCacheService::Stub::Popn, popn, &popped);
+          }
+          appended_for_health = rpc_append();
+        },
+        5000 / scale};
+
     v1::StatsResponse stats;
     Timed stats_rpc{
         [&] { return call(&v1::KvCacheService::Stub::Stats, v1::StatsRequest(), &stats); }, nullptr,
@@ -253,11 +277,12 @@ int Run(const std::string& kvarenad, bool quick) {
     Timed attend_local{[&] { return store->Attend("", args, out.data(), out.size()).ok(); },
                        nullptr, 1000 / scale};
 
-    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &popn_rpc, &popn_local,
-                        &stats_rpc, &stats_local, &attend_rpc, &attend_local});
+    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &health_after_append, &popn_rpc,
+                        &popn_local, &stats_rpc, &stats_local, &attend_rpc, &attend_local});
     rows = {{"Health/Check (gRPC's own)", health.Result(), {}},
             {"Ping (empty unary)", ping.Result(), {}},
             {"Append (1 token, 8x128 f16)", append_rpc.Result(), append_local.Result()},
+            {"Health/Check (after an append)", health_after_append.Result(), {}},
             {"Popn(1) (after an untimed append)", popn_rpc.Result(), popn_local.Result()},
             {"Stats (whole arena, 12 pools)", stats_rpc.Result(), stats_local.Result()},
             {"Attend decode, ctx 4096, 32q/8kv", attend_rpc.Result(), attend_local.Result()}};
@@ -268,6 +293,10 @@ int Run(const std::string& kvarenad, bool quick) {
       "without gRPC\n",
       std::thread::hardware_concurrency());
   PrintTable(rows);
+  const Row& health_after = rows[3];
+  const Row& popn = rows[4];
+  std::printf("Popn(1) / Health/Check after the same untimed append: %.2f\n",
+              popn.rpc.p50 / health_after.rpc.p50);
   return 0;
 }
 
@@ -277,16 +306,19 @@ int Run(const std::string& kvarenad, bool quick) {
 int main(int argc, char** argv) {
   std::string kvarenad = kvarena::DefaultKvarenadPath();
   bool quick = false;
+  int num_threads = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--kvarenad=", 0) == 0) {
       kvarenad = arg.substr(11);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg.rfind("--num_threads=", 0) == 0) {
+      num_threads = std::stoi(arg.substr(14));
     } else {
-      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--quick] [--num_threads=N]\n", argv[0]);
       return 2;
     }
   }
-  return kvarena::Run(kvarenad, quick);
+  return kvarena::Run(kvarenad, quick, num_threads);
 }
