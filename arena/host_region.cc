@@ -13,6 +13,7 @@
 #include "arena/piece_page.h"
 #include "arena/region.h"
 #include "core/status_macros.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 namespace {
@@ -44,7 +45,7 @@ class HostRegion final : public Region {
     KVARENA_RETURN_IF_ERROR(CheckRegionRange("decommit", offset, bytes, size_));
     // Punch whole file-system blocks only: a partial block at either end may hold the
     // neighbouring range's live bytes, which a punch would zero.
-    const size_t begin = (offset + kBlock - 1) / kBlock * kBlock;
+    const size_t begin = RoundUp(offset, kBlock);
     const size_t end = (offset + bytes) / kBlock * kBlock;
     if (end <= begin) return absl::OkStatus();
     if (fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(begin),
@@ -88,7 +89,7 @@ class HostBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes, const std::string& label) override {
     if (bytes == 0) return absl::InvalidArgumentError("reserve: bytes=0");
-    bytes = (bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+    bytes = RoundUp(bytes, kChunkGranularity);
     const int fd = memfd_create(label.c_str(), MFD_CLOEXEC);
     if (fd < 0) return ErrnoStatus("memfd_create", errno);
     if (ftruncate(fd, off_t(bytes)) != 0) {

@@ -247,7 +247,7 @@ absl::Status DecodeBatch::Impl::Write(const char* op, int layer, const TensorArg
   AttentionParams p;
   p.num_q_heads = int(q->shape[1]);
   p.n = n;
-  p.scale = opts.scale > 0 ? float(opts.scale) : DefaultScale(spec.head_dim);
+  p.scale = AttentionScale(opts.scale, spec.head_dim);
   p.window = EffectiveWindow(spec.layer_windows[size_t(layer)], opts.window);
   if (auto s = kernels->PagedAttentionBatch(l.views.data(), l.pos.data(), batch(), p, q->data,
                                             out->data);

@@ -45,7 +45,7 @@ absl::Status DecodeBatch::Impl::Snapshot(const char* op) {
       }
       // The pages this step reads and writes (Reserve may have taken more, ahead).
       const int64_t blocks =
-          (len + n + spec.page_size - 1) / spec.page_size - ll.first_pos / spec.page_size;
+          CeilDiv(len + n, int64_t(spec.page_size)) - ll.first_pos / spec.page_size;
       if (options.max_blocks > 0 && blocks > options.max_blocks) {
         return absl::ResourceExhaustedError(absl::StrCat(
             op, ": cache ", id, " layer ", l, " needs ", blocks, " pages for positions [",

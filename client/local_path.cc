@@ -26,8 +26,6 @@ using client_internal::Transport;
 
 namespace {
 
-int64_t RoundUp(int64_t x, int64_t m) { return CeilDiv(x, m) * m; }
-
 using HandleTokens = std::vector<std::pair<GenericKvCacheHandle*, int64_t>>;
 
 // Tokens a Reserve asks for a cache at committed length seq that needs `tokens` more: ahead
@@ -313,7 +311,7 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   p.num_q_heads = int(q->shape[1]);
   p.q_pos = pos;
   p.n = n;
-  p.scale = opts.scale > 0 ? float(opts.scale) : DefaultScale(head_dim());
+  p.scale = AttentionScale(opts.scale, head_dim());
   p.window = EffectiveWindow(spec.layer_windows[size_t(layer)], opts.window);
   if (auto s = kernels->PagedAttention(view, p, q->data, out->data.data()); !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));

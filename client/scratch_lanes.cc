@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "kvarena/paged_kv.h"
+
 namespace kvarena::client_internal {
 namespace {
 constexpr size_t kAlign = 64;
 }  // namespace
 
-size_t ScratchLanes::Footprint(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+size_t ScratchLanes::Footprint(size_t bytes) { return RoundUp(bytes, kAlign); }
 
 bool ScratchLanes::HandlerFinished(absl::StatusCode code) {
   switch (code) {

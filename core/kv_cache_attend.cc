@@ -71,7 +71,7 @@ absl::StatusOr<AttendResult> KvCache::Attend(const AttendArgs& args, void* out, 
   p.num_q_heads = int(q_heads);
   p.q_pos = args.pos;
   p.n = n;
-  p.scale = args.scale > 0 ? float(args.scale) : DefaultScale(spec_.head_dim);
+  p.scale = AttentionScale(args.scale, spec_.head_dim);
   p.window = window;
   p.stop = stop;
   if (absl::Status s = kernels().PagedAttention(ViewLocked(layer), p, q.data, out); !s.ok()) {

@@ -6,6 +6,7 @@
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/status_macros.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 namespace {
@@ -25,8 +26,7 @@ absl::StatusOr<SessionAttachment> KvStore::AttachSession(const std::string& clie
   s.scratch_id = kScratchRegionBase + im.next_scratch.fetch_add(1);
   // Created and charged when first exported (ExportRegion); a peer that cannot map it gets none.
   if (peer.can_map) {
-    s.scratch_size =
-        (im.options.scratch_bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+    s.scratch_size = RoundUp(im.options.scratch_bytes, kChunkGranularity);
   }
   s.quota = im.NewQuota(peer.owner);
   return im.sessions.Open(std::move(s));

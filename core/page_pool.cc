@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 namespace {
@@ -22,7 +23,7 @@ absl::Status BackendRefusal(const absl::Status& s) {
 size_t ChunkBytesFor(size_t page_bytes) {
   const size_t lcm = std::lcm(page_bytes, kChunkGranularity);
   if (lcm <= 16 * kChunkGranularity) return lcm;
-  return (kChunkGranularity + page_bytes - 1) / page_bytes * page_bytes;
+  return RoundUp(kChunkGranularity, page_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(uint64_t id, const PageLayout& layout,

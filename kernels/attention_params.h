@@ -14,7 +14,7 @@ struct AttentionParams {
   int num_q_heads = 0;  // a multiple of layout.num_kv_heads (GQA)
   int64_t q_pos = 0;    // absolute position of the first query
   int64_t n = 1;        // queries: positions [q_pos, q_pos + n)
-  float scale = 0;      // softmax scale (callers default it: DefaultScale in kvarena/paged_kv.h)
+  float scale = 0;      // softmax scale (callers set it with AttentionScale, kvarena/paged_kv.h)
   int64_t window = 0;   // 0: full causal; w >= 1: query at p sees keys in (p - w, p]
   // Polled between units of work (kernels/stop_token.h); null: run to the end. Must
   // outlive the call.

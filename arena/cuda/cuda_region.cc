@@ -11,6 +11,7 @@
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
 #include "core/status_macros.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 
@@ -93,7 +94,7 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Region>> NewIpcRegion(int device, size_t bytes) {
-  const size_t size = (bytes + kChunkGranularity - 1) / kChunkGranularity * kChunkGranularity;
+  const size_t size = RoundUp(bytes, kChunkGranularity);
   void* base = nullptr;
   if (cudaError_t e = cudaMalloc(&base, size); e != cudaSuccess) {
     cudaGetLastError();

@@ -21,6 +21,7 @@
 #include "arena/cuda/cuda_regions.h"
 #include "arena/piece_page.h"
 #include "core/status_macros.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena::cuda_internal {
 namespace {
@@ -59,7 +60,7 @@ class CudaVmmRegion final : public Region {
     if (absl::Status s = CheckRange("commit", offset, bytes); !s.ok() || bytes == 0) return s;
     ScopedDevice scope(device_);
     KVARENA_RETURN_IF_ERROR(scope.status());
-    const size_t begin = offset / granule_, end = (offset + bytes + granule_ - 1) / granule_;
+    const size_t begin = offset / granule_, end = CeilDiv(offset + bytes, granule_);
     absl::MutexLock lock(&mu_);
     std::vector<size_t> created;  // first granules of this call's allocations
     for (size_t g = begin; g < end;) {
@@ -92,7 +93,7 @@ class CudaVmmRegion final : public Region {
     if (absl::Status s = CheckRange("decommit", offset, bytes); !s.ok() || bytes == 0) return s;
     ScopedDevice scope(device_);
     KVARENA_RETURN_IF_ERROR(scope.status());
-    const size_t begin = offset / granule_, end = (offset + bytes + granule_ - 1) / granule_;
+    const size_t begin = offset / granule_, end = CeilDiv(offset + bytes, granule_);
     absl::MutexLock lock(&mu_);
     for (size_t g = begin; g < end; ++g) {
       if (refs_[g] > 0) --refs_[g];
@@ -244,7 +245,7 @@ absl::StatusOr<VmmDevice> ProbeVmm(int device) {
 absl::StatusOr<std::unique_ptr<Region>> NewVmmRegion(const VmmDevice& vmm, int device,
                                                      size_t bytes) {
   const size_t unit = std::lcm(vmm.granule, kChunkGranularity);
-  const size_t size = (bytes + unit - 1) / unit * unit;
+  const size_t size = RoundUp(bytes, unit);
   CUdeviceptr base = 0;
   if (CUresult r = vmm.api->MemAddressReserve(&base, size, vmm.granule, 0, 0); r != CUDA_SUCCESS) {
     return DriverStatus("cuMemAddressReserve", r);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvarena {
 
@@ -50,8 +51,19 @@ inline const char* DTypeName(DType t) {
   return "unspecified";
 }
 
-// ceil(a / b), for a >= 0 and b > 0: pages for a count of tokens, tiles, chunks.
+// ceil(a / b), for a >= 0 and b > 0: pages for a count of tokens, tiles, chunks; and a
+// rounded up to a multiple of b. Signed counts take the int64_t forms; sizes in bytes
+// (both arguments size_t) the size_t ones.
 constexpr int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+constexpr int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
+template <typename T, typename = std::enable_if_t<std::is_same_v<T, size_t>>>
+constexpr T CeilDiv(T a, T b) {
+  return (a + b - 1) / b;
+}
+template <typename T, typename = std::enable_if_t<std::is_same_v<T, size_t>>>
+constexpr T RoundUp(T a, T b) {
+  return CeilDiv(a, b) * b;
+}
 
 // The pages of page_size tokens that positions [first_pos, end) take, counted from the
 // page-aligned first_pos of a block table: 0 when end <= first_pos.
@@ -61,6 +73,10 @@ constexpr int64_t PagesCovering(int64_t first_pos, int64_t end, int64_t page_siz
 
 // Attention's softmax scale when the caller gives none (scale <= 0): 1 / sqrt(head_dim).
 inline float DefaultScale(int head_dim) { return 1.0f / std::sqrt(float(head_dim)); }
+// The scale an attention call runs with: the caller's `scale` when positive, else the default.
+inline float AttentionScale(double scale, int head_dim) {
+  return scale > 0 ? float(scale) : DefaultScale(head_dim);
+}
 
 // The geometry shared by every page of one pool.
 struct PageLayout {
