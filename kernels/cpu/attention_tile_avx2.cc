@@ -22,6 +22,7 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 
 #include "kernels/cpu/avx2_util.h"
+#include "kernels/cpu/tile_accumulate.h"
 #include "kernels/cpu/tile_prefetcher.h"
 #include "kernels/cpu/tile_row_ranges.h"
 
@@ -89,52 +90,6 @@ void ScoreBlock(const float* q, int dim, const uint8_t* const* k, size_t off, in
   }
 }
 
-// acc[r][d0, d0 + 8 * CB) = acc * corr[r] + sum over t in [a, b) of p[r][t] * V[t].
-template <class E, int RB, int CB>
-void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v, size_t off,
-                    int a, int b, int d0, float* acc) {
-  __m256 ac[RB][CB];
-#pragma GCC unroll 4
-  for (int r = 0; r < RB; ++r) {
-    const __m256 c = _mm256_set1_ps(corr[r]);
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j)
-      ac[r][j] = _mm256_mul_ps(_mm256_loadu_ps(acc + r * dim + d0 + 8 * j), c);
-  }
-  for (int t = a; t < b; ++t) {
-    const uint8_t* vp = v[t] + off + d0 * E::kBytes;
-    __m256 vv[CB];
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) vv[j] = E::Load8(vp + 8 * j * E::kBytes);
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) {
-      const __m256 w = _mm256_broadcast_ss(p + r * kTileTokens + t);
-#pragma GCC unroll 8
-      for (int j = 0; j < CB; ++j) ac[r][j] = _mm256_fmadd_ps(w, vv[j], ac[r][j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < RB; ++r) {
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) _mm256_storeu_ps(acc + r * dim + d0 + 8 * j, ac[r][j]);
-  }
-}
-
-// acc[r] = acc[r] * corr[r] + sum over t in [a, b) of p[r][t] * V[t], for r < RB.
-// p: [RB][kTileTokens]; v: token pointers (+ off); acc: [RB][dim].
-template <class E, int RB>
-void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* const* v,
-                     size_t off, int a, int b, float* acc) {
-  // As many accumulators as the 16 registers allow beside the CB vectors of V and a
-  // weight: 12 for 4 rows (measured faster than 8, which only just covers the latency).
-  constexpr int CB = RB == 4 ? 3 : RB == 2 ? 5 : 8;
-  int d = 0;
-  for (; d + 8 * CB <= dim; d += 8 * CB) {
-    AccumulateDims<E, RB, CB>(p, corr, dim, v, off, a, b, d, acc);
-  }
-  for (; d < dim; d += 8) AccumulateDims<E, RB, 1>(p, corr, dim, v, off, a, b, d, acc);
-}
-
 template <class E, int RB>
 void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePrefetcher& prefetch) {
   const TileRowRanges<RB> rows(args, r0);
@@ -149,8 +104,11 @@ void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePref
     rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
-  AccumulateBlock<E, RB>(scores, corr, dim, args.v, args.head_offset, a, b,
-                         args.acc + size_t(r0) * dim);
+  // As many accumulators as the 16 registers allow beside the CB vectors of V and a
+  // weight: 12 for 4 rows (measured faster than 8, which only just covers the latency).
+  constexpr int CB = RB == 4 ? 3 : RB == 2 ? 5 : 8;
+  AccumulateBlock<Vec8, E, RB, CB>(scores, corr, dim, args.v, args.head_offset, a, b,
+                                   args.acc + size_t(r0) * dim);
 }
 
 template <class E>

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/tile_accumulate.h"
 #include "kernels/cpu/tile_prefetcher.h"
 #include "kernels/cpu/tile_row_ranges.h"
 
@@ -31,6 +32,17 @@ constexpr float kNegInf = -__builtin_inff();
 
 inline int Min(int a, int b) { return a < b ? a : b; }
 inline int Max(int a, int b) { return a > b ? a : b; }
+
+// The vector vocabulary tile_accumulate.h is written in: 16 floats.
+struct Vec16 {
+  using F = __m512;
+  static constexpr int kLanes = 16;
+  static F Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, F x) { _mm512_storeu_ps(p, x); }
+  static F Set1(float x) { return _mm512_set1_ps(x); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+};
 
 // Loads of 16 consecutive stored elements as 16 floats.
 inline __m512 LoadF32(const uint8_t* p) { return _mm512_loadu_ps(p); }
@@ -187,51 +199,6 @@ void ScoreBlock(const AttendTileArgs& args, const Q* q, int a, int b, float* sco
   }
 }
 
-// acc[r][d0, d0 + 16 * CB) = acc * corr[r] + sum over t in [a, b) of p[r][t] * V[t].
-template <class E, int RB, int CB>
-void AccumulateDims(const float* p, const float* corr, int dim, const uint8_t* const* v, size_t off,
-                    int a, int b, int d0, float* acc) {
-  __m512 ac[RB][CB];
-#pragma GCC unroll 4
-  for (int r = 0; r < RB; ++r) {
-    const __m512 c = _mm512_set1_ps(corr[r]);
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j)
-      ac[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * dim + d0 + 16 * j), c);
-  }
-  for (int t = a; t < b; ++t) {
-    const uint8_t* vp = v[t] + off + size_t(d0) * E::kVBytes;
-    __m512 vv[CB];
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) vv[j] = E::LoadV(vp + 16 * j * E::kVBytes);
-#pragma GCC unroll 4
-    for (int r = 0; r < RB; ++r) {
-      const __m512 w = _mm512_set1_ps(p[r * kTileTokens + t]);
-#pragma GCC unroll 8
-      for (int j = 0; j < CB; ++j) ac[r][j] = _mm512_fmadd_ps(w, vv[j], ac[r][j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < RB; ++r) {
-#pragma GCC unroll 8
-    for (int j = 0; j < CB; ++j) _mm512_storeu_ps(acc + r * dim + d0 + 16 * j, ac[r][j]);
-  }
-}
-
-// acc[r] = acc[r] * corr[r] + sum over t in [a, b) of p[r][t] * V[t], for r < RB.
-// p: [RB][kTileTokens]; v: token pointers (+ off); acc: [RB][dim].
-template <class E, int RB>
-void AccumulateBlock(const float* p, const float* corr, int dim, const uint8_t* const* v,
-                     size_t off, int a, int b, float* acc) {
-  // Accumulators, V vectors and a weight within the 32 registers.
-  constexpr int CB = RB == 4 ? 4 : 8;
-  int d = 0;
-  for (; d + 16 * CB <= dim; d += 16 * CB) {
-    AccumulateDims<E, RB, CB>(p, corr, dim, v, off, a, b, d, acc);
-  }
-  for (; d < dim; d += 16) AccumulateDims<E, RB, 1>(p, corr, dim, v, off, a, b, d, acc);
-}
-
 template <class E, int RB>
 void AttendRowBlock(const AttendTileArgs& args, int r0, TilePrefetcher& prefetch) {
   const TileRowRanges<RB> rows(args, r0);
@@ -246,8 +213,9 @@ void AttendRowBlock(const AttendTileArgs& args, int r0, TilePrefetcher& prefetch
     rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
-  AccumulateBlock<E, RB>(scores, corr, dim, args.v, args.head_offset, a, b,
-                         args.acc + size_t(r0) * dim);
+  constexpr int CB = RB == 4 ? 4 : 8;  // accumulators, V vectors and a weight in 32 registers
+  AccumulateBlock<Vec16, E, RB, CB>(scores, corr, dim, args.v, args.head_offset, a, b,
+                                    args.acc + size_t(r0) * dim);
 }
 
 // REQUIRES: head_dim % E::kDimsPerStep == 0.
