@@ -55,7 +55,7 @@ struct OwnerBounds {
 struct StoreOptions {
   size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
   int default_page_size = 16;
-  int num_threads = -1;       // CPU attention threads; -1: one per core
+  int num_threads = -1;       // CPU attention workers besides the caller; -1: cores - 1
   int empty_chunks_kept = 1;  // per pool, kept committed to avoid commit/decommit churn
   // Per session, host memory for zero-copy tensors: created when the session first maps
   // it (ExportRegion) and charged to arena_bytes from then while the session lives; a

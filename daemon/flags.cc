@@ -38,7 +38,8 @@ ABSL_FLAG(std::string, metrics_address, kDefaults.metrics_address,
           "The IP address the metrics endpoint binds: loopback by default; 0.0.0.0 (or ::) "
           "to let other hosts scrape it.");
 ABSL_FLAG(int, num_threads, kDefaults.store.num_threads,
-          "CPU attention threads; -1 = one per core.");
+          "CPU attention worker threads, besides the thread serving the call, which joins them; "
+          "-1 = one per core in all (cores - 1 workers).");
 ABSL_FLAG(std::string, fd_socket, kDefaults.fd_socket,
           "Unix socket that hands pool and scratch-region fds to attached workers (zero-copy "
           "data plane). Empty = the first unix: --listen path + \".fds\" (none when there is "
