@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#if defined(KVARENA_CLIENT_CUDA)
 #include "core/refusal.h"
+#if defined(KVARENA_CLIENT_CUDA)
 #include "kernels/cuda/cuda_kv_kernels.h"
 #endif
 
