@@ -129,10 +129,13 @@ TEST_F(AttendLimitsTest, CallsQueuedOnABusyCacheLeaveEveryoneElseServed) {
     stub_->Attend(&attend_ctx, req, &resp);
     attend_done = true;
   });
-  // The Attend holds the cache once a Describe of it cannot get its lock in 100 ms.
+  // The Attend holds the cache once a Describe of it cannot get its lock in 100 ms. Probed
+  // for up to a minute (not a count of probes: before the Attend arrives each Describe
+  // answers at once, and a slow build, TSan's, can take that long to send it).
   auto probe = v1::KvCacheService::NewStub(daemon_->NewChannel());
   bool held = false;
-  for (int i = 0; i < 600 && !held && !attend_done; ++i) {
+  for (const absl::Time until = absl::Now() + absl::Minutes(1);
+       absl::Now() < until && !held && !attend_done;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
     v1::DescribeRequest d;
@@ -140,7 +143,11 @@ TEST_F(AttendLimitsTest, CallsQueuedOnABusyCacheLeaveEveryoneElseServed) {
     v1::DescribeResponse resp;
     held = probe->Describe(&ctx, d, &resp).error_code() == StatusCode::DEADLINE_EXCEEDED;
   }
-  ASSERT_TRUE(held) << "the Attend never held its cache";
+  if (!held) {
+    attend_ctx.TryCancel();
+    attend.join();
+    FAIL() << "the Attend never held its cache";
+  }
 
   constexpr int kWaiters = 64;
   std::vector<std::unique_ptr<grpc::ClientContext>> waiter_ctx;

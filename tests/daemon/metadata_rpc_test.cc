@@ -14,6 +14,19 @@ namespace {
 
 using grpc::StatusCode;
 
+// Under TSan every byte the daemon touches also costs shadow memory (several times over),
+// so its peak resident set says nothing about what the daemon itself holds: the RSS
+// bounds below hold in the ordinary and ASan builds and are skipped under TSan.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+
 // The daemon's peak resident set so far, in bytes (VmHWM of /proc/PID/status).
 uint64_t PeakRss(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -63,7 +76,7 @@ TEST_F(MetadataRpcTest, TheFourMegabyteAllocateIsRefusedAndTheDaemonStaysSmall) 
   // Before the budget: 4.7 GB. Now the request's own bytes, decoded (a few copies of 4 MB).
   const uint64_t grown = PeakRss(daemon_->pid()) - base;
   std::cout << "peak RSS grew by " << grown / 1024 << " KiB\n";
-  EXPECT_LT(grown, uint64_t{64} << 20);
+  if (kRssIsMeaningful) EXPECT_LT(grown, uint64_t{64} << 20);
 }
 
 TEST_F(MetadataRpcTest, HundredForksOfAMillionTokenCacheStopAtTheBudget) {
@@ -89,7 +102,7 @@ TEST_F(MetadataRpcTest, HundredForksOfAMillionTokenCacheStopAtTheBudget) {
   // Before the budget: 2.4 GB for 100 forks. Now the budget and the request's copies.
   const uint64_t grown = PeakRss(daemon_->pid()) - base;
   std::cout << forks << " forks; peak RSS grew by " << grown / 1024 << " KiB\n";
-  EXPECT_LT(grown, (uint64_t{64} << 20) + (uint64_t{64} << 20));
+  if (kRssIsMeaningful) EXPECT_LT(grown, (uint64_t{64} << 20) + (uint64_t{64} << 20));
 }
 
 TEST_F(MetadataRpcTest, TheEventLogKeepsAtMostItsBytes) {
