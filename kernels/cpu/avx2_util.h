@@ -29,32 +29,31 @@ struct Vec8 {
   static F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
 };
 
-// Element formats: Load8 reads 8 consecutive stored elements as 8 floats (LoadV and
-// kVBytes name them for tile_accumulate.h, which reads V only).
-template <class Self>
-struct ElementV {
-  static __m256 LoadV(const uint8_t* p) { return Self::Load8(p); }
-};
-struct F32 : ElementV<F32> {
+// Element formats: Load8 reads 8 consecutive stored elements as 8 floats, for K and V
+// alike. tile_accumulate.h, which reads V only, calls it LoadV (with kVBytes).
+struct F32 {
   static constexpr size_t kBytes = 4, kVBytes = kBytes;
   static __m256 Load8(const uint8_t* p) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
   }
+  static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
-struct F16 : ElementV<F16> {
+struct F16 {
   static constexpr size_t kBytes = 2, kVBytes = kBytes;
   static __m256 Load8(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
 // bfloat16: zero-extend to 32 bits, shift into the high half. (Loading 16 at a time and
 // splitting even / odd elements with a shift and a mask measured no faster.)
-struct BF16 : ElementV<BF16> {
+struct BF16 {
   static constexpr size_t kBytes = 2, kVBytes = kBytes;
   static __m256 Load8(const uint8_t* p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
+  static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
 
 inline int Min(int a, int b) { return a < b ? a : b; }
