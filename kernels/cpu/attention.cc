@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "kernels/cpu/attention_tile.h"
-#include "kernels/cpu/dtype_convert.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/stop_token.h"
 
@@ -59,7 +59,8 @@ struct Call {
   const AttentionParams* params = nullptr;
   Plan plan;
   AttendTileFn tile_fn = nullptr;
-  const float* qs = nullptr;  // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
+  cpu_internal::RowConvert rows{};  // q in, the output out
+  const float* qs = nullptr;        // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
   const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
   void* out = nullptr;                // [num_q_heads][n][head_dim] in the cache dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
@@ -91,9 +92,10 @@ Plan MakePlan(const PagedKvView& view, const AttentionParams& p, int threads) {
     plan.splits =
         std::clamp<int64_t>(CeilDiv(target, base), 1, std::max<int64_t>(1, span / kMinSplitTokens));
   }
-  // Split the heads of a unit only when there are still fewer units than threads: a unit
-  // with every head reads whole token rows, in address order.
-  if (plan.num_units() < threads && plan.head_chunks < num_kv_heads) {
+  // Split the heads of a unit only when there are still fewer units than threads (a unit
+  // with every head reads whole token rows, in address order) and the key range is long
+  // enough to be worth a split: shorter, waking a worker costs more than the unit's work.
+  if (plan.num_units() < threads && plan.head_chunks < num_kv_heads && span >= kMinSplitTokens) {
     const int64_t want = CeilDiv(threads, plan.q_blocks * plan.splits);
     plan.heads_per_unit = int(CeilDiv(num_kv_heads, std::min<int64_t>(want, num_kv_heads)));
     plan.head_chunks = int(CeilDiv(num_kv_heads, plan.heads_per_unit));
@@ -214,9 +216,8 @@ void RunUnit(const Call& call, int64_t unit) {
       const float inv = l[s] > 0 ? 1.0f / l[s] : 0.0f;
       for (int d = 0; d < dim; ++d) a[d] *= inv;
       const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-      cpu_internal::StoreFromFloat(
-          view.layout.dtype, a, dim,
-          static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
+      call.rows.store(view.layout.dtype, a, dim,
+                      static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
     }
   }
 }
@@ -248,16 +249,15 @@ void MergeSplits(const Call& call) {
     for (int d = 0; d < dim; ++d) o[d] *= inv;
     const int64_t g = row % plan.group, i = row / plan.group % p.n, h = row / plan.group / p.n;
     const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-    cpu_internal::StoreFromFloat(
-        view.layout.dtype, o.data(), dim,
-        static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
+    call.rows.store(view.layout.dtype, o.data(), dim,
+                    static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
   }
 }
 
 // qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e), for kv heads [h0, h1); for
 // bf16 caches qs_bf16 (same layout) gets the stored rows as they are.
 void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
-                  int h0, int h1, float* qs, uint16_t* qs_bf16) {
+                  int h0, int h1, cpu_internal::LoadRowFn load, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
   const float factor = p.scale * std::numbers::log2e_v<float>;
   const size_t elem = view.layout.ElemBytes();
@@ -268,7 +268,7 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
         const size_t dst_row = (size_t(h) * p.n + i) * group + g;
         const uint8_t* src = static_cast<const uint8_t*>(q) + src_row * dim * elem;
         float* dst = qs + dst_row * dim;
-        cpu_internal::LoadAsFloat(view.layout.dtype, src, dim, dst);
+        load(view.layout.dtype, src, dim, dst);
         if (qs_bf16 != nullptr) std::memcpy(qs_bf16 + dst_row * dim, src, dim * elem);
         for (int d = 0; d < dim; ++d) dst[d] *= factor;
       }
@@ -334,6 +334,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     call.params = &seq_params[b];
     call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
     call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype);
+    call.rows = cpu_internal::SelectRowConvert();
     call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
     call.qs = qs.data() + size_t(b) * qs_per_seq;
     if (!qs_bf16.empty()) call.qs_bf16 = qs_bf16.data() + size_t(b) * qs_per_seq;
@@ -343,7 +344,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   auto scale = [&](int64_t b) {
     ScaleQueries(views[b], seq_params[b], group,
                  static_cast<const uint8_t*>(q) + size_t(b) * q_bytes, 0, layout.num_kv_heads,
-                 qs.data() + size_t(b) * qs_per_seq,
+                 calls[size_t(b)].rows.load, qs.data() + size_t(b) * qs_per_seq,
                  qs_bf16.empty() ? nullptr : qs_bf16.data() + size_t(b) * qs_per_seq);
   };
   if (pool != nullptr && qs.size() >= (size_t(1) << 16)) {
@@ -369,6 +370,7 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   call.params = &params;
   call.plan = MakePlan(view, params, threads);
   call.tile_fn = cpu_internal::SelectAttendTile(dim, view.layout.dtype);
+  call.rows = cpu_internal::SelectRowConvert();
   call.out = out;
 
   const int group = call.plan.group;
@@ -378,10 +380,10 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   const bool big_q = qs.size() >= (size_t(1) << 16);
   if (pool != nullptr && big_q) {
     pool->ParallelFor(num_kv_heads, [&](int64_t h) {
-      ScaleQueries(view, params, group, q, int(h), int(h) + 1, qs.data(), raw);
+      ScaleQueries(view, params, group, q, int(h), int(h) + 1, call.rows.load, qs.data(), raw);
     });
   } else {
-    ScaleQueries(view, params, group, q, 0, num_kv_heads, qs.data(), raw);
+    ScaleQueries(view, params, group, q, 0, num_kv_heads, call.rows.load, qs.data(), raw);
   }
   call.qs = qs.data();
   call.qs_bf16 = raw;

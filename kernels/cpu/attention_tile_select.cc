@@ -1,5 +1,6 @@
-// The run-time choice of the attention tile step (attention_tile.h, cpu_kernels.h): cpuid
-// once, the KVARENA_CPU_KERNELS cap once, the test hook's cap on every call.
+// The run-time choice of the attention tile step (attention_tile.h, cpu_kernels.h) and
+// of the row conversions (row_convert.h): cpuid once, the KVARENA_CPU_KERNELS cap once, the test
+// hook's cap on every call.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -11,7 +12,9 @@
 
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/dtype_convert.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "kernels/cpu/row_convert.h"
 
 namespace kvarena {
 namespace {
@@ -104,6 +107,11 @@ AttendTileFn SelectAttendTile(int head_dim, DType dtype) {
   if (use >= CpuKernels::kAvx512 && head_dim % 16 == 0) return &Avx512AttendTile;
   if (use >= CpuKernels::kAvx2 && head_dim % 8 == 0) return &Avx2AttendTile;
   return &PortableAttendTile;
+}
+
+RowConvert SelectRowConvert() {
+  if (CpuKernelsInUse() >= CpuKernels::kAvx2) return {&Avx2LoadRow, &Avx2StoreRow};
+  return {&LoadAsFloat, &StoreFromFloat};
 }
 
 }  // namespace cpu_internal

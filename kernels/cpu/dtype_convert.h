@@ -28,13 +28,15 @@ inline float BitsFloat(uint32_t u) {
 
 // IEEE binary16 -> float32 (exact). Branch-free so that loops over it vectorise: the
 // half's exponent and mantissa placed in a float's low bits, times 2^112, rebias the
-// exponent exactly, subnormal halves included; infinities and NaN are set aside.
+// exponent exactly, subnormal halves included; infinities and NaN are set aside, a NaN
+// coming out quiet with its payload (as an IEEE conversion, and F16C's, gives it).
 // REQUIRES: denormals-are-zero off (the default floating-point environment).
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t em = uint32_t(h & 0x7fffu) << 13;
   const uint32_t finite = FloatBits(BitsFloat(em) * 0x1p112f);
-  const uint32_t special = 0x7f800000u | em;  // inf / NaN keep their mantissa
+  const uint32_t quiet = uint32_t(em > (0x7c00u << 13)) << 22;  // NaN: set the quiet bit
+  const uint32_t special = 0x7f800000u | em | quiet;
   return BitsFloat(sign | (em >= (0x7c00u << 13) ? special : finite));
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cpu/dtype_convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/row_convert.h"
 #include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
@@ -134,6 +137,57 @@ TEST_F(DTypeConvertTest, RowConversionsRoundTripStoredValues) {
     std::vector<uint8_t> back(stored.size());
     StoreFromFloat(dtype, f.data(), f.size(), back.data());
     EXPECT_EQ(back, stored);
+  }
+}
+
+// Each row conversion the CPU has (row_convert.h) gives the scalar conversions' bits: every
+// stored bit pattern in, the rounding probes (NaNs with payloads included) out, at every
+// tail length, writing nothing past n.
+TEST_F(DTypeConvertTest, EveryRowConversionVariantGivesTheScalarBits) {
+  const uint64_t seed = kvarena::testing::TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937_64 rng(seed);
+  std::vector<float> probes = Probes(rng);
+  for (uint32_t nan : {0x7f800001u, 0x7fbfffffu, 0x7fc00000u, 0x7fe01234u, 0xffc0ffffu}) {
+    probes.push_back(BitsFloat(nan));
+  }
+  std::vector<uint16_t> every(65536);
+  for (uint32_t b = 0; b < every.size(); ++b) every[b] = uint16_t(b);
+  constexpr uint32_t kPoison = 0xdeadbeefu;
+  for (CpuKernels kernels : {CpuKernels::kPortable, CpuKernels::kAvx2}) {
+    if (int(kernels) > int(CpuKernelsSupported())) continue;
+    SCOPED_TRACE(CpuKernelsName(kernels));
+    TEST_ForceCpuKernels(kernels);
+    const RowConvert rows = SelectRowConvert();
+    TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(DTypeName(dtype));
+      std::vector<float> got(every.size()), want(every.size());
+      rows.load(dtype, every.data(), every.size(), got.data());
+      LoadAsFloat(dtype, every.data(), every.size(), want.data());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(FloatBits(got[i]), FloatBits(want[i])) << "stored bits " << std::hex << i;
+      }
+
+      std::vector<uint16_t> out(probes.size()), expected(probes.size());
+      rows.store(dtype, probes.data(), probes.size(), out.data());
+      StoreFromFloat(dtype, probes.data(), probes.size(), expected.data());
+      for (size_t i = 0; i < probes.size(); ++i) {
+        ASSERT_EQ(out[i], expected[i]) << "float bits " << std::hex << FloatBits(probes[i]);
+      }
+      for (size_t n = 0; n <= 17; ++n) {  // tails: a poisoned element past n stays poisoned
+        SCOPED_TRACE(n);
+        std::vector<float> f(n + 1, BitsFloat(kPoison));
+        rows.load(dtype, every.data() + 15360, n, f.data());  // 15360: 0x3c00, half 1.0
+        LoadAsFloat(dtype, every.data() + 15360, n, want.data());
+        EXPECT_EQ(0, std::memcmp(f.data(), want.data(), n * sizeof(float)));
+        EXPECT_EQ(FloatBits(f[n]), kPoison);
+        std::vector<uint16_t> h(n + 1, uint16_t(kPoison));
+        rows.store(dtype, probes.data(), n, h.data());
+        EXPECT_TRUE(std::equal(h.begin(), h.begin() + long(n), expected.begin()));
+        EXPECT_EQ(h[n], uint16_t(kPoison));
+      }
+    }
   }
 }
 
