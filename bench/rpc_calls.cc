@@ -5,8 +5,10 @@
 // decode Attend of bench/rpc_bench), and caches of 12 distinct specs, so Stats reports a
 // dozen pools. Each call's status is checked; the first failure ends the run (exit 1).
 //
-// Usage: rpc_calls --address=unix:PATH --method=setup|ping|health|append|popn|stats|attend
-//                  [--n=N]
+// Usage: rpc_calls --address=unix:PATH
+//                  --method=setup|ping|health|append|popn|stats|attend|attend0 [--n=N]
+//   attend is the decode Attend at position 4095; attend0 the same call at position 0 (one
+//   key: the 8 KB in and 8 KB out with next to no kernel, rpc_bench's "Attend at pos 0").
 //   append writes positions 0..N-1 of the "append" cache, which must be empty (as setup
 //   leaves it); popn with the same N empties it again.
 #include <grpcpp/grpcpp.h>
@@ -115,10 +117,10 @@ struct Driver {
       }
       return true;
     }
-    if (method == "attend") {
+    if (method == "attend" || method == "attend0") {
       v1::AttendRequest req;
       req.set_cache_id("context");
-      req.set_pos(kContext - 1);
+      req.set_pos(method == "attend" ? kContext - 1 : 0);
       *req.mutable_q() = HalfTensor(kQHeads, 1, kHeadDim, &rng);
       v1::AttendResponse resp;
       for (int i = 0; i < n; ++i) {
@@ -153,7 +155,7 @@ int main(int argc, char** argv) {
   if (address.empty() || method.empty() || n < 0) {
     std::fprintf(stderr,
                  "usage: %s --address=unix:PATH "
-                 "--method=setup|ping|health|append|popn|stats|attend [--n=N]\n",
+                 "--method=setup|ping|health|append|popn|stats|attend|attend0 [--n=N]\n",
                  argv[0]);
     return 2;
   }
