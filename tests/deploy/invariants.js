@@ -124,8 +124,10 @@ function checkDaemon(t, c, expect, image, errors) {
   }
   const threads = Number(flags.get('num_threads'));
   const cpu = parseCpu(((c.resources || {}).requests || {}).cpu);
-  if (!(threads >= 1 && threads <= Math.ceil(cpu))) {
-    errors.push(`${at}: --num_threads=${flags.get('num_threads')} must be set, >= 1 and <= the CPU request ${cpu}`);
+  // --num_threads counts the kernel workers besides the thread serving the call: with it
+  // they must fit the CPU request (the default, -1, counts the node's cores).
+  if (!(threads >= 0 && threads + 1 <= Math.ceil(cpu))) {
+    errors.push(`${at}: --num_threads=${flags.get('num_threads')} must be set, >= 0 and at most the CPU request ${cpu} less the serving thread`);
   }
   checkProbes(c, flags, image.bin, at, errors);
 
