@@ -76,7 +76,9 @@ TEST_F(MetadataRpcTest, TheFourMegabyteAllocateIsRefusedAndTheDaemonStaysSmall) 
   // Before the budget: 4.7 GB. Now the request's own bytes, decoded (a few copies of 4 MB).
   const uint64_t grown = PeakRss(daemon_->pid()) - base;
   std::cout << "peak RSS grew by " << grown / 1024 << " KiB\n";
-  if (kRssIsMeaningful) EXPECT_LT(grown, uint64_t{64} << 20);
+  if (kRssIsMeaningful) {
+    EXPECT_LT(grown, uint64_t{64} << 20);
+  }
 }
 
 TEST_F(MetadataRpcTest, HundredForksOfAMillionTokenCacheStopAtTheBudget) {
@@ -102,7 +104,9 @@ TEST_F(MetadataRpcTest, HundredForksOfAMillionTokenCacheStopAtTheBudget) {
   // Before the budget: 2.4 GB for 100 forks. Now the budget and the request's copies.
   const uint64_t grown = PeakRss(daemon_->pid()) - base;
   std::cout << forks << " forks; peak RSS grew by " << grown / 1024 << " KiB\n";
-  if (kRssIsMeaningful) EXPECT_LT(grown, (uint64_t{64} << 20) + (uint64_t{64} << 20));
+  if (kRssIsMeaningful) {
+    EXPECT_LT(grown, (uint64_t{64} << 20) + (uint64_t{64} << 20));
+  }
 }
 
 TEST_F(MetadataRpcTest, TheEventLogKeepsAtMostItsBytes) {
