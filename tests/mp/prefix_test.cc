@@ -118,8 +118,13 @@ TEST_F(PrefixReuseTest, SecondWorkerAdoptsThePrefixAndMatchesARunWithoutReuseBit
   const ArenaStats after = Stats();
   EXPECT_EQ(after.pages.pages_used, 0);
   EXPECT_EQ(after.pages.pages_shared, 0);
-  EXPECT_EQ(after.pages.pages_cached, kPagesOfOne);  // a's full pages; b's duplicate was private
-  EXPECT_EQ(after.pages.prefix_lookups, 2u);         // r had no namespace: no lookup
+  // a's full pages; b's duplicate was private. (Seen once at 0 under ASan in a CI run and
+  // not reproduced since; the counts below say where the pages went if it happens again.)
+  EXPECT_EQ(after.pages.pages_cached, kPagesOfOne)
+      << "pools=" << after.pools.size() << " pages_free=" << after.pages.pages_free
+      << " evicted_lru=" << after.pages.pages_evicted_lru
+      << " evicted=" << after.pages.pages_evicted << " caches=" << after.num_caches;
+  EXPECT_EQ(after.pages.prefix_lookups, 2u);  // r had no namespace: no lookup
 }
 
 TEST_F(PrefixReuseTest, TheLocalPathAdoptsFromCachedPagesToo) {
