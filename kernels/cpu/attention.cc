@@ -334,7 +334,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     call.params = &seq_params[b];
     call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
     call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype);
-    call.rows = cpu_internal::SelectRowConvert();
+    call.rows = cpu_internal::SelectRowConvert(layout.dtype);
     call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
     call.qs = qs.data() + size_t(b) * qs_per_seq;
     if (!qs_bf16.empty()) call.qs_bf16 = qs_bf16.data() + size_t(b) * qs_per_seq;
@@ -370,7 +370,7 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   call.params = &params;
   call.plan = MakePlan(view, params, threads);
   call.tile_fn = cpu_internal::SelectAttendTile(dim, view.layout.dtype);
-  call.rows = cpu_internal::SelectRowConvert();
+  call.rows = cpu_internal::SelectRowConvert(view.layout.dtype);
   call.out = out;
 
   const int group = call.plan.group;

@@ -109,8 +109,9 @@ AttendTileFn SelectAttendTile(int head_dim, DType dtype) {
   return &PortableAttendTile;
 }
 
-RowConvert SelectRowConvert() {
-  if (CpuKernelsInUse() >= CpuKernels::kAvx2) return {&Avx2LoadRow, &Avx2StoreRow};
+RowConvert SelectRowConvert(DType dtype) {
+  const bool halves = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  if (halves && CpuKernelsInUse() >= CpuKernels::kAvx2) return {&Avx2LoadRow, &Avx2StoreRow};
   return {&LoadAsFloat, &StoreFromFloat};
 }
 

@@ -157,11 +157,11 @@ TEST_F(DTypeConvertTest, EveryRowConversionVariantGivesTheScalarBits) {
   for (CpuKernels kernels : {CpuKernels::kPortable, CpuKernels::kAvx2}) {
     if (int(kernels) > int(CpuKernelsSupported())) continue;
     SCOPED_TRACE(CpuKernelsName(kernels));
-    TEST_ForceCpuKernels(kernels);
-    const RowConvert rows = SelectRowConvert();
-    TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
       SCOPED_TRACE(DTypeName(dtype));
+      TEST_ForceCpuKernels(kernels);
+      const RowConvert rows = SelectRowConvert(dtype);
+      TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
       std::vector<float> got(every.size()), want(every.size());
       rows.load(dtype, every.data(), every.size(), got.data());
       LoadAsFloat(dtype, every.data(), every.size(), want.data());

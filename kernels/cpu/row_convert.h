@@ -21,13 +21,14 @@ struct RowConvert {
   StoreRowFn store;
 };
 
-// F16C conversions, 8 elements an instruction. REQUIRES: CpuKernelsSupported() >= kAvx2.
+// F16C conversions, 8 elements an instruction. REQUIRES: CpuKernelsSupported() >= kAvx2,
+// dtype float16 or bfloat16.
 void Avx2LoadRow(DType dtype, const void* src, size_t n, float* dst);
 void Avx2StoreRow(DType dtype, const float* src, size_t n, void* dst);
 
-// The conversions of the kernels in use (CpuKernelsInUse()): AVX2 from kAvx2 up, else
-// dtype_convert.h's portable ones.
-RowConvert SelectRowConvert();
+// The conversions for dtype with the kernels in use (CpuKernelsInUse()): AVX2 for float16
+// and bfloat16 from kAvx2 up, else dtype_convert.h's portable ones (float32 is a copy).
+RowConvert SelectRowConvert(DType dtype);
 
 }  // namespace kvarena::cpu_internal
 

@@ -16,6 +16,7 @@ namespace kvarena::cpu_internal {
 
 namespace {
 
+// dtype: float16, else bfloat16.
 __m256 Widen(DType dtype, __m128i h) {
   if (dtype == DType::kFloat16) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -34,16 +35,9 @@ __m128i Narrow(DType dtype, __m256 x) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-bool Halves(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
-
 }  // namespace
 
 void Avx2LoadRow(DType dtype, const void* src, size_t n, float* dst) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  if (!Halves(dtype)) return;
   const auto* s = static_cast<const uint16_t*>(src);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -60,11 +54,6 @@ void Avx2LoadRow(DType dtype, const void* src, size_t n, float* dst) {
 }
 
 void Avx2StoreRow(DType dtype, const float* src, size_t n, void* dst) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return;
-  }
-  if (!Halves(dtype)) return;
   auto* d = static_cast<uint16_t*>(dst);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
