@@ -1,6 +1,6 @@
 // The decode workload of bench/attention_bench: layers of one shape (32 q heads, 8 kv
 // heads, head_dim 128, page 16, f16 or bf16) whose pages, shuffled across one pool, span
-// at least kMinWorkingSetBytes, so that each layer's KV comes from DRAM. Built on first
+// at least min_working_set_bytes, so that each layer's KV comes from DRAM. Built on first
 // use and kept. Not thread-safe: the benchmark's main thread builds them.
 #ifndef KVARENA_BENCH_ATTENTION_WORKLOAD_H_
 #define KVARENA_BENCH_ATTENTION_WORKLOAD_H_
@@ -26,7 +26,10 @@ inline constexpr int kNumQHeads = 32;
 inline constexpr int kNumKvHeads = 8;
 inline constexpr int kHeadDim = 128;
 inline constexpr int kPageSize = 16;
-inline constexpr size_t kMinWorkingSetBytes = size_t(256) << 20;  // 8x a 32 MiB L3
+// --working_set_mib=N: the layers of one workload span at least this much (two layers at
+// least). The default, 8x a 32 MiB L3, puts every layer's KV in DRAM; a few MiB keeps it
+// in the last-level cache, which measures what the kernels compute when memory is no limit.
+inline size_t min_working_set_bytes = size_t(256) << 20;
 
 struct FreeDeleter {
   void operator()(uint8_t* p) const { std::free(p); }
@@ -88,7 +91,7 @@ inline uint16_t RandomElem(DType dtype, std::mt19937& rng) {
 }
 
 // Built on first use and kept, so that interleaved repetitions do not rebuild them
-// (12 workloads of kMinWorkingSetBytes: about 3 GiB in all).
+// (12 workloads of min_working_set_bytes: about 3 GiB in all by default).
 inline const Workload& GetWorkload(DType dtype, int64_t ctx) {
   static std::map<std::pair<DType, int64_t>, std::unique_ptr<Workload>> cache;
   std::unique_ptr<Workload>& cached = cache[{dtype, ctx}];
@@ -99,7 +102,7 @@ inline const Workload& GetWorkload(DType dtype, int64_t ctx) {
   w->layout = PageLayout{dtype, kPageSize, kNumKvHeads, kHeadDim};
   w->pages_per_layer = (ctx + kPageSize - 1) / kPageSize;
   w->num_layers =
-      int(std::max<size_t>(2, (kMinWorkingSetBytes + w->LayerBytes() - 1) / w->LayerBytes()));
+      int(std::max<size_t>(2, (min_working_set_bytes + w->LayerBytes() - 1) / w->LayerBytes()));
   const size_t pages = size_t(w->num_layers) * w->pages_per_layer;
   const size_t page_bytes = w->layout.PageBytes();
   w->pool = AllocBuffer(pages * page_bytes);
