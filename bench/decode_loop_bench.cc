@@ -17,7 +17,10 @@
 // Prints tokens/s (batch tokens per second of decode) and the ratios b/a, c/a and d/a.
 //
 // Usage: decode_loop_bench [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]
-//   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
+//                          [--cpu_pool_awake_us=U]
+//   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout); U:
+//   how long idle CPU attention workers stay awake in the daemon and in (a) (kvarenad's
+//   --cpu_pool_awake; default its default). The local ways' kernels keep the default.
 #include <unistd.h>
 
 #include <chrono>
@@ -87,8 +90,9 @@ class Way {
 // (a) A KvStore in this process.
 class InProcess final : public Way {
  public:
-  bool Init() {
+  bool Init(int64_t awake_us) {
     StoreOptions o;
+    if (awake_us >= 0) o.cpu_pool_awake = absl::Microseconds(awake_us);
     o.arena_bytes = size_t{3} << 30;
     o.default_page_size = kPageSize;
     auto store = KvStore::Create(o, NewHostBackend());
@@ -270,10 +274,12 @@ std::shared_ptr<Client> ConnectWithRetry(const std::string& address) {
   return nullptr;
 }
 
-int Run(const std::string& kvarenad, int steps, int rounds) {
+int Run(const std::string& kvarenad, int steps, int rounds, int64_t awake_us) {
   char dir_template[] = "/tmp/kvarena_decode_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
-  ChildDaemon daemon(kvarenad, dir, {"--arena_bytes=8Gi", "--page_size=16"});
+  std::vector<std::string> flags = {"--arena_bytes=8Gi", "--page_size=16"};
+  if (awake_us >= 0) flags.push_back("--cpu_pool_awake=" + std::to_string(awake_us) + "us");
+  ChildDaemon daemon(kvarenad, dir, flags);
   std::shared_ptr<Client> client = daemon.ok() ? ConnectWithRetry(daemon.address()) : nullptr;
   if (client == nullptr) {
     std::fprintf(stderr, "decode_loop_bench: could not start or reach %s (log in %s)\n",
@@ -283,7 +289,7 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
   InProcess a;
   ThroughDaemon b(client, /*local=*/true), c(client, /*local=*/false);
   Batched d(client);
-  if (!a.Init() || !b.Init() || !c.Init() || !d.Init()) return 1;
+  if (!a.Init(awake_us) || !b.Init() || !c.Init() || !d.Init()) return 1;
 
   std::mt19937 rng(1);
   const Half prefill_k(kKvHeads, kContext, &rng), prefill_v(kKvHeads, kContext, &rng);
@@ -359,6 +365,7 @@ int Run(const std::string& kvarenad, int steps, int rounds) {
 int main(int argc, char** argv) {
   std::string kvarenad = kvarena::DefaultKvarenadPath();
   int steps = 128, rounds = 4;
+  int64_t awake_us = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--kvarenad=", 0) == 0) {
@@ -367,14 +374,18 @@ int main(int argc, char** argv) {
       steps = std::max(1, std::atoi(arg.c_str() + 8));
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::atoi(arg.c_str() + 9));
+    } else if (arg.rfind("--cpu_pool_awake_us=", 0) == 0) {
+      awake_us = std::stoll(arg.substr(20));
     } else if (arg == "--quick") {
       steps = 16;
       rounds = 2;
     } else {
-      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick] "
+                   "[--cpu_pool_awake_us=U]\n",
                    argv[0]);
       return 2;
     }
   }
-  return kvarena::Run(kvarenad, steps, rounds);
+  return kvarena::Run(kvarenad, steps, rounds, awake_us);
 }

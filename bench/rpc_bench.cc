@@ -8,9 +8,10 @@
 // std::chrono, every operation interleaved round by round; prints one table; runs in well under 2
 // minutes.
 //
-// Usage: rpc_bench [--kvarenad=PATH] [--quick] [--num_threads=N]
+// Usage: rpc_bench [--kvarenad=PATH] [--quick] [--num_threads=N] [--cpu_pool_awake_us=U]
 //   N: CPU attention threads of the daemon and of the in-process store alike (default -1:
-//   one per core).
+//   one per core); U: how long their idle workers stay awake (--cpu_pool_awake; default
+//   the daemon's).
 //   PATH defaults to ../daemon/kvarenad beside this binary (the build tree's layout).
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
@@ -119,14 +120,16 @@ void PrintTable(const std::vector<Row>& rows) {
   }
 }
 
-int Run(const std::string& kvarenad, bool quick, int num_threads) {
+int Run(const std::string& kvarenad, bool quick, int num_threads, int64_t awake_us) {
   const int scale = quick ? 10 : 1;
   char dir_template[] = "/tmp/kvarena_rpc_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::vector<Row> rows;
   {
-    ChildDaemon daemon(kvarenad, dir,
-                       {"--arena_bytes=1Gi", "--num_threads=" + std::to_string(num_threads)});
+    std::vector<std::string> flags = {"--arena_bytes=1Gi",
+                                      "--num_threads=" + std::to_string(num_threads)};
+    if (awake_us >= 0) flags.push_back("--cpu_pool_awake=" + std::to_string(awake_us) + "us");
+    ChildDaemon daemon(kvarenad, dir, flags);
     const std::shared_ptr<grpc::Channel> daemon_channel =
         daemon.ok() ? ConnectToDaemon(daemon.address()) : nullptr;
     if (daemon_channel == nullptr) {
@@ -138,6 +141,7 @@ int Run(const std::string& kvarenad, bool quick, int num_threads) {
         v1::KvCacheService::NewStub(daemon_channel);
     StoreOptions local_options;
     local_options.num_threads = num_threads;
+    if (awake_us >= 0) local_options.cpu_pool_awake = absl::Microseconds(awake_us);
     std::unique_ptr<KvStore> store = *KvStore::Create(local_options, NewHostBackend());
     std::mt19937 rng(1);
     const auto call = [&](auto method, const auto& req, auto* resp) {
@@ -323,6 +327,7 @@ int main(int argc, char** argv) {
   std::string kvarenad = kvarena::DefaultKvarenadPath();
   bool quick = false;
   int num_threads = -1;
+  int64_t awake_us = -1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg.rfind("--kvarenad=", 0) == 0) {
@@ -331,10 +336,15 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (arg.rfind("--num_threads=", 0) == 0) {
       num_threads = std::stoi(arg.substr(14));
+    } else if (arg.rfind("--cpu_pool_awake_us=", 0) == 0) {
+      awake_us = std::stoll(arg.substr(20));
     } else {
-      std::fprintf(stderr, "usage: %s [--kvarenad=PATH] [--quick] [--num_threads=N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--kvarenad=PATH] [--quick] [--num_threads=N] "
+                   "[--cpu_pool_awake_us=U]\n",
+                   argv[0]);
       return 2;
     }
   }
-  return kvarena::Run(kvarenad, quick, num_threads);
+  return kvarena::Run(kvarenad, quick, num_threads, awake_us);
 }

@@ -114,6 +114,10 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const StoreOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("prefix hash bits=", options.TEST_prefix_hash_bits, " must be in [0, 128]"));
   }
+  if (options.cpu_pool_awake < absl::ZeroDuration() || options.cpu_pool_awake > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu_pool_awake=", absl::FormatDuration(options.cpu_pool_awake), " must be in [0, 1s]"));
+  }
   if (options.session_max_pages < 0 || options.idle_ttl < absl::ZeroDuration() ||
       options.max_reply_bytes < 1) {
     return absl::InvalidArgumentError(

@@ -43,7 +43,9 @@ struct KvStore::Impl {
         scratch_backend(NewHostBackend()),
         budget(o.arena_bytes),
         metadata(o.metadata_bytes, nullptr, "metadata_bytes"),
-        kernels(o.kernels ? o.kernels : std::shared_ptr<KvKernels>(NewCpuKvKernels(o.num_threads))),
+        kernels(o.kernels ? o.kernels
+                          : std::shared_ptr<KvKernels>(NewCpuKvKernels(
+                                o.num_threads, absl::ToChronoMicroseconds(o.cpu_pool_awake)))),
         limits(LimitsOf(kernels->limits(), o)),
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),

@@ -14,6 +14,7 @@
 #ifndef KVARENA_KERNELS_KV_KERNELS_H_
 #define KVARENA_KERNELS_KV_KERNELS_H_
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -21,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention_params.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/paged_kv.h"
 
 namespace kvarena {
@@ -136,8 +138,10 @@ class KvKernels {
   }
 };
 
-// The CPU kernels with a pool of num_threads threads (-1: one per core; 0: caller only).
-std::unique_ptr<KvKernels> NewCpuKvKernels(int num_threads);
+// The CPU kernels with a pool of num_threads threads (-1: one per core; 0: caller only)
+// whose idle workers stay awake for `awake` (ThreadPool) before they sleep.
+std::unique_ptr<KvKernels> NewCpuKvKernels(
+    int num_threads, std::chrono::microseconds awake = ThreadPool::kDefaultAwake);
 
 }  // namespace kvarena
 

@@ -17,7 +17,7 @@ absl::Status Finished(bool finished, const AttentionParams& params) {
 
 class CpuKvKernels final : public KvKernels {
  public:
-  explicit CpuKvKernels(int num_threads) : pool_(num_threads) {}
+  CpuKvKernels(int num_threads, std::chrono::microseconds awake) : pool_(num_threads, awake) {}
   std::string name() const override { return "cpu"; }
   absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                           int64_t n) override {
@@ -67,8 +67,8 @@ class CpuKvKernels final : public KvKernels {
 
 }  // namespace
 
-std::unique_ptr<KvKernels> NewCpuKvKernels(int num_threads) {
-  return std::make_unique<CpuKvKernels>(num_threads);
+std::unique_ptr<KvKernels> NewCpuKvKernels(int num_threads, std::chrono::microseconds awake) {
+  return std::make_unique<CpuKvKernels>(num_threads, awake);
 }
 
 }  // namespace kvarena

@@ -2,10 +2,10 @@
 // an atomic counter, so the caller and any number of workers can share one loop and any
 // number of callers can have loops queued at once.
 //
-// Decode runs one short loop per layer back to back, so an idle worker spins for a
-// moment (kSpin) before it sleeps, and a caller spins for a moment before it sleeps
-// waiting for the workers still inside its loop: a condition-variable wake-up costs tens
-// of microseconds, comparable to a whole loop.
+// Decode runs one short loop per layer back to back, so an idle worker stays awake for a
+// moment (the pool's `awake`) before it sleeps, and so does a caller waiting for the
+// workers still inside its loop: a condition-variable wake-up costs tens of microseconds,
+// comparable to a whole loop.
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
@@ -21,8 +21,6 @@ namespace kvarena {
 
 namespace {
 
-constexpr auto kSpin = std::chrono::microseconds(50);
-
 void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -31,15 +29,24 @@ void CpuRelax() {
 #endif
 }
 
-// Spins until done() or kSpin has passed; returns done().
+// Waits until done() or `awake` has passed, spinning for the first ThreadPool::kPauseSpin
+// of it and yielding the core after; returns done().
 template <class Done>
-bool SpinUntil(Done&& done) {
-  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+bool StayAwakeUntil(Done&& done, std::chrono::microseconds awake) {
+  using Clock = std::chrono::steady_clock;
+  if (awake <= std::chrono::microseconds(0)) return done();
+  const auto start = Clock::now();
+  const auto spin = std::min(awake, ThreadPool::kPauseSpin);
   for (int i = 0;; ++i) {
     if (done()) return true;
     CpuRelax();
-    if (i % 64 == 63 && std::chrono::steady_clock::now() > deadline) return done();
+    if (i % 64 == 63 && Clock::now() - start > spin) break;
   }
+  while (Clock::now() - start < awake) {
+    if (done()) return true;
+    std::this_thread::yield();
+  }
+  return done();
 }
 
 // One ParallelFor call. Lives on the caller's stack until no worker holds it.
@@ -70,6 +77,7 @@ struct ThreadPool::Impl {
   bool stopping = false;
   std::atomic<bool> stopping_flag{false};
   std::vector<std::thread> workers;
+  std::chrono::microseconds awake{0};
 
   // REQUIRES: mu held.
   void Unqueue(Loop* loop) {
@@ -85,10 +93,12 @@ struct ThreadPool::Impl {
     for (;;) {
       if (loops.empty() && !stopping) {
         lock.unlock();
-        SpinUntil([&] {
-          return queued.load(std::memory_order_relaxed) > 0 ||
-                 stopping_flag.load(std::memory_order_relaxed);
-        });
+        StayAwakeUntil(
+            [&] {
+              return queued.load(std::memory_order_relaxed) > 0 ||
+                     stopping_flag.load(std::memory_order_relaxed);
+            },
+            awake);
         lock.lock();
       }
       work_cv.wait(lock, [&] { return stopping || !loops.empty(); });
@@ -105,7 +115,8 @@ struct ThreadPool::Impl {
   }
 };
 
-ThreadPool::ThreadPool(int num_threads) : impl_(new Impl) {
+ThreadPool::ThreadPool(int num_threads, std::chrono::microseconds awake) : impl_(new Impl) {
+  impl_->awake = std::max(awake, std::chrono::microseconds(0));
   if (num_threads < 0) {
     num_threads = std::max(1, int(std::thread::hardware_concurrency())) - 1;
   }
@@ -153,7 +164,7 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) 
     impl_->Unqueue(&loop);  // no worker can join the loop from here on
   }
   auto idle = [&] { return loop.holders.load(std::memory_order_acquire) == 0; };
-  if (SpinUntil(idle)) return;
+  if (StayAwakeUntil(idle, impl_->awake)) return;
   std::unique_lock<std::mutex> lock(impl_->mu);
   impl_->done_cv.wait(lock, idle);
 }

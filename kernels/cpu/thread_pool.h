@@ -3,9 +3,15 @@
 // Thread-safe: several threads may call ParallelFor at once; their loops share the
 // workers. ParallelFor returns when every index has run. The calling thread works too,
 // so a pool of 0 threads runs everything inline.
+//
+// A worker that runs out of loops, and a caller waiting for workers still inside its
+// loop, stay awake for `awake` before they sleep on a condition variable (whose wake-up
+// costs tens of microseconds, more on a VM whose idle vCPU the host must wake): they
+// spin for the first kPauseSpin of it, then yield the core between checks.
 #ifndef KVARENA_KERNELS_CPU_THREAD_POOL_H_
 #define KVARENA_KERNELS_CPU_THREAD_POOL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 
@@ -13,8 +19,12 @@ namespace kvarena {
 
 class ThreadPool {
  public:
+  static constexpr std::chrono::microseconds kPauseSpin{50};
+  static constexpr std::chrono::microseconds kDefaultAwake = kPauseSpin;
+
   // num_threads workers besides the caller; <0 means hardware_concurrency()-1.
-  explicit ThreadPool(int num_threads = -1);
+  // A negative awake counts as 0 (sleep at once).
+  explicit ThreadPool(int num_threads = -1, std::chrono::microseconds awake = kDefaultAwake);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

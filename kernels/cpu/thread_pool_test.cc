@@ -87,6 +87,37 @@ TEST_F(ThreadPoolTest, ConcurrentCallersEachGetAllTheirIndices) {
   for (int c = 0; c < kCallers; ++c) EXPECT_EQ(failures[c], 0) << "caller " << c;
 }
 
+// However long idle workers stay awake (none, the default spin, spinning then yielding),
+// loops run every index once: back to back, after a gap longer than a short awake time
+// (workers asleep) or within a long one (workers yielding), from several callers; and the
+// pool goes down at once while its workers are awake (a hang would be a timeout).
+TEST_F(ThreadPoolTest, EveryAwakeTimeRunsEveryIndexAndStops) {
+  using std::chrono::microseconds;
+  for (microseconds awake : {microseconds(0), ThreadPool::kDefaultAwake, microseconds(20000)}) {
+    SCOPED_TRACE(::testing::Message() << "awake=" << awake.count() << "us");
+    {
+      ThreadPool pool(2, awake);
+      for (int rep = 0; rep < 20; ++rep) {
+        EXPECT_TRUE(AllOnce(RunCounts(pool, 1 + rep % 9)));
+        if (rep % 4 == 3) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::vector<std::thread> callers;
+      std::atomic<int> failures{0};
+      for (int c = 0; c < 3; ++c) {
+        callers.emplace_back([&] {
+          for (int rep = 0; rep < 50; ++rep) {
+            if (!AllOnce(RunCounts(pool, 1 + rep % 13))) failures.fetch_add(1);
+          }
+        });
+      }
+      for (std::thread& t : callers) t.join();
+      EXPECT_EQ(failures.load(), 0);
+    }
+    ThreadPool fresh(2, awake);
+    EXPECT_TRUE(AllOnce(RunCounts(fresh, 5)));  // then destroyed with its workers awake
+  }
+}
+
 TEST_F(ThreadPoolTest, NestedParallelForCompletes) {
   ThreadPool pool(2);
   std::atomic<int> total{0};

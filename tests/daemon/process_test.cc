@@ -117,7 +117,7 @@ TEST_F(ProcessTest, HelpListsEveryFlagWithItsText) {
        {"--listen", "--backend", "--arena_bytes", "--page_size", "--session_grace",
         "--metrics_port", "--metrics_address", "--num_threads", "--fd_socket", "--socket_mode",
         "--socket_group", "--allowed_uids", "--tls_cert", "--tls_key", "--tls_client_ca",
-        "--auth_token_file", "--mutex_deadlock_detection"}) {
+        "--auth_token_file", "--mutex_deadlock_detection", "--cpu_pool_awake"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
   EXPECT_THAT(out, HasSubstr("Ki/Mi/Gi"));
@@ -174,6 +174,20 @@ TEST_F(ProcessTest, BadByteSizeIsRejectedByName) {
   const int status = RunCommand({KVARENAD_PATH, "--arena_bytes=12Q"}, &out);
   EXPECT_FALSE(ExitedWith(status, 0));
   EXPECT_THAT(out, HasSubstr("arena_bytes"));
+}
+
+// The pool's awake time is bounded; within the bounds the daemon serves as before.
+TEST_F(ProcessTest, CpuPoolAwakeIsBoundedAndServes) {
+  std::string out;
+  EXPECT_FALSE(ExitedWith(RunCommand({KVARENAD_PATH, "--cpu_pool_awake=2s"}, &out), 0));
+  EXPECT_THAT(out, HasSubstr("cpu_pool_awake=2s must be in [0, 1s]"));
+  EXPECT_FALSE(ExitedWith(RunCommand({KVARENAD_PATH, "--cpu_pool_awake=-1us"}, &out), 0));
+  EXPECT_THAT(out, HasSubstr("cpu_pool_awake=-1us must be in [0, 1s]"));
+  TempDir dir;
+  DaemonProcess d(
+      {"--listen=unix:" + dir.path() + "/k.sock", "--cpu_pool_awake=5ms", "--num_threads=1"});
+  ASSERT_TRUE(d.WaitServing()) << d.Log();
+  EXPECT_EQ(CheckHealth(d, ""), HealthCheckResponse::SERVING);
 }
 
 TEST_F(ProcessTest, SigtermGoesNotServingEndsStreamsAndExitsZero) {
