@@ -55,7 +55,7 @@ struct OwnerBounds {
 struct StoreOptions {
   size_t arena_bytes = size_t{1} << 30;  // the budget every pool (and scratch region) draws from
   int default_page_size = 16;
-  int num_threads = -1;       // CPU attention workers besides the caller; -1: cores - 1
+  int num_threads = -1;  // CPU attention workers besides the caller; -1: cores - 1
   // How long an idle CPU attention worker stays awake before it sleeps (ThreadPool), in
   // [0, 1s]: longer saves served calls the wake-up, at the cost of a core kept busy.
   absl::Duration cpu_pool_awake = absl::Microseconds(50);
