@@ -58,7 +58,7 @@ struct StoreOptions {
   int num_threads = -1;  // CPU attention workers besides the caller; -1: cores - 1
   // How long an idle CPU attention worker stays awake before it sleeps (ThreadPool), in
   // [0, 1s]: longer saves served calls the wake-up, at the cost of a core kept busy.
-  absl::Duration cpu_pool_awake = absl::Microseconds(50);
+  absl::Duration cpu_pool_awake = absl::FromChrono(ThreadPool::kDefaultAwake);
   int empty_chunks_kept = 1;  // per pool, kept committed to avoid commit/decommit churn
   // Per session, host memory for zero-copy tensors: created when the session first maps
   // it (ExportRegion) and charged to arena_bytes from then while the session lives; a
