@@ -126,14 +126,17 @@ TEST_F(BoundsTest, SessionsOfOnePeerAreBounded) {
   o.max_sessions = 8;
   o.max_sessions_per_peer = 2;
   MakeStore(o);
-  const SessionPeer uid{.key = "uid 1000"};
+  SessionPeer uid;
+  uid.key = "uid 1000";
   const std::string a = store_->AttachSession("a", "", uid)->session_id;
   ASSERT_TRUE(store_->AttachSession("b", "", uid).ok());
   ExpectExhausted(
       store_->AttachSession("c", "", uid), Refusal::kMaxSessionsPerPeer,
       "uid 1000 holds 2 sessions (attached or in their grace period); max_sessions_per_peer=2");
   // Another peer, and a peer the daemon cannot name, count against max_sessions only.
-  EXPECT_TRUE(store_->AttachSession("d", "", SessionPeer{.key = "uid 1001"}).ok());
+  SessionPeer other;
+  other.key = "uid 1001";
+  EXPECT_TRUE(store_->AttachSession("d", "", other).ok());
   EXPECT_TRUE(store_->OpenSession("e").ok());
   EXPECT_TRUE(store_->OpenSession("f").ok());
   EXPECT_TRUE(store_->OpenSession("g").ok());

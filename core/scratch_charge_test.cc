@@ -59,8 +59,9 @@ TEST_F(ScratchChargeTest, AttachChargesNothingFirstExportChargesEndRefunds) {
 }
 
 TEST_F(ScratchChargeTest, APeerThatCannotMapGetsNoScratch) {
-  absl::StatusOr<SessionAttachment> a =
-      store_->AttachSession("tcp", "", SessionPeer{.can_map = false});
+  SessionPeer tcp;
+  tcp.can_map = false;
+  absl::StatusOr<SessionAttachment> a = store_->AttachSession("tcp", "", tcp);
   ASSERT_TRUE(a.ok()) << a.status();
   absl::StatusOr<std::vector<RegionInfo>> regions = store_->SessionRegions(a->session_id);
   ASSERT_TRUE(regions.ok()) << regions.status();
