@@ -23,15 +23,14 @@
 // KUBECTL picks the kubectl (default: the one on PATH). Exits 1 on any failure.
 'use strict';
 
-const {execFileSync, spawn} = require('child_process');
+const {execFileSync} = require('child_process');
 const fs = require('fs');
-const http = require('http');
-const net = require('net');
 const os = require('os');
 const path = require('path');
 const YAML = require('yaml');
 const {StrictFields, schemaErrors} = require('./strict_fields');
 const {checkRender, checkMonitoring, parseArgs} = require('./invariants');
+const {freePort, waitExit, startDaemon, run, get} = require('./processes');
 
 const kRoot = path.resolve(__dirname, '..', '..');
 const kKube = path.join(kRoot, 'deploy', 'kubernetes');
@@ -205,70 +204,6 @@ function mutations(gpu, daemonset, redis) {
 
 // ---- the real daemon ----
 
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const {port} = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-function waitExit(child, boundMs) {
-  return new Promise((resolve) => {
-    if (child.exitCode !== null || child.signalCode !== null) return resolve(child.exitCode);
-    const guard = setTimeout(() => { child.kill('SIGKILL'); resolve('killed: no exit'); }, boundMs);
-    child.on('exit', (code, signal) => { clearTimeout(guard); resolve(code === null ? signal : code); });
-  });
-}
-
-// Starts kvarenad with args; resolves {child, log} once it printed its start line, or
-// {child, log, exited} if it exited first.
-function startDaemon(bin, args) {
-  return new Promise((resolve) => {
-    const child = spawn(bin, args, {stdio: ['ignore', 'pipe', 'pipe']});
-    const state = {child, log: ''};
-    const guard = setTimeout(() => { child.kill('SIGKILL'); }, kStartBoundMs);
-    const onData = (d) => {
-      state.log += d;
-      if (/kvarenad: serving/.test(state.log)) {
-        clearTimeout(guard);
-        resolve(state);
-      }
-    };
-    child.stdout.on('data', onData);
-    child.stderr.on('data', (d) => { state.log += d; });
-    child.on('exit', (code, signal) => {
-      clearTimeout(guard);
-      state.exited = code === null ? signal : code;
-      resolve(state);
-    });
-  });
-}
-
-function run(cmd, args, timeoutMs) {
-  return new Promise((resolve) => {
-    const child = spawn(cmd, args, {stdio: ['ignore', 'pipe', 'pipe']});
-    let out = '';
-    child.stdout.on('data', (d) => { out += d; });
-    child.stderr.on('data', (d) => { out += d; });
-    const guard = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    child.on('exit', (code, signal) => { clearTimeout(guard); resolve({code: code === null ? signal : code, out}); });
-  });
-}
-
-function get(url) {
-  return new Promise((resolve, reject) => {
-    http.get(url, (res) => {
-      let body = '';
-      res.on('data', (d) => { body += d; });
-      res.on('end', () => resolve({status: res.statusCode, body}));
-    }).on('error', reject);
-  });
-}
-
 // One rendered kvarenad container run for real: what the kubelet would start and probe.
 async function runRendered(owner, c, image, bins) {
   const errors = [];
@@ -295,7 +230,7 @@ async function runRendered(owner, c, image, bins) {
         if (a.startsWith('--metrics_address=')) return '--metrics_address=127.0.0.1';
         return move(a);
       });
-      d = await startDaemon(bins.kvarenad, args);
+      d = await startDaemon(bins.kvarenad, args, kStartBoundMs);
       if (d.exited === undefined || !/cannot serve metrics/.test(d.log)) break;
     }
     if (d.exited !== undefined) return [`kvarenad did not start (exit ${d.exited}):`, ...d.log.trim().split('\n')];
@@ -388,7 +323,8 @@ async function main() {
     await check('negative: kvarenad refuses an unknown flag (so the run above checks flag names)', async () => {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'kvarena-deploy.'));
       try {
-        const d = await startDaemon(bins.kvarenad, [`--listen=unix:${dir}/k.sock`, '--metrics_prot=9464']);
+        const d = await startDaemon(bins.kvarenad, [`--listen=unix:${dir}/k.sock`, '--metrics_prot=9464'],
+            kStartBoundMs);
         if (d.exited === undefined) {
           d.child.kill('SIGKILL');
           return ['kvarenad started'];
