@@ -35,6 +35,7 @@
 
 #include "bench/child_daemon.h"
 #include "bench/half_tensor.h"
+#include "bench/pool_awake.h"
 #include "core/kv_store.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
@@ -90,9 +91,9 @@ class Way {
 // (a) A KvStore in this process.
 class InProcess final : public Way {
  public:
-  bool Init(int64_t awake_us) {
+  bool Init(const PoolAwake& awake) {
     StoreOptions o;
-    if (awake_us >= 0) o.cpu_pool_awake = absl::Microseconds(awake_us);
+    awake.ApplyTo(&o);
     o.arena_bytes = size_t{3} << 30;
     o.default_page_size = kPageSize;
     auto store = KvStore::Create(o, NewHostBackend());
@@ -274,11 +275,11 @@ std::shared_ptr<Client> ConnectWithRetry(const std::string& address) {
   return nullptr;
 }
 
-int Run(const std::string& kvarenad, int steps, int rounds, int64_t awake_us) {
+int Run(const std::string& kvarenad, int steps, int rounds, const PoolAwake& awake) {
   char dir_template[] = "/tmp/kvarena_decode_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::vector<std::string> flags = {"--arena_bytes=8Gi", "--page_size=16"};
-  if (awake_us >= 0) flags.push_back("--cpu_pool_awake=" + std::to_string(awake_us) + "us");
+  awake.AddTo(&flags);
   ChildDaemon daemon(kvarenad, dir, flags);
   std::shared_ptr<Client> client = daemon.ok() ? ConnectWithRetry(daemon.address()) : nullptr;
   if (client == nullptr) {
@@ -289,7 +290,7 @@ int Run(const std::string& kvarenad, int steps, int rounds, int64_t awake_us) {
   InProcess a;
   ThroughDaemon b(client, /*local=*/true), c(client, /*local=*/false);
   Batched d(client);
-  if (!a.Init(awake_us) || !b.Init() || !c.Init() || !d.Init()) return 1;
+  if (!a.Init(awake) || !b.Init() || !c.Init() || !d.Init()) return 1;
 
   std::mt19937 rng(1);
   const Half prefill_k(kKvHeads, kContext, &rng), prefill_v(kKvHeads, kContext, &rng);
@@ -365,17 +366,16 @@ int Run(const std::string& kvarenad, int steps, int rounds, int64_t awake_us) {
 int main(int argc, char** argv) {
   std::string kvarenad = kvarena::DefaultKvarenadPath();
   int steps = 128, rounds = 4;
-  int64_t awake_us = -1;
+  kvarena::PoolAwake awake;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (awake.Parse(arg)) continue;
     if (arg.rfind("--kvarenad=", 0) == 0) {
       kvarenad = arg.substr(11);
     } else if (arg.rfind("--steps=", 0) == 0) {
       steps = std::max(1, std::atoi(arg.c_str() + 8));
     } else if (arg.rfind("--rounds=", 0) == 0) {
       rounds = std::max(1, std::atoi(arg.c_str() + 9));
-    } else if (arg.rfind("--cpu_pool_awake_us=", 0) == 0) {
-      awake_us = std::stoll(arg.substr(20));
     } else if (arg == "--quick") {
       steps = 16;
       rounds = 2;
@@ -387,5 +387,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return kvarena::Run(kvarenad, steps, rounds, awake_us);
+  return kvarena::Run(kvarenad, steps, rounds, awake);
 }

@@ -35,6 +35,7 @@
 #include "bench/child_daemon.h"
 #include "bench/daemon_channel.h"
 #include "bench/half_tensor.h"
+#include "bench/pool_awake.h"
 #include "core/kv_store.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -120,7 +121,7 @@ void PrintTable(const std::vector<Row>& rows) {
   }
 }
 
-int Run(const std::string& kvarenad, bool quick, int num_threads, int64_t awake_us) {
+int Run(const std::string& kvarenad, bool quick, int num_threads, const PoolAwake& awake) {
   const int scale = quick ? 10 : 1;
   char dir_template[] = "/tmp/kvarena_rpc_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
@@ -128,7 +129,7 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, int64_t awake_
   {
     std::vector<std::string> flags = {"--arena_bytes=1Gi",
                                       "--num_threads=" + std::to_string(num_threads)};
-    if (awake_us >= 0) flags.push_back("--cpu_pool_awake=" + std::to_string(awake_us) + "us");
+    awake.AddTo(&flags);
     ChildDaemon daemon(kvarenad, dir, flags);
     const std::shared_ptr<grpc::Channel> daemon_channel =
         daemon.ok() ? ConnectToDaemon(daemon.address()) : nullptr;
@@ -141,7 +142,7 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, int64_t awake_
         v1::KvCacheService::NewStub(daemon_channel);
     StoreOptions local_options;
     local_options.num_threads = num_threads;
-    if (awake_us >= 0) local_options.cpu_pool_awake = absl::Microseconds(awake_us);
+    awake.ApplyTo(&local_options);
     std::unique_ptr<KvStore> store = *KvStore::Create(local_options, NewHostBackend());
     std::mt19937 rng(1);
     const auto call = [&](auto method, const auto& req, auto* resp) {
@@ -327,17 +328,16 @@ int main(int argc, char** argv) {
   std::string kvarenad = kvarena::DefaultKvarenadPath();
   bool quick = false;
   int num_threads = -1;
-  int64_t awake_us = -1;
+  kvarena::PoolAwake awake;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (awake.Parse(arg)) continue;
     if (arg.rfind("--kvarenad=", 0) == 0) {
       kvarenad = arg.substr(11);
     } else if (arg == "--quick") {
       quick = true;
     } else if (arg.rfind("--num_threads=", 0) == 0) {
       num_threads = std::stoi(arg.substr(14));
-    } else if (arg.rfind("--cpu_pool_awake_us=", 0) == 0) {
-      awake_us = std::stoll(arg.substr(20));
     } else {
       std::fprintf(stderr,
                    "usage: %s [--kvarenad=PATH] [--quick] [--num_threads=N] "
@@ -346,5 +346,5 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return kvarena::Run(kvarenad, quick, num_threads, awake_us);
+  return kvarena::Run(kvarenad, quick, num_threads, awake);
 }
