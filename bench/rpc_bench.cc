@@ -4,7 +4,9 @@
 // an untimed Append, Health/Check after the same untimed Append (Popn's like-for-like
 // baseline), Stats over a dozen pools and a decode Attend over a 4096-token context; every row's
 // p50 is given against both Health/Check and Ping. The same core operations are timed in process (a
-// KvStore here) so the table shows what the RPC adds, also in empty RPCs (Pings). Plain loops with
+// KvStore here) so the table shows what the RPC adds, also in empty RPCs (Pings). Two rows time
+// a hand-off (bench/handoff.h) instead of an RPC, an empty one and the 4k decode Attend: what
+// serving from another thread costs with no gRPC at all, two thread wake-ups. Plain loops with
 // std::chrono, every operation interleaved round by round; prints one table; runs in well under 2
 // minutes.
 //
@@ -35,6 +37,7 @@
 #include "bench/child_daemon.h"
 #include "bench/daemon_channel.h"
 #include "bench/half_tensor.h"
+#include "bench/handoff.h"
 #include "bench/pool_awake.h"
 #include "core/kv_store.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -126,6 +129,7 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, const PoolAwak
   char dir_template[] = "/tmp/kvarena_rpc_bench.XXXXXX";
   const std::string dir = mkdtemp(dir_template);
   std::vector<Row> rows;
+  double popn_vs_health_after = 0;
   {
     std::vector<std::string> flags = {"--arena_bytes=1Gi",
                                       "--num_threads=" + std::to_string(num_threads)};
@@ -281,6 +285,13 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, const PoolAwak
                      nullptr, 1000 / scale};
     Timed attend_local{[&] { return store->Attend("", args, out.data(), out.size()).ok(); },
                        nullptr, 1000 / scale};
+    // The served call's floor: the same in-process call run by another thread, woken over a
+    // socket pair and waking this one back — two thread wake-ups and no gRPC — beside the
+    // same hand-off with no work (which the gap after a long call can make dearer).
+    Handoff empty_thread([] { return true; });
+    Handoff attend_thread([&] { return store->Attend("", args, out.data(), out.size()).ok(); });
+    Timed handoff_empty{[&] { return empty_thread.Call(); }, nullptr, 20000 / scale};
+    Timed attend_handoff{[&] { return attend_thread.Call(); }, nullptr, 1000 / scale};
 
     // The same call at position 0 (one key): the 8 KB in and 8 KB out with next to no
     // kernel, so what carrying them costs shows apart from the kernel's time.
@@ -295,18 +306,22 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, const PoolAwak
         [&] { return store->Attend("", first_args, out.data(), out.size()).ok(); }, nullptr,
         5000 / scale};
 
-    MeasureInterleaved({&health, &ping, &append_rpc, &append_local, &health_after_append, &popn_rpc,
-                        &popn_local, &stats_rpc, &stats_local, &attend_rpc, &attend_local,
-                        &attend_first_rpc, &attend_first_local});
+    MeasureInterleaved({&health, &ping, &handoff_empty, &append_rpc, &append_local,
+                        &health_after_append, &popn_rpc, &popn_local, &stats_rpc, &stats_local,
+                        &attend_rpc, &attend_local, &attend_handoff, &attend_first_rpc,
+                        &attend_first_local});
     rows = {{"Health/Check (gRPC's own)", health.Result(), {}},
             {"Ping (empty unary)", ping.Result(), {}},
+            {"Hand-off to a thread (no gRPC)", handoff_empty.Result(), {}},
             {"Append (1 token, 8x128 f16)", append_rpc.Result(), append_local.Result()},
             {"Health/Check (after an append)", health_after_append.Result(), {}},
             {"Popn(1) (after an untimed append)", popn_rpc.Result(), popn_local.Result()},
             {"Stats (whole arena, 12 pools)", stats_rpc.Result(), stats_local.Result()},
             {"Attend decode, ctx 4096, 32q/8kv", attend_rpc.Result(), attend_local.Result()},
+            {"  the same handed to a thread", attend_handoff.Result(), attend_local.Result()},
             {"Attend at pos 0 (8 KB each way)", attend_first_rpc.Result(),
              attend_first_local.Result()}};
+    popn_vs_health_after = popn_rpc.Result().p50 / health_after_append.Result().p50;
   }
   std::filesystem::remove_all(dir);
   std::printf(
@@ -314,10 +329,7 @@ int Run(const std::string& kvarenad, bool quick, int num_threads, const PoolAwak
       "without gRPC\n",
       std::thread::hardware_concurrency());
   PrintTable(rows);
-  const Row& health_after = rows[3];
-  const Row& popn = rows[4];
-  std::printf("Popn(1) / Health/Check after the same untimed append: %.2f\n",
-              popn.rpc.p50 / health_after.rpc.p50);
+  std::printf("Popn(1) / Health/Check after the same untimed append: %.2f\n", popn_vs_health_after);
   return 0;
 }
 
