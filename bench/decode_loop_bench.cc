@@ -14,7 +14,9 @@
 // prefilled the same cheap way (one bulk K/V write per layer); the decode runs in rounds
 // that alternate the four ways (each round starting with the next) so load that comes
 // and goes weighs on each alike.
-// Prints tokens/s (batch tokens per second of decode) and the ratios b/a, c/a and d/a.
+// Prints tokens/s (batch tokens per second of decode) and the ratios b/a, c/a and d/a, and
+// what each of (c)'s Attend RPCs adds over (a)'s in-process call, also in empty RPCs
+// (Pings on the same daemon, timed after every round).
 //
 // Usage: decode_loop_bench [--kvarenad=PATH] [--steps=N] [--rounds=R] [--quick]
 //                          [--cpu_pool_awake_us=U]
@@ -23,6 +25,7 @@
 //   --cpu_pool_awake; default its default). The local ways' kernels keep the default.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "bench/child_daemon.h"
+#include "bench/daemon_channel.h"
 #include "bench/half_tensor.h"
 #include "bench/pool_awake.h"
 #include "core/kv_store.h"
@@ -45,6 +49,7 @@ namespace {
 
 constexpr int kLayers = 32, kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kBatch = 8;
 constexpr int kContext = 2048, kPageSize = 16, kTensorSets = 16;
+constexpr int kPingsPerRound = 200;
 using Clock = std::chrono::steady_clock;
 
 // A [1, heads, tokens, kHeadDim] float16 tensor that owns its bytes.
@@ -308,6 +313,12 @@ int Run(const std::string& kvarenad, int steps, int rounds, const PoolAwake& awa
     sum->commit += to.commit - from.commit;
     sum->describe += to.describe - from.describe;
   };
+  // Pings on a channel of their own, after every round: the unit (c)'s excess is shown in.
+  const std::shared_ptr<grpc::Channel> ping_channel = ConnectToDaemon(daemon.address());
+  if (ping_channel == nullptr) return 1;
+  const std::unique_ptr<v1::KvCacheService::Stub> ping_stub =
+      v1::KvCacheService::NewStub(ping_channel);
+  std::vector<double> ping_us;
   const int per_round = (steps + rounds - 1) / rounds;
   for (int done = 0, round = 0; done < steps; ++round) {
     const int n = std::min(per_round, steps - done);
@@ -322,6 +333,13 @@ int Run(const std::string& kvarenad, int steps, int rounds, const PoolAwake& awa
       w->steps += n;
       if (w == &b) add(&calls_b, calls_before, client->call_counts());
       if (w == &d) add(&calls_d, calls_before, client->call_counts());
+    }
+    for (int i = 0; i < kPingsPerRound; ++i) {
+      grpc::ClientContext ctx;
+      v1::PingResponse pong;
+      const auto start = Clock::now();
+      if (!ping_stub->Ping(&ctx, v1::PingRequest(), &pong).ok()) return 1;
+      ping_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
     done += n;
   }
@@ -355,6 +373,13 @@ int Run(const std::string& kvarenad, int steps, int rounds, const PoolAwake& awa
   }
   std::printf("(c) per step: %d Attend RPCs; (d) per step: %d kernel calls (b: %d)\n",
               kLayers * kBatch, 2 * kLayers, 2 * kLayers * kBatch);
+  std::sort(ping_us.begin(), ping_us.end());
+  const double ping = ping_us[ping_us.size() / 2];
+  const double adds = 1e6 * (c.seconds / c.steps - a.seconds / a.steps) / (kLayers * kBatch);
+  std::printf(
+      "(c) adds %.1f us per Attend RPC over (a)'s call: %.2f Pings (Ping p50 %.1f us, %d after "
+      "each round)\n",
+      adds, adds / ping, ping, kPingsPerRound);
   client.reset();
   std::filesystem::remove_all(dir);
   return 0;
