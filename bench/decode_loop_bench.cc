@@ -313,7 +313,7 @@ int Run(const std::string& kvarenad, int steps, int rounds, const PoolAwake& awa
     sum->commit += to.commit - from.commit;
     sum->describe += to.describe - from.describe;
   };
-  // Pings on a channel of their own, after every round: the unit (c)'s excess is shown in.
+  // Pings on a channel of their own, timed after every round: the unit of (c)'s excess.
   const std::shared_ptr<grpc::Channel> ping_channel = ConnectToDaemon(daemon.address());
   if (ping_channel == nullptr) return 1;
   const std::unique_ptr<v1::KvCacheService::Stub> ping_stub =

@@ -2,7 +2,7 @@
 // pair and answers the same way. A call costs what any served call costs beyond its work,
 // two thread wake-ups (the worker's, then the caller's), and nothing else: no gRPC, no
 // framing, no copy. rpc_bench sets it beside the RPC rows as the floor of serving from
-// another process on the same machine. Header-only; one caller at a time.
+// another thread or process on the same machine. Header-only; one caller at a time.
 #ifndef KVARENA_BENCH_HANDOFF_H_
 #define KVARENA_BENCH_HANDOFF_H_
 
