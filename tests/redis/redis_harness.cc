@@ -250,19 +250,22 @@ absl::Status RedisTestCluster::WaitClusterOk(absl::Duration timeout) const {
 }
 
 absl::Status RedisTestCluster::WaitReplicated(int primary_port, absl::Duration timeout) const {
-  absl::StatusOr<int> replica = ReplicaOf(primary_port);
-  if (!replica.ok()) return replica.status();
+  // Right after `--cluster create` the primary may not list its replica yet: the replica's
+  // role reaches it by gossip, so the lookup is part of what is waited for.
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    absl::StatusOr<std::string> a = Cli(primary_port, {"DBSIZE"});
-    absl::StatusOr<std::string> b = Cli(*replica, {"DBSIZE"});
-    if (a.ok() && b.ok() && absl::StripAsciiWhitespace(*a) == absl::StripAsciiWhitespace(*b)) {
-      return absl::OkStatus();
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
+    absl::StatusOr<int> replica = ReplicaOf(primary_port);
+    absl::Status last = replica.status();
+    if (replica.ok()) {
+      absl::StatusOr<std::string> a = Cli(primary_port, {"DBSIZE"});
+      absl::StatusOr<std::string> b = Cli(*replica, {"DBSIZE"});
+      if (a.ok() && b.ok() && absl::StripAsciiWhitespace(*a) == absl::StripAsciiWhitespace(*b)) {
+        return absl::OkStatus();
+      }
+      last = absl::DeadlineExceededError(
           absl::StrCat("replica ", *replica, " of ", primary_port, " not caught up"));
     }
+    if (absl::Now() > deadline) return last;
     absl::SleepFor(absl::Milliseconds(50));
   }
 }

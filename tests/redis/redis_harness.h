@@ -61,7 +61,7 @@ class RedisTestCluster {
   absl::StatusOr<int> ReplicaOf(int primary_port) const;
   // Polls until every live node's CLUSTER INFO says cluster_state:ok.
   absl::Status WaitClusterOk(absl::Duration timeout) const;
-  // Polls until the replica of the primary on `port` holds as many keys as it.
+  // Polls until the primary on `port` lists a replica and that replica holds as many keys.
   absl::Status WaitReplicated(int primary_port, absl::Duration timeout) const;
   // Sends sig to the node on `port` (SIGKILL: it is then left out of the waits).
   void Signal(int port, int sig);

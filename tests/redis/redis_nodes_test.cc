@@ -122,7 +122,10 @@ TEST_F(RedisNodesTest, APrimaryKilledUnderTrafficFailsNoRpcAndItsPrefixesHitAgai
   for (size_t i = 0; i < prompts.size(); ++i) ASSERT_NO_FATAL_FAILURE(ComputeOn(*a, prompts[i], i));
   const absl::StatusOr<std::vector<int>> primaries = cluster_->Primaries();
   ASSERT_TRUE(primaries.ok()) << primaries.status();
-  for (int port : *primaries) ASSERT_TRUE(cluster_->WaitReplicated(port, absl::Seconds(20)).ok());
+  for (int port : *primaries) {
+    const absl::Status replicated = cluster_->WaitReplicated(port, absl::Seconds(20));
+    ASSERT_TRUE(replicated.ok()) << replicated;
+  }
   cluster_->Signal((*primaries)[0], SIGKILL);
   // B keeps allocating every prompt (each Allocate must succeed: a dead shard is a miss)
   // until all of them hit again, the replica promoted; bounded.
