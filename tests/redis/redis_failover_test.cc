@@ -86,7 +86,7 @@ TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
 TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   RedisStoreOptions options = StoreOptions();
-  options.breaker_period = absl::Seconds(2);
+  options.breaker_period = absl::Seconds(5);  // outlasts the checks while it is open, loaded
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
   Victim v;
@@ -135,7 +135,7 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
 TEST_F(RedisStoreTest, EveryNodeBehindAnOpenBreakerIsDownUntilAProbeSucceeds) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
   RedisStoreOptions options = StoreOptions();
-  options.breaker_period = absl::Seconds(2);  // outlasts the checks while it is open
+  options.breaker_period = absl::Seconds(5);  // outlasts the checks while it is open, loaded
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
   ASSERT_THAT(store->Put(Key(1), Value(1), nullptr), IsOk());
