@@ -15,12 +15,14 @@
 #include "absl/strings/str_split.h"
 #include "tests/daemon/prompt_kv.h"
 #include "tests/redis/redis_harness.h"
+#include "tests/support/status_matchers.h"
 #include "tiers/redis/redis_store.h"
 
 namespace kvarena {
 namespace {
 
 using testing::ClusterOf;
+using testing::IsOk;
 using testing::PlainRedis;
 using testing::RedisInstalled;
 using testing::RedisTestCluster;
@@ -123,8 +125,7 @@ TEST_F(RedisNodesTest, APrimaryKilledUnderTrafficFailsNoRpcAndItsPrefixesHitAgai
   const absl::StatusOr<std::vector<int>> primaries = cluster_->Primaries();
   ASSERT_TRUE(primaries.ok()) << primaries.status();
   for (int port : *primaries) {
-    const absl::Status replicated = cluster_->WaitReplicated(port, absl::Seconds(20));
-    ASSERT_TRUE(replicated.ok()) << replicated;
+    ASSERT_THAT(cluster_->WaitReplicated(port, absl::Seconds(20)), IsOk());
   }
   cluster_->Signal((*primaries)[0], SIGKILL);
   // B keeps allocating every prompt (each Allocate must succeed: a dead shard is a miss)
