@@ -46,6 +46,7 @@ class ByteBudget {
   }
   size_t used() const { return used_.load(std::memory_order_relaxed); }
   size_t limit() const { return limit_; }
+  const ByteBudget* parent() const { return parent_; }
   // What a charge may take now: the least room of this budget and its parents.
   size_t available() const {
     const size_t own = limit_ - used();

@@ -5,6 +5,7 @@
 #define KVARENA_CORE_CHECKED_H_
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -30,6 +31,12 @@ template <class T>
   T r;
   if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
   return r;
+}
+
+// a + b, or T's largest value when the exact result does not fit (a need no bound meets).
+template <class T>
+[[nodiscard]] T SaturatingAdd(T a, T b) {
+  return CheckedAdd(a, b).value_or(std::numeric_limits<T>::max());
 }
 
 // Bytes of a [heads, tokens, head_dim] tensor of dtype; nullopt when a count is negative,

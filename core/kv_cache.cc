@@ -113,12 +113,8 @@ absl::Status KvCache::TakePagesLocked(absl::string_view op, int layer, Taken* ta
 
 absl::Status KvCache::AllocateLocked(int64_t n, std::vector<int32_t>* ids,
                                      std::vector<int32_t>* chunks) {
-  absl::Status s = ctx_.pool->Allocate(n, ids, chunks);
-  if (absl::IsResourceExhausted(s) && ctx_.trim_other_pools &&
-      ctx_.trim_other_pools(ctx_.pool.get(), n)) {
-    s = ctx_.pool->Allocate(n, ids, chunks);
-  }
-  return s;
+  return ctx_.allocate ? ctx_.allocate(ctx_.pool.get(), n, ids, chunks)
+                       : ctx_.pool->Allocate(n, ids, chunks);
 }
 
 std::vector<int32_t> KvCache::TailFirstLocked() const {

@@ -76,10 +76,18 @@ struct CacheContext {
   StoreCounters* counters = nullptr;
   const RequestLimits* limits = nullptr;
   size_t max_reply_bytes = 0;
-  // Called with no pool lock held when `pool` cannot find n pages: reclaims cached pages
-  // of the arena's other pools (PoolSet::TrimOthers); true when that gave
-  // enough budget back to try again.
-  std::function<bool(const PagePool* pool, int64_t n)> trim_other_pools;
+  // Takes n pages of `pool` (PoolSet::Allocate: retried after the arena's other pools give
+  // budget back, or cached prefixes metadata); null: pool->Allocate alone. Called with no
+  // pool lock held.
+  std::function<absl::Status(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                             std::vector<int32_t>* committed)>
+      allocate;
+  // Called with no pool lock held. reclaim_metadata(budget, bytes): when that makes room
+  // for `bytes` in `budget` (the cache's, inside the daemon's), evicts cached prefixes
+  // until it does; whether it did (KvStore's ReclaimMetadata). trim_cached_metadata():
+  // evicts them until they keep no more than their share of it. Null: neither is done.
+  std::function<bool(const ByteBudget* budget, size_t bytes)> reclaim_metadata;
+  std::function<void()> trim_cached_metadata;
   int prefix_hash_bits = 128;      // tests: fewer bits make page hashes collide
   TierSet* tiers = nullptr;        // the tiers below the arena, if any (core/tier_set.h)
   ByteBudget* metadata = nullptr;  // --metadata_bytes: declared tokens are charged to it
@@ -115,6 +123,12 @@ class KvCache {
   // `metadata` charge the constructor takes over), so a cache that does not fit is never
   // built.
   static size_t FixedMetadataBytes(const CacheSpec& spec, const std::string& id);
+  // The most metadata bytes declaring n tokens (a prompt) charges a new cache of `spec`:
+  // its ids and their page hashes and, with a prefix namespace, an index node per page.
+  static size_t DeclaredMetadataBytes(const CacheSpec& spec, int64_t n);
+  // What a fork of this cache charges besides FixedMetadataBytes: a copy of its declared
+  // ids and hashes, and a table slot for each page it holds.
+  size_t ForkMetadataBytes() const;
 
   // REQUIRES: spec resolved by ResolveSpec and matching the pool's layout. The quota has
   // already counted this cache and `metadata` holds FixedMetadataBytes of

@@ -27,6 +27,21 @@ PrefixQuery KvCache::QueryLocked() const {
   return q;
 }
 
+size_t KvCache::DeclaredMetadataBytes(const CacheSpec& spec, int64_t n) {
+  const size_t blocks = size_t(n) / size_t(spec.page_size);
+  const bool sharing = !spec.prefix_namespace.empty();
+  return size_t(n) * sizeof(int32_t) +
+         blocks *
+             (2 * sizeof(Hash128) +
+              (sharing ? sizeof(uint64_t) + PrefixIndex::NodeBytes(spec.num_layers, spec.page_size)
+                       : 0));
+}
+
+size_t KvCache::ForkMetadataBytes() const {
+  absl::MutexLock lock(&mu_);
+  return DeclaredBytes(int64_t(prefix_.tokens.size())) + size_t(pages_held_) * sizeof(int32_t);
+}
+
 size_t KvCache::DeclaredBytes(int64_t n) const {
   const size_t blocks = size_t(n) / size_t(spec_.page_size);
   return size_t(n) * sizeof(int32_t) +
@@ -44,7 +59,13 @@ absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool
           ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
           : 0;
   const size_t more = want - metadata_.bytes();
-  if (more + nodes <= budget->available() && metadata_.Resize(want)) return absl::OkStatus();
+  auto fits = [&] { return more + nodes <= budget->available() && metadata_.Resize(want); };
+  if (fits()) return absl::OkStatus();
+  // Cached prefixes give metadata back before anything is refused.
+  if (ctx_.reclaim_metadata && ctx_.reclaim_metadata(budget, SaturatingAdd(more, nodes)) &&
+      fits()) {
+    return absl::OkStatus();
+  }
   CountRefusal();
   return RefusedError(
       Refusal::kMetadataBytes,
@@ -76,6 +97,8 @@ void KvCache::DeclareLocked(std::vector<int32_t> tokens, int64_t changed_from) {
   if (kept < prefix_.chain.nodes.size() ||
       (prefix_.chain.blocked && kept == prefix_.chain.nodes.size())) {
     ctx_.pool->TruncateChain(&prefix_.chain, kept);
+    // The nodes it let go of may now be a cached prefix's: keep those within their share.
+    if (ctx_.trim_cached_metadata) ctx_.trim_cached_metadata();
   }
   if (prefix_.keys.size() > prefix_.chain.nodes.size() && !prefix_.chain.blocked) {
     ctx_.pool->ExtendChain(QueryLocked(), &prefix_.chain);

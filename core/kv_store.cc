@@ -50,30 +50,51 @@ CacheContext KvStore::Impl::ContextFor(std::shared_ptr<PagePool> pool,
   ctx.counters = &counters;
   ctx.limits = &limits;
   ctx.max_reply_bytes = options.max_reply_bytes;
-  ctx.trim_other_pools = [this](const PagePool* p, int64_t n) { return pools.TrimOthers(p, n); };
+  ctx.allocate = [this](PagePool* p, int64_t n, std::vector<int32_t>* ids,
+                        std::vector<int32_t>* committed) {
+    return pools.Allocate(p, n, ids, committed);
+  };
+  ctx.reclaim_metadata = [this](const ByteBudget* budget, size_t bytes) {
+    return ReclaimMetadata(budget, bytes);
+  };
+  ctx.trim_cached_metadata = [this] { TrimCachedMetadata(); };
   ctx.prefix_hash_bits = options.TEST_prefix_hash_bits;
   ctx.metadata = &metadata;
   ctx.tiers = options.tiers.get();
   return ctx;
 }
 
-absl::StatusOr<BudgetCharge> KvStore::Impl::ChargeCacheMetadata(absl::string_view op,
-                                                                const CacheSpec& spec,
-                                                                const std::string& cache_id,
-                                                                Quota* quota) {
+absl::StatusOr<KvStore::Impl::CacheMetadata> KvStore::Impl::BeginCacheMetadata(
+    absl::string_view op, const CacheSpec& spec, const std::string& cache_id, Quota* quota,
+    size_t later_bytes) {
   ByteBudget* budget = quota->metadata();
   // A generated id ("cache-N") is at most this long.
   constexpr size_t kGeneratedIdBytes = 32;
-  const size_t bytes = KvCache::FixedMetadataBytes(
-      spec, cache_id.empty() ? std::string(kGeneratedIdBytes, ' ') : cache_id);
-  BudgetCharge charge(budget);
-  if (!charge.Resize(bytes)) {
-    counters.refusals += 1;
-    return RefusedError(Refusal::kMetadataBytes,
-                        absl::StrCat(op, ": a cache of ", spec.num_layers, " layers takes ", bytes,
-                                     " bytes of metadata but ", budget->Describe()));
+  CacheMetadata m{BudgetCharge(budget),
+                  KvCache::FixedMetadataBytes(
+                      spec, cache_id.empty() ? std::string(kGeneratedIdBytes, ' ') : cache_id)};
+  if (m.charge.Resize(m.bytes)) return m;
+  // Cached prefixes give metadata back before anything is refused.
+  if (const size_t all = SaturatingAdd(m.bytes, later_bytes); CanReclaimMetadata(budget, all)) {
+    m.reclaim = all;
+    return m;
   }
-  return charge;
+  counters.refusals += 1;
+  return RefusedError(Refusal::kMetadataBytes,
+                      absl::StrCat(op, ": a cache of ", spec.num_layers, " layers takes ", m.bytes,
+                                   " bytes of metadata but ", budget->Describe()));
+}
+
+absl::StatusOr<BudgetCharge> KvStore::Impl::FinishCacheMetadata(absl::string_view op,
+                                                                const CacheSpec& spec,
+                                                                CacheMetadata m) {
+  if (m.reclaim == 0) return std::move(m.charge);
+  ReclaimMetadata(m.charge.budget(), m.reclaim);
+  if (m.charge.Resize(m.bytes)) return std::move(m.charge);
+  counters.refusals += 1;  // another caller took the room meanwhile
+  return RefusedError(Refusal::kMetadataBytes,
+                      absl::StrCat(op, ": a cache of ", spec.num_layers, " layers takes ", m.bytes,
+                                   " bytes of metadata but ", m.charge.budget()->Describe()));
 }
 
 void KvStore::Impl::Remove(const std::shared_ptr<KvCache>& cache) {
@@ -168,8 +189,11 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
       session.empty() ? owner : im.sessions.OwnerOf(session);
   // Null or none: the session detached meanwhile.
   if (quota == nullptr || !pool_owner.has_value()) return im.CheckSession(session);
-  KVARENA_ASSIGN_OR_RETURN(BudgetCharge metadata,
-                           im.ChargeCacheMetadata("allocate", resolved, cache_id, quota.get()));
+  KVARENA_ASSIGN_OR_RETURN(
+      Impl::CacheMetadata planned,
+      im.BeginCacheMetadata(
+          "allocate", resolved, cache_id, quota.get(),
+          KvCache::DeclaredMetadataBytes(resolved, int64_t(options.prompt_tokens.size()))));
   if (!quota->TryAddCache()) {
     return RefusedError(
         quota->CachesRefusal(),
@@ -215,10 +239,26 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     im.pending.insert(id);
     im.pools.AddCache(pool->id());
   }
+  // Past every other check: cached prefixes may now give metadata back for this cache.
+  absl::StatusOr<BudgetCharge> metadata =
+      im.FinishCacheMetadata("allocate", resolved, std::move(planned));
+  if (!metadata.ok()) {
+    bool dropped = false;
+    {
+      absl::MutexLock lock(&im.mu);
+      im.pending.erase(id);
+      im.pools.RemoveCache(pool->id());
+      dropped = created && im.pools.DropIfUnused(pool.get());
+    }
+    if (!session.empty()) im.sessions.RemoveCache(session, id);
+    quota->RemoveCache();
+    if (created && !dropped) im.RegionsChanged();
+    return metadata.status();
+  }
   if (created) im.RegionsChanged();
   auto cache =
       std::make_shared<KvCache>(id, std::move(resolved), session, im.ContextFor(pool, quota),
-                                im.clock->Now(), std::move(metadata));
+                                im.clock->Now(), *std::move(metadata));
   // Adopted before anyone can see the cache, under the pool's lock (no page reclaimed
   // between the lookup and the adoption).
   absl::Status started = cache->StartWithPrompt(options.prompt_tokens);

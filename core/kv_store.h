@@ -50,6 +50,10 @@ class TierSet;
 struct OwnerBounds {
   int64_t max_caches = 0;  // live caches, sessionless ones included
   int64_t max_pages = 0;   // pages its caches hold, each counted once per cache holding it
+  // Metadata bytes its caches hold (StoreOptions::metadata_bytes: tables, declared ids);
+  // 0: an equal share of metadata_bytes among the owners listed, so no owner can take
+  // what the others need.
+  size_t max_metadata_bytes = 0;
 };
 
 struct StoreOptions {
@@ -96,8 +100,13 @@ struct StoreOptions {
   // index cannot cover is simply not indexed further.
   size_t metadata_bytes = size_t{256} << 20;
   // One session's share of it (the caches without a session count as one); 0: no share
-  // beyond metadata_bytes.
+  // beyond metadata_bytes (or its owner's, OwnerBounds::max_metadata_bytes).
   size_t session_metadata_bytes = 0;
+  // What prefixes no cache holds any more (kept for reuse: the index nodes of cached
+  // pages) may keep of metadata_bytes; 0: half of it. Past it, and whenever a metadata
+  // charge finds the budget full, the least recently cached pages are evicted (their
+  // nodes with them) before anything is refused.
+  size_t cached_metadata_bytes = 0;
 
   // Prefix-index events kept for WatchEvents (the oldest go first): at most this many
   // (at least 1) and at most prefix_event_bytes of them (each event's size with its token

@@ -11,6 +11,7 @@
 #ifndef KVARENA_CORE_KV_STORE_IMPL_H_
 #define KVARENA_CORE_KV_STORE_IMPL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <map>
@@ -50,6 +51,9 @@ struct KvStore::Impl {
         clock(o.clock ? o.clock : RealClock()),
         events(o.prefix_event_capacity, o.prefix_event_bytes),
         sessions(o.max_sessions, o.max_sessions_per_peer),
+        cached_metadata_limit(o.cached_metadata_bytes == 0
+                                  ? o.metadata_bytes / 2
+                                  : std::min(o.cached_metadata_bytes, o.metadata_bytes)),
         owners(OwnersOf(o, &metadata)),
         sessionless(NewQuota("")),
         pools(backend.get(), &budget, o.max_pools, o.empty_chunks_kept, &pool_counters) {
@@ -79,9 +83,38 @@ struct KvStore::Impl {
   // metadata inside `metadata`, inside the owner's quota when StoreOptions::owners lists it.
   std::shared_ptr<Quota> NewQuota(const std::string& owner) {
     auto it = owners.find(owner);
+    if (it == owners.end()) {
+      return std::make_shared<Quota>(options.max_caches_per_session, options.session_max_pages,
+                                     options.session_metadata_bytes, &metadata);
+    }
     return std::make_shared<Quota>(options.max_caches_per_session, options.session_max_pages,
-                                   options.session_metadata_bytes, &metadata,
-                                   it == owners.end() ? nullptr : it->second.total);
+                                   options.session_metadata_bytes, it->second.total->metadata(),
+                                   it->second.total);
+  }
+  // Whether evicting cached prefixes would let `budget` (the daemon's metadata budget or
+  // one inside it) take `bytes` it cannot take now: only the daemon's budget is short,
+  // and the arena's cached prefixes hold what it lacks. REQUIRES: no pool lock held.
+  bool CanReclaimMetadata(const ByteBudget* budget, size_t bytes) const {
+    for (const ByteBudget* b = budget; b != nullptr && b != &metadata; b = b->parent()) {
+      if (bytes > b->limit() - b->used()) return false;
+    }
+    const size_t room = metadata.available();
+    return bytes > room && bytes - room <= pools.FreeableMetadataBytes();
+  }
+  // When CanReclaimMetadata: evicts cached prefixes (the arena's least recently cached
+  // pages) until the daemon's budget has `bytes` free; whether it has. Nothing is evicted
+  // otherwise, so a request refused for metadata changes nothing. REQUIRES: no pool lock held.
+  bool ReclaimMetadata(const ByteBudget* budget, size_t bytes) {
+    if (!CanReclaimMetadata(budget, bytes)) return false;
+    return pools.ReclaimMetadata([this, bytes] { return metadata.available() >= bytes; });
+  }
+  // Evicts cached prefixes until they keep at most cached_metadata_limit.
+  // REQUIRES: no pool lock held.
+  void TrimCachedMetadata() {
+    auto within = [this] {
+      return pool_counters.cached_metadata.load(std::memory_order_relaxed) <= cached_metadata_limit;
+    };
+    if (!within()) pools.ReclaimMetadata(within);
   }
   // The quota of owner's caches allocated without a session (an owner StoreOptions::owners
   // does not list shares the one of "").
@@ -90,10 +123,22 @@ struct KvStore::Impl {
     return it == owners.end() ? sessionless : it->second.sessionless;
   }
   // The metadata charge of a new cache of `quota`'s session (KvCache::FixedMetadataBytes;
-  // a generated id counted at its longest); RESOURCE_EXHAUSTED naming the budget
-  // (metadata_bytes or session_metadata_bytes) when it does not fit.
-  absl::StatusOr<BudgetCharge> ChargeCacheMetadata(absl::string_view op, const CacheSpec& spec,
-                                                   const std::string& cache_id, Quota* quota);
+  // a generated id counted at its longest), in two steps so that cached prefixes give
+  // metadata back only for a request that passed its other checks: Begin charges it when
+  // it fits, or, when it does not but cached prefixes could give back what the request
+  // will charge in all (this and `later_bytes`: the tokens the cache will declare), leaves
+  // it to Finish, which reclaims and charges. RESOURCE_EXHAUSTED naming the budget
+  // (metadata_bytes, the tenant's max_metadata_bytes or session_metadata_bytes) otherwise.
+  struct CacheMetadata {
+    BudgetCharge charge;
+    size_t bytes = 0;
+    size_t reclaim = 0;  // what Finish must make room for first; 0: charged
+  };
+  absl::StatusOr<CacheMetadata> BeginCacheMetadata(absl::string_view op, const CacheSpec& spec,
+                                                   const std::string& cache_id, Quota* quota,
+                                                   size_t later_bytes);
+  absl::StatusOr<BudgetCharge> FinishCacheMetadata(absl::string_view op, const CacheSpec& spec,
+                                                   CacheMetadata m);
   // Reap's idle_ttl step: moves the sessionless caches idle past idle_ttl at `now` out of
   // the maps into *gone (not yet released). Walks every cache only when one may have
   // expired: not before next_idle_scan.
@@ -132,14 +177,20 @@ struct KvStore::Impl {
   static std::map<std::string, OwnerQuotas> OwnersOf(const StoreOptions& o, ByteBudget* metadata) {
     std::map<std::string, OwnerQuotas> out;
     for (const auto& [owner, bounds] : o.owners) {
-      out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages);
+      const size_t share = bounds.max_metadata_bytes != 0 ? bounds.max_metadata_bytes
+                                                          : o.metadata_bytes / o.owners.size();
+      out[owner].total = Quota::ForOwner(owner, bounds.max_caches, bounds.max_pages,
+                                         std::max<size_t>(share, 1), metadata);
     }
     for (auto& [owner, q] : out) {
-      q.sessionless = std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages,
-                                              o.session_metadata_bytes, metadata, q.total);
+      q.sessionless =
+          std::make_shared<Quota>(o.max_caches_per_session, o.session_max_pages,
+                                  o.session_metadata_bytes, q.total->metadata(), q.total);
     }
     return out;
   }
+  // What cached prefixes may keep of the metadata budget (StoreOptions::cached_metadata_bytes).
+  const size_t cached_metadata_limit;
   const std::map<std::string, OwnerQuotas> owners;
   const std::shared_ptr<Quota> sessionless;  // the caches allocated without a session or owner
   PoolSet pools;  // changed only under mu (see above); destroyed before events

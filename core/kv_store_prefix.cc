@@ -33,9 +33,9 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
   std::shared_ptr<Quota> quota =
       session.empty() ? (src)->shared_quota() : im.sessions.QuotaOf(session);
   if (quota == nullptr) return im.CheckSession(session);  // detached meanwhile
-  absl::StatusOr<BudgetCharge> metadata =
-      im.ChargeCacheMetadata("fork", (src)->spec(), new_cache_id, quota.get());
-  KVARENA_RETURN_IF_ERROR(metadata.status());
+  KVARENA_ASSIGN_OR_RETURN(Impl::CacheMetadata planned,
+                           im.BeginCacheMetadata("fork", (src)->spec(), new_cache_id, quota.get(),
+                                                 (src)->ForkMetadataBytes()));
   auto refusal = [&]() ABSL_SHARED_LOCKS_REQUIRED(im.mu) -> absl::Status {
     if (int64_t(im.caches.size() + im.pending.size()) >= im.options.max_caches) {
       return RefusedError(Refusal::kMaxCaches,
@@ -69,6 +69,13 @@ absl::StatusOr<CacheInfo> KvStore::Fork(const std::string& session, const std::s
         absl::StrCat("fork: ",
                      quota->DescribeCaches(session.empty() ? "the set of caches without a session"
                                                            : "the session")));
+  }
+  // Past every other check: cached prefixes may now give metadata back for this cache.
+  absl::StatusOr<BudgetCharge> metadata =
+      im.FinishCacheMetadata("fork", (src)->spec(), std::move(planned));
+  if (!metadata.ok()) {
+    quota->RemoveCache();
+    return metadata.status();
   }
   // Built outside the map lock (it waits for src's lock); the cache counts in the quota
   // from here and gives everything back when dropped.

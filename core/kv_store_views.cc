@@ -31,6 +31,8 @@ ArenaStats KvStore::Stats() const {
   s.metadata_bytes = impl_->metadata.limit();
   s.metadata_bytes_used = impl_->metadata.used();
   s.event_log_bytes = impl_->events.bytes();
+  s.cached_metadata_bytes = impl_->pool_counters.cached_metadata.load();
+  s.cached_metadata_limit = impl_->cached_metadata_limit;
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     s.num_caches = int64_t(impl_->caches.size());
@@ -68,6 +70,7 @@ ArenaStats KvStore::Stats() const {
     t.pages_shared += p.pages_shared;
   }
   t.pages_evicted_lru = impl_->pool_counters.pages_reclaimed.load();
+  t.pages_reclaimed_for_metadata = impl_->pool_counters.pages_reclaimed_for_metadata.load();
   t.prefix_lookups = c.prefix_lookups.load();
   t.prefix_requested_tokens = c.prefix_requested_tokens.load();
   t.prefix_hit_tokens = c.prefix_hit_tokens.load();

@@ -15,12 +15,18 @@
 // layer, namespace, parent hash, token ids) and copies its K/V out before the page goes —
 // no edit to the allocator (PagePool) or to this policy.
 //
+// Each insertion takes a stamp from a clock the arena's pools share, so the pools' caches
+// together are one LRU order: the page with the oldest stamp of all goes first when the
+// arena reclaims cached pages for metadata (PoolSet::ReclaimMetadata).
+//
 // Not thread-safe: the owning PagePool's lock guards it, and on_evict runs under it.
 #ifndef KVARENA_CORE_PAGE_CACHE_H_
 #define KVARENA_CORE_PAGE_CACHE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -48,10 +54,15 @@ class PageCache {
   virtual int64_t size() const = 0;
   // The pages, in the order Evict() would take them.
   virtual std::vector<int32_t> EvictionOrder() const = 0;
+  // The stamp of the page Evict() would take; kNoStamp when the cache is empty.
+  static constexpr uint64_t kNoStamp = std::numeric_limits<uint64_t>::max();
+  virtual uint64_t OldestStamp() const = 0;
 };
 
-// Least recently inserted first. on_evict must be callable for the cache's lifetime.
-std::unique_ptr<PageCache> NewLruPageCache(PageCache::EvictCallback on_evict);
+// Least recently inserted first. on_evict must be callable for the cache's lifetime; so
+// must `clock` (the stamps' source, shared by the arena's pools), when given.
+std::unique_ptr<PageCache> NewLruPageCache(PageCache::EvictCallback on_evict,
+                                           std::atomic<uint64_t>* clock = nullptr);
 
 }  // namespace kvarena
 

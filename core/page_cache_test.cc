@@ -1,5 +1,6 @@
 #include "core/page_cache.h"
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -48,6 +49,22 @@ TEST_F(PageCacheTest, EvictsAChosenPageThroughTheCallback) {
   cache_->Evict(5);
   EXPECT_THAT(evicted_, ElementsAre(5));
   EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(4, 6));
+}
+
+// Two caches on one clock are one LRU order: the oldest stamp of both goes first.
+TEST(PageCacheClockTest, CachesSharingAClockStampInOneOrder) {
+  std::atomic<uint64_t> clock{0};
+  auto a = NewLruPageCache([](int32_t) {}, &clock);
+  auto b = NewLruPageCache([](int32_t) {}, &clock);
+  EXPECT_EQ(a->OldestStamp(), PageCache::kNoStamp);
+  a->Insert(1);
+  b->Insert(1);
+  a->Insert(2);
+  EXPECT_LT(a->OldestStamp(), b->OldestStamp());
+  a->Evict();  // page 1 of a: now b's page 1 is the oldest of all
+  EXPECT_LT(b->OldestStamp(), a->OldestStamp());
+  b->Erase(1);
+  EXPECT_EQ(b->OldestStamp(), PageCache::kNoStamp);
 }
 
 }  // namespace

@@ -63,9 +63,11 @@ PagePool::PagePool(uint64_t id, const PageLayout& layout, std::unique_ptr<Region
       budget_(budget),
       counters_(counters),
       owner_(std::move(owner)),
-      index_(counters != nullptr ? counters->metadata : nullptr),
+      index_(counters != nullptr ? counters->metadata : nullptr,
+             counters != nullptr ? &counters->cached_metadata : nullptr),
       cache_(NewLruPageCache([this](int32_t page)
-                                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { EvictedLocked(page); })) {
+                                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { EvictedLocked(page); },
+                             counters != nullptr ? &counters->cache_clock : nullptr)) {
   const int32_t num_chunks = int32_t(
       std::min<size_t>(region_->size() / chunk_bytes_,
                        size_t{std::numeric_limits<int32_t>::max()} / size_t(pages_per_chunk_)));

@@ -61,7 +61,13 @@ class TierSet;
 // Arena-wide counts of what pools did for prefix reuse (owned by the store).
 struct PoolCounters {
   std::atomic<uint64_t> pages_reclaimed{0};  // cached pages reclaimed for new allocations
-  PrefixEventLog* events = nullptr;          // where pools record index changes, if anywhere
+  // Cached pages evicted to give metadata back (PoolSet::ReclaimMetadata).
+  std::atomic<uint64_t> pages_reclaimed_for_metadata{0};
+  // Metadata bytes of the index nodes no cache holds, in every pool: what cached
+  // prefixes keep of the metadata budget (PrefixIndex::unheld_bytes).
+  std::atomic<size_t> cached_metadata{0};
+  std::atomic<uint64_t> cache_clock{0};  // the stamps of every pool's PageCache
+  PrefixEventLog* events = nullptr;      // where pools record index changes, if anywhere
   ByteBudget* metadata =
       nullptr;                   // charged with index nodes and committed chunks' page bookkeeping
   TierSet* tiers = nullptr;      // the tiers below the arena, if any (core/tier_set.h)
@@ -162,6 +168,10 @@ class PagePool {
   size_t BudgetShortfall(int64_t n) const;
   // Whether Allocate(n) would find the pages now (free, budget, cached).
   bool CanAllocate(int64_t n) const;
+  // The page bookkeeping (metadata bytes) of the chunks n more pages could need committed.
+  size_t MetadataBytesFor(int64_t n) const {
+    return size_t(n / pages_per_chunk_ + (n % pages_per_chunk_ != 0)) * ChunkMetadataBytes();
+  }
 
   // --- prefix reuse (core/prefix_index.h); all under the pool's lock ---
   // Extends *chain over blocks [chain->nodes.size(), num_blocks) of hashes/tokens,
@@ -184,6 +194,17 @@ class PagePool {
   // Another hold on each node of chain (a fork copies it).
   void HoldChain(const PrefixChain& chain);
   int64_t pages_cached() const;
+  // The metadata bytes evicting every cached page would give back: the index nodes that
+  // would go with them (PrefixIndex::FreeableBytes; chunks' page bookkeeping not counted).
+  size_t FreeableMetadataBytes() const;
+  // The PageCache stamp of the cached page this pool gives up first (PageCache::kNoStamp:
+  // none cached).
+  uint64_t OldestCachedStamp() const;
+  // Evicts cached pages, least recently cached first, and frees them: while their stamp is
+  // below `before`, `done()` is false and fewer than max_pages went. Their nodes go when
+  // nothing else keeps them, giving their metadata back. Returns the pages evicted.
+  // `done` must not call the pool (it runs under its lock).
+  int64_t EvictCachedBefore(uint64_t before, const std::function<bool()>& done, int64_t max_pages);
 
   // --- tiers (core/tier_set.h; page_pool_tiers.cc) ---
   // The tenant whose caches draw from the pool ("" without tenants): part of every chunk's

@@ -172,6 +172,30 @@ int32_t PagePool::ReclaimLocked() {
   return id;
 }
 
+size_t PagePool::FreeableMetadataBytes() const {
+  absl::MutexLock lock(&mu_);
+  return index_.FreeableBytes([this](int32_t page)
+                                  ABSL_NO_THREAD_SAFETY_ANALYSIS { return RefsLocked(page) > 0; });
+}
+
+uint64_t PagePool::OldestCachedStamp() const {
+  absl::MutexLock lock(&mu_);
+  return cache_->OldestStamp();
+}
+
+int64_t PagePool::EvictCachedBefore(uint64_t before, const std::function<bool()>& done,
+                                    int64_t max_pages) {
+  absl::MutexLock lock(&mu_);
+  int64_t evicted = 0;
+  while (evicted < max_pages && cache_->size() > 0 && cache_->OldestStamp() < before && !done()) {
+    const int32_t id = cache_->Evict();
+    FreeLocked({&id, 1});
+    ++evicted;
+  }
+  if (counters_ != nullptr) counters_->pages_reclaimed_for_metadata += uint64_t(evicted);
+  return evicted;
+}
+
 size_t PagePool::ReclaimableBytes() const {
   absl::MutexLock lock(&mu_);
   int64_t chunks = 0;

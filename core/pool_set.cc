@@ -149,7 +149,59 @@ absl::Status PoolSet::Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* 
   if (absl::IsResourceExhausted(s) && TrimOthers(pool, n)) {
     s = pool->Allocate(n, ids, committed);
   }
+  if (RefusalOf(s) == Refusal::kMetadataBytes && counters_ != nullptr &&
+      counters_->metadata != nullptr) {
+    // The bookkeeping of every chunk n pages could need: enough room for that, or no
+    // cached page left to give it.
+    const size_t need = pool->MetadataBytesFor(n);
+    const ByteBudget* m = counters_->metadata;
+    if (m->available() < need && m->available() + FreeableMetadataBytes() >= need &&
+        ReclaimMetadata([m, need] { return m->available() >= need; })) {
+      s = pool->Allocate(n, ids, committed);
+    }
+  }
   return s;
+}
+
+size_t PoolSet::FreeableMetadataBytes() const {
+  std::vector<std::shared_ptr<PagePool>> pools;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [id, p] : by_id_) pools.push_back(p);
+  }
+  size_t bytes = 0;
+  for (const auto& p : pools) bytes += p->FreeableMetadataBytes();
+  return bytes;
+}
+
+bool PoolSet::ReclaimMetadata(const std::function<bool()>& done) {
+  // Pages per hold of a pool's lock, so other callers of the pool wait a bounded time.
+  constexpr int64_t kBatch = 4096;
+  while (!done()) {
+    std::vector<std::shared_ptr<PagePool>> pools;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      for (const auto& [id, p] : by_id_) pools.push_back(p);
+    }
+    // The pool holding the oldest cached page evicts until its oldest is younger than
+    // the next pool's.
+    PagePool* oldest = nullptr;
+    uint64_t first = PageCache::kNoStamp, second = PageCache::kNoStamp;
+    for (const auto& p : pools) {
+      const uint64_t stamp = p->OldestCachedStamp();
+      if (stamp < first) {
+        second = first;
+        first = stamp;
+        oldest = p.get();
+      } else if (stamp < second) {
+        second = stamp;
+      }
+    }
+    if (oldest == nullptr) return false;
+    // Past `second` too when it is the only pool left caching: kNoStamp bounds nothing.
+    oldest->EvictCachedBefore(second == PageCache::kNoStamp ? second : second + 1, done, kBatch);
+  }
+  return true;
 }
 
 std::vector<PoolSet::Entry> PoolSet::List() const {

@@ -15,6 +15,7 @@
 #define KVARENA_CORE_POOL_SET_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -82,9 +83,19 @@ class PoolSet {
   // that much went back — only if they can give it all, so a refusal changes nothing.
   // True when it freed the shortfall. REQUIRES: no pool lock held.
   bool TrimOthers(const PagePool* pool, int64_t n);
-  // pool->Allocate, retried once after TrimOthers when the arena is full.
+  // pool->Allocate, retried once after TrimOthers when the arena is full, or after
+  // ReclaimMetadata when the metadata budget could not cover the page bookkeeping of the
+  // chunks it would commit.
   absl::Status Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                         std::vector<int32_t>* committed);
+  // Evicts cached pages of every pool, the least recently cached of the whole arena first
+  // (their nodes and, once unreferenced, their chunks giving their metadata back), until
+  // done() or no pool caches a page. Whether done() holds at the end. done() may read
+  // atomics only (it runs under pool locks). REQUIRES: no pool lock held.
+  bool ReclaimMetadata(const std::function<bool()>& done);
+  // What ReclaimMetadata could give back at most now (PagePool::FreeableMetadataBytes of
+  // every pool). REQUIRES: no pool lock held.
+  size_t FreeableMetadataBytes() const;
 
   // Every pool, by id, with its owner and the caches drawn from it.
   struct Entry {

@@ -3,14 +3,30 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvarena {
 
 PrefixIndex::~PrefixIndex() {
+  if (arena_unheld_ != nullptr) arena_unheld_->fetch_sub(unheld_bytes_, std::memory_order_relaxed);
   if (metadata_ == nullptr) return;
-  for (const auto& [serial, n] : nodes_)
-    metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
+  for (const auto& [serial, n] : nodes_) metadata_->Refund(BytesOf(n));
+}
+
+void PrefixIndex::CountUnheld(const Node& n, bool unheld) {
+  const size_t bytes = BytesOf(n);
+  if (unheld) {
+    unheld_bytes_ += bytes;
+    if (arena_unheld_ != nullptr) arena_unheld_->fetch_add(bytes, std::memory_order_relaxed);
+  } else {
+    unheld_bytes_ -= bytes;
+    if (arena_unheld_ != nullptr) arena_unheld_->fetch_sub(bytes, std::memory_order_relaxed);
+  }
+}
+
+void PrefixIndex::HoldNode(Node& n) {
+  if (n.holds++ == 0) CountUnheld(n, false);
 }
 
 size_t PrefixIndex::NodeBytes(int num_layers, int page_size) {
@@ -31,7 +47,7 @@ uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix
                                const Hash128& hash, int num_layers) {
   auto it = roots_.find(key);
   if (it != roots_.end()) {
-    ++At(it->second).holds;
+    HoldNode(At(it->second));
     return it->second;
   }
   if (!ChargeNode(num_layers, 0)) return kNoNode;
@@ -56,7 +72,7 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
         int(node.tokens.size()) != n) {
       return kNoNode;  // the hash names another prefix
     }
-    ++node.holds;
+    HoldNode(node);
     At(parent).last_child = it->second;
     return it->second;
   }
@@ -77,10 +93,11 @@ uint64_t PrefixIndex::HoldChild(uint64_t parent, const Hash128& h, const int32_t
   return serial;
 }
 
-void PrefixIndex::Hold(uint64_t node) { ++At(node).holds; }
+void PrefixIndex::Hold(uint64_t node) { HoldNode(At(node)); }
 
 void PrefixIndex::Unhold(uint64_t node) {
-  --At(node).holds;
+  Node& n = At(node);
+  if (--n.holds == 0) CountUnheld(n, true);
   DeleteIfUnused(node);
 }
 
@@ -98,8 +115,8 @@ void PrefixIndex::DeleteIfUnused(uint64_t node) {
       --p.children;
       if (p.last_child == node) p.last_child = kNoNode;
     }
-    if (metadata_ != nullptr)
-      metadata_->Refund(NodeBytes(int(n.pages.size()), int(n.tokens.size())));
+    CountUnheld(n, false);  // nothing holds a node that goes
+    if (metadata_ != nullptr) metadata_->Refund(BytesOf(n));
     nodes_.erase(it);
     node = parent;
   }
@@ -146,10 +163,26 @@ void PrefixIndex::Unregister(int32_t page) {
   DeleteIfUnused(node);
 }
 
+size_t PrefixIndex::FreeableBytes(const std::function<bool(int32_t page)>& referenced) const {
+  // An unheld node with a referenced page stays, and so does each of its ancestors (kept
+  // by their child); every node above a held one is held too, so the walk stops there.
+  absl::flat_hash_set<uint64_t> pinned;
+  size_t pinned_bytes = 0;
+  for (const auto& [page, entry] : pages_) {
+    if (!referenced(page)) continue;
+    for (uint64_t n = entry.node; n != kNoNode;) {
+      const Node& node = nodes_.at(n);
+      if (node.holds > 0 || !pinned.insert(n).second) break;
+      pinned_bytes += BytesOf(node);
+      n = node.parent;
+    }
+  }
+  return unheld_bytes_ - pinned_bytes;
+}
+
 size_t PrefixIndex::TEST_NodeBytes() const {
   size_t bytes = 0;
-  for (const auto& [serial, n] : nodes_)
-    bytes += NodeBytes(int(n.pages.size()), int(n.tokens.size()));
+  for (const auto& [serial, n] : nodes_) bytes += BytesOf(n);
   return bytes;
 }
 
@@ -219,6 +252,12 @@ absl::Status PrefixIndex::TEST_Audit(const absl::flat_hash_map<uint64_t, int64_t
     if (count > 0 && !nodes_.contains(serial)) {
       return absl::InternalError(absl::StrCat("a cache holds deleted node ", serial));
     }
+  }
+  size_t unheld = 0;
+  for (const auto& [serial, n] : nodes_) unheld += n.holds == 0 ? BytesOf(n) : 0;
+  if (unheld != unheld_bytes_) {
+    return absl::InternalError(absl::StrCat("the unheld nodes take ", unheld,
+                                            " bytes but the index counts ", unheld_bytes_));
   }
   if (by_hash_.size() + roots_.size() != nodes_.size()) {
     return absl::InternalError("the hash and root maps do not cover the nodes exactly");

@@ -20,12 +20,18 @@
 // Memory: each node is charged to the metadata budget given at construction (NodeBytes)
 // while it lives; a node the budget cannot cover is not created (HoldRoot / HoldChild
 // return kNoNode, as for a collision), so the index never holds more than the budget.
+// The bytes of nodes no cache holds (kept only by cached pages or by children: a cached
+// prefix) are also counted apart, in unheld_bytes() and in the arena-wide counter given
+// at construction, so the arena can bound what cached prefixes keep of the budget.
 //
 // Not thread-safe: the owning PagePool's lock guards it.
 #ifndef KVARENA_CORE_PREFIX_INDEX_H_
 #define KVARENA_CORE_PREFIX_INDEX_H_
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,8 +47,10 @@ class PrefixIndex {
  public:
   static constexpr uint64_t kNoNode = 0;
 
-  // metadata (may be null: no bound) must outlive the index.
-  explicit PrefixIndex(ByteBudget* metadata = nullptr) : metadata_(metadata) {}
+  // metadata (may be null: no bound) and unheld (may be null: the arena-wide count of
+  // unheld nodes' bytes, which this index adds its own to) must outlive the index.
+  explicit PrefixIndex(ByteBudget* metadata = nullptr, std::atomic<size_t>* unheld = nullptr)
+      : metadata_(metadata), arena_unheld_(unheld) {}
   ~PrefixIndex();
   PrefixIndex(const PrefixIndex&) = delete;
   PrefixIndex& operator=(const PrefixIndex&) = delete;
@@ -108,6 +116,12 @@ class PrefixIndex {
   void Unregister(int32_t page);
 
   int64_t nodes() const { return int64_t(nodes_.size()); }
+  // NodeBytes of the nodes no cache holds.
+  size_t unheld_bytes() const { return unheld_bytes_; }
+  // Of those, the bytes that unregistering every page `referenced` says no cache uses
+  // would free: an unheld node goes with its pages unless one of them, or of its
+  // descendants', is referenced. O(registered pages + nodes).
+  size_t FreeableBytes(const std::function<bool(int32_t page)>& referenced) const;
   // What the nodes are charged: NodeBytes of each.
   size_t TEST_NodeBytes() const;
   int64_t registered() const { return int64_t(pages_.size()); }
@@ -141,12 +155,21 @@ class PrefixIndex {
   };
 
   Node& At(uint64_t node) { return nodes_.at(node); }
+  static size_t BytesOf(const Node& n) {
+    return NodeBytes(int(n.pages.size()), int(n.tokens.size()));
+  }
+  // One more hold on n (counted as held from its first).
+  void HoldNode(Node& n);
+  // Moves n's bytes into or out of the unheld count.
+  void CountUnheld(const Node& n, bool unheld);
   // Charges the metadata budget for a new node; false when it does not fit.
   bool ChargeNode(int num_layers, int page_size);
   // Deletes node and then each ancestor that nothing keeps any more.
   void DeleteIfUnused(uint64_t node);
 
   ByteBudget* const metadata_;
+  std::atomic<size_t>* const arena_unheld_;
+  size_t unheld_bytes_ = 0;
   uint64_t next_serial_ = 1;
   absl::flat_hash_map<uint64_t, Node> nodes_;
   absl::flat_hash_map<std::string, uint64_t> roots_;

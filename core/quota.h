@@ -3,9 +3,10 @@
 // are allocated and take pages or declare tokens, refunded as they give them back. The
 // caches allocated without a session share one Quota of the same bounds (one per owner).
 //
-// A quota may sit inside its owner's (a tenant's max_caches / max_pages, the parent): a
-// charge of caches or pages takes from both or from neither, so an owner's sessions and
-// sessionless caches together stay within the owner's bounds. A page is counted once per
+// A quota may sit inside its owner's (a tenant's max_caches / max_pages /
+// max_metadata_bytes, the parent): a charge of caches, pages or metadata takes from both
+// or from neither, so an owner's sessions and sessionless caches together stay within the
+// owner's bounds. A page is counted once per
 // cache that holds it: a prefix page adopted by, or shared through Fork with, several
 // caches is charged to each of them.
 //
@@ -31,22 +32,27 @@ namespace kvarena {
 
 class Quota {
  public:
-  // max_pages 0: no page bound. max_metadata_bytes 0: none beyond `metadata`, the daemon's
-  // budget its charges also take from (may be null; it outlives the quota). `parent`: the
-  // owner's quota this one sits inside (may be null).
+  // max_pages 0: no page bound. max_metadata_bytes 0: none beyond `metadata`, the budget
+  // its charges also take from (the daemon's, or the owner's: parent->metadata(); may be
+  // null; it outlives the quota). `parent`: the owner's quota this one sits inside (may
+  // be null).
   Quota(int64_t max_caches, int64_t max_pages, size_t max_metadata_bytes = 0,
-        ByteBudget* metadata = nullptr, std::shared_ptr<Quota> parent = nullptr)
+        ByteBudget* metadata = nullptr, std::shared_ptr<Quota> parent = nullptr,
+        std::string metadata_name = "session_metadata_bytes")
       : max_caches_(max_caches),
         max_pages_(max_pages),
         metadata_(max_metadata_bytes == 0 ? std::numeric_limits<size_t>::max() : max_metadata_bytes,
-                  metadata, "session_metadata_bytes"),
+                  metadata, std::move(metadata_name)),
         parent_(std::move(parent)) {}
-  // An owner's quota (a tenant's): max_caches / max_pages 0 mean no bound; refusals name
-  // it ("tenant 'NAME'").
+  // An owner's quota (a tenant's): max_caches / max_pages 0 mean no bound; its metadata,
+  // max_metadata_bytes (0: none), sits inside `metadata`. Refusals name it ("tenant 'NAME'").
   static std::shared_ptr<Quota> ForOwner(const std::string& owner, int64_t max_caches,
-                                         int64_t max_pages) {
-    auto q = std::make_shared<Quota>(
-        max_caches == 0 ? std::numeric_limits<int64_t>::max() : max_caches, max_pages);
+                                         int64_t max_pages, size_t max_metadata_bytes = 0,
+                                         ByteBudget* metadata = nullptr) {
+    auto q =
+        std::make_shared<Quota>(max_caches == 0 ? std::numeric_limits<int64_t>::max() : max_caches,
+                                max_pages, max_metadata_bytes, metadata, nullptr,
+                                absl::StrCat("tenant '", owner, "' max_metadata_bytes"));
     q->owner_ = owner;
     return q;
   }
@@ -111,7 +117,8 @@ class Quota {
 
   int64_t caches() const { return caches_.load(std::memory_order_relaxed); }
   int64_t pages() const { return pages_.load(std::memory_order_relaxed); }
-  // The session's metadata budget, inside the daemon's: what its caches charge.
+  // The session's metadata budget, inside its owner's or the daemon's: what its caches
+  // charge.
   ByteBudget* metadata() { return &metadata_; }
   int64_t max_caches() const { return max_caches_; }
   int64_t max_pages() const { return max_pages_; }

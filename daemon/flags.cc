@@ -71,7 +71,8 @@ ABSL_FLAG(std::string, auth_token_file, "",
 
 ABSL_FLAG(std::string, tenants_file, "",
           "File of tenants, one a line: 'NAME TOKEN_FILE [max_sessions=N] [max_caches=N] "
-          "[max_pages=N]' (bounds on what the tenant holds at once), or 'NAME "
+          "[max_pages=N] [max_metadata_bytes=BYTES]' (bounds on what the tenant holds at "
+          "once; metadata: an equal share of --metadata_bytes unless given), or 'NAME "
           "TOKEN_FILE role=operator' (a read-only view of all); '#' comments. Every KvCacheService "
           "call on every listener must then carry "
           "'authorization: Bearer <token>' of a tenant (UNAUTHENTICATED otherwise), and sees "
@@ -91,7 +92,12 @@ ABSL_FLAG(kvarena::ByteSize, metadata_bytes, kvarena::ByteSize{kDefaults.store.m
 ABSL_FLAG(kvarena::ByteSize, session_metadata_bytes,
           kvarena::ByteSize{kDefaults.store.session_metadata_bytes},
           "One session's share of --metadata_bytes (the caches allocated without a session "
-          "count as one session); 0 = no share beyond --metadata_bytes.");
+          "count as one session); 0 = no share beyond --metadata_bytes (or its tenant's).");
+ABSL_FLAG(kvarena::ByteSize, cached_metadata_bytes,
+          kvarena::ByteSize{kDefaults.store.cached_metadata_bytes},
+          "What prefixes no cache holds any more (cached for reuse) may keep of "
+          "--metadata_bytes; past it, or when a request finds the budget full, the least "
+          "recently cached are evicted. 0 = half of --metadata_bytes.");
 ABSL_FLAG(kvarena::ByteSize, event_log_bytes, kvarena::ByteSize{kDefaults.store.prefix_event_bytes},
           "Most bytes of prefix-index events kept for WatchEvents replay (the oldest go "
           "first; a watcher asking for them learns events_lost).");
@@ -222,6 +228,7 @@ DaemonOptions OptionsFromFlags() {
   o.store.metadata_bytes = absl::GetFlag(FLAGS_metadata_bytes).bytes;
   o.store.prefix_event_bytes = absl::GetFlag(FLAGS_event_log_bytes).bytes;
   o.store.session_metadata_bytes = absl::GetFlag(FLAGS_session_metadata_bytes).bytes;
+  o.store.cached_metadata_bytes = absl::GetFlag(FLAGS_cached_metadata_bytes).bytes;
   o.store.max_pools = absl::GetFlag(FLAGS_max_pools);
   o.store.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   o.store.max_caches = absl::GetFlag(FLAGS_max_caches);

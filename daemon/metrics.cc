@@ -78,6 +78,13 @@ void AddArenaFamilies(const ArenaStats& s, std::vector<MetricFamily>* out) {
       Scalar("kvarena_metadata_bytes_used",
              "Bookkeeping charged: caches' tables, declared token ids, prefix-index nodes.",
              double(s.metadata_bytes_used)));
+  out->push_back(
+      Scalar("kvarena_cached_metadata_bytes",
+             "Of kvarena_metadata_bytes_used, what prefixes no cache holds keep (cached).",
+             double(s.cached_metadata_bytes)));
+  out->push_back(Scalar("kvarena_cached_metadata_limit",
+                        "What cached prefixes may keep of the budget (--cached_metadata_bytes).",
+                        double(s.cached_metadata_limit)));
   out->push_back(Scalar("kvarena_event_log_bytes",
                         "Bytes of prefix-index events kept for WatchEvents (--event_log_bytes).",
                         double(s.event_log_bytes)));

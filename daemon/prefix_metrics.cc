@@ -53,12 +53,17 @@ void AddPrefixMetrics(const ArenaStats& stats, std::vector<MetricFamily>* out) {
                      double(p.cow_copies)));
   MetricFamily evicted =
       One("kvarena_pages_evicted_by_reason_total",
-          "Pages evicted: by sliding windows, or cached pages reclaimed (LRU) for allocations.",
+          "Pages evicted: by sliding windows, or cached pages reclaimed (LRU) for allocations "
+          "or to give metadata back.",
           MetricType::Counter, double(p.pages_evicted), {{"reason", "window"}});
   ClientMetric lru;
   lru.label = {{"reason", "lru"}};
   lru.counter.value = double(p.pages_evicted_lru);
   evicted.metric.push_back(std::move(lru));
+  ClientMetric metadata;
+  metadata.label = {{"reason", "metadata"}};
+  metadata.counter.value = double(p.pages_reclaimed_for_metadata);
+  evicted.metric.push_back(std::move(metadata));
   out->push_back(std::move(evicted));
 }
 

@@ -154,9 +154,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   store_options.kernels = std::move(backend.kernels);
   if (d->tenants_ != nullptr) {
     // Every tenant gets its own quota (its sessionless caches apart from the others'),
-    // bounded by its line's max_caches / max_pages.
+    // bounded by its line's max_caches / max_pages / max_metadata_bytes.
     for (const Tenant& t : d->tenants_->all()) {
-      if (!t.operator_role) store_options.owners[t.name] = OwnerBounds{t.max_caches, t.max_pages};
+      if (!t.operator_role) {
+        store_options.owners[t.name] =
+            OwnerBounds{t.max_caches, t.max_pages, size_t(t.max_metadata_bytes)};
+      }
     }
   }
   KVARENA_ASSIGN_OR_RETURN(DaemonTiers tiers, MakeTiers(options.tiers, &d->tier_latency_));

@@ -16,6 +16,7 @@
 #include "core/small_file.h"
 #include "core/status_macros.h"
 #include "daemon/bearer_token.h"
+#include "daemon/byte_size.h"
 
 namespace kvarena {
 namespace {
@@ -44,6 +45,13 @@ bool ApplyOption(absl::string_view option, Tenant* tenant) {
                              std::pair("max_pages=", &tenant->max_pages)}) {
     if (absl::ConsumePrefix(&option, name)) return absl::SimpleAtoi(option, value) && *value > 0;
   }
+  if (absl::ConsumePrefix(&option, "max_metadata_bytes=")) {
+    ByteSize size;
+    std::string error;
+    if (!AbslParseFlag(option, &size, &error) || size.bytes == 0) return false;
+    tenant->max_metadata_bytes = size.bytes;
+    return true;
+  }
   return false;
 }
 
@@ -67,7 +75,7 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": expected 'NAME TOKEN_FILE [role=operator] [max_sessions=N] "
-                       "[max_caches=N] [max_pages=N]'"));
+                       "[max_caches=N] [max_pages=N] [max_metadata_bytes=BYTES]'"));
     }
     Tenant tenant;
     tenant.name = std::string(words[0]);
@@ -78,9 +86,10 @@ absl::StatusOr<Tenants> Tenants::Parse(absl::string_view file, absl::string_view
     }
     for (size_t i = 2; i < words.size(); ++i) {
       if (!ApplyOption(words[i], &tenant)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": unknown option '", absl::CHexEscape(words[i]),
-            "' (role=operator, max_sessions=N, max_caches=N, max_pages=N with N > 0)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown option '", absl::CHexEscape(words[i]),
+                         "' (role=operator; max_sessions=N, max_caches=N, max_pages=N, "
+                         "max_metadata_bytes=BYTES with N, BYTES > 0)"));
       }
     }
     KVARENA_ASSIGN_OR_RETURN(

@@ -7,14 +7,16 @@
 //
 //   bob   /etc/kvarena/bob.token     max_sessions=8
 //
-//   carol /etc/kvarena/carol.token   max_caches=100 max_pages=4096
+//   carol /etc/kvarena/carol.token   max_caches=100 max_pages=4096 max_metadata_bytes=16Mi
 //
 // max_sessions=N bounds the sessions the tenant holds at once (attached or in their grace
 // period); max_caches=N the caches it holds (its sessions' and its sessionless ones);
 // max_pages=N the arena pages its caches hold, a page counted once per cache holding it
-// (prefix pages it adopted and pages shared by Fork included). Each is RESOURCE_EXHAUSTED
-// naming the tenant and the bound beyond it (counted in core: KvStore's owners), on top of
-// the daemon-wide flags.
+// (prefix pages it adopted and pages shared by Fork included); max_metadata_bytes=BYTES
+// (a count, or with a unit as --metadata_bytes takes) the metadata its caches hold —
+// without it, an equal share of --metadata_bytes among the tenants that are not operators.
+// Each is RESOURCE_EXHAUSTED naming the tenant and the bound beyond it (counted in core:
+// KvStore's owners), on top of the daemon-wide flags.
 //
 // A tenant's name is 1-64 bytes of [A-Za-z0-9_.-]; a relative token path is read from
 // the tenants file's directory. role=operator is a read-only view of every tenant
@@ -40,9 +42,10 @@ struct Tenant {
   std::string name;
   std::string token;  // the bearer token itself
   bool operator_role = false;
-  int64_t max_sessions = 0;  // 0: only the daemon's --max_sessions
-  int64_t max_caches = 0;    // 0: only --max_caches (and --max_caches_per_session)
-  int64_t max_pages = 0;     // 0: only the arena (and --session_max_pages)
+  int64_t max_sessions = 0;         // 0: only the daemon's --max_sessions
+  int64_t max_caches = 0;           // 0: only --max_caches (and --max_caches_per_session)
+  int64_t max_pages = 0;            // 0: only the arena (and --session_max_pages)
+  uint64_t max_metadata_bytes = 0;  // 0: an equal share of --metadata_bytes
 };
 
 class Tenants {

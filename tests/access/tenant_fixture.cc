@@ -29,8 +29,9 @@ void TenantsTest::SetUp() {
                                                 "/bob.token max_sessions=2\n"
                                                 "ops ops.token role=operator  # read-only\n"
                                                 "carol carol.token max_caches=3 max_pages=4\n");
-  daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{
-      "--arena_bytes=64Mi", "--scratch_bytes=1Mi", "--tenants_file=" + tenants});
+  std::vector<std::string> flags = DaemonFlags();
+  flags.push_back("--tenants_file=" + tenants);
+  daemon_ = std::make_unique<DaemonProcess>(flags);
   // Health stays open: WaitServing polls it without a token.
   ASSERT_TRUE(daemon_->WaitServing()) << daemon_->Log();
   stub_ = v1::KvCacheService::NewStub(daemon_->NewChannel());

@@ -29,6 +29,10 @@ class TenantsTest : public ::testing::Test {
  protected:
   // Starts kvarenad with the four tenants.
   void SetUp() override;
+  // Flags kvarenad gets besides the tenants file (a test that needs others overrides it).
+  virtual std::vector<std::string> DaemonFlags() const {
+    return {"--arena_bytes=64Mi", "--scratch_bytes=1Mi"};
+  }
   void TearDown() override;
 
   // A context carrying `token` as a bearer token ("" = none) and `session` ("" = none).

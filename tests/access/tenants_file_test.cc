@@ -27,9 +27,10 @@ absl::StatusOr<Tenants> Parse(const std::string& text) {
 TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
   absl::StatusOr<Tenants> t = Parse(
       "# comment\n\n  alice a max_sessions=3 max_caches=4 max_pages=50  # trailing\n"
-      "ops\to role=operator\n");
+      "ops\to role=operator\n"
+      "bob b max_metadata_bytes=16Mi\ncarol c max_metadata_bytes=65536\n");
   ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_EQ(t->all().size(), 2u);
+  ASSERT_EQ(t->all().size(), 4u);
   const Tenant& alice = t->all()[0];
   EXPECT_EQ(alice.name, "alice");
   EXPECT_EQ(alice.token, "a-0123456789abcdef");
@@ -39,6 +40,9 @@ TEST(TenantsFileTest, ParsesNamesTokensAndRoles) {
   EXPECT_EQ(alice.max_pages, 50);
   EXPECT_EQ(t->all()[1].max_pages, 0);  // none given: no bound
   EXPECT_TRUE(t->all()[1].operator_role);
+  EXPECT_EQ(alice.max_metadata_bytes, 0u);  // none given: an equal share (core)
+  EXPECT_EQ(t->all()[2].max_metadata_bytes, uint64_t{16} << 20);
+  EXPECT_EQ(t->all()[3].max_metadata_bytes, 65536u);
 }
 
 TEST(TenantsFileTest, RefusesABadLineNamingIt) {
@@ -56,6 +60,14 @@ TEST(TenantsFileTest, RefusesABadLineNamingIt) {
       {"alice a max_pages=10x\n", Code::kInvalidArgument, "unknown option 'max_pages=10x'"},
       {"alice a max_sessions=0\n", Code::kInvalidArgument, "unknown option 'max_sessions=0'"},
       {"alice a max_sessions=x\n", Code::kInvalidArgument, "unknown option 'max_sessions=x'"},
+      {"alice a max_metadata_bytes=0\n", Code::kInvalidArgument,
+       "unknown option 'max_metadata_bytes=0'"},
+      {"alice a max_metadata_bytes=-1\n", Code::kInvalidArgument,
+       "unknown option 'max_metadata_bytes=-1'"},
+      {"alice a max_metadata_bytes=1Zi\n", Code::kInvalidArgument,
+       "unknown option 'max_metadata_bytes=1Zi'"},
+      {"alice a max_metadata_bytes=99999999999999999999\n", Code::kInvalidArgument,
+       "unknown option 'max_metadata_bytes=9999"},
       {"alice a role=admin\n", Code::kInvalidArgument, "unknown option 'role=admin'"},
       {"alice a\nalice b\n", Code::kInvalidArgument, "line 2: tenant 'alice' is listed twice"},
       {"alice a\nbob a\n", Code::kInvalidArgument,

@@ -2,7 +2,8 @@
 // the daemon by gigabytes (a 4 MB Allocate with a 2^20-token prompt over 1024 layers of
 // page size 1; 100 forks of a 2^20-token cache) are refused with RESOURCE_EXHAUSTED
 // naming --metadata_bytes, other callers are served meanwhile, and the daemon's peak
-// resident memory (VmHWM, /proc) stays within its budgets.
+// resident memory (VmHWM, /proc) stays within its budgets. Prefixes no cache holds any
+// more keep at most --cached_metadata_bytes of it and give it back before a refusal.
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -120,6 +121,44 @@ TEST_F(MetadataRpcTest, TheEventLogKeepsAtMostItsBytes) {
   const v1::StatsResponse stats = Stats();
   EXPECT_GT(stats.event_log_bytes(), 0u);
   EXPECT_LE(stats.event_log_bytes(), uint64_t{64} << 10);
+}
+
+// The red team's finding: a sessionless caller's rounds (Allocate with a prompt in a new
+// namespace, Append, Release; page size 1, one layer) left every metadata byte to cached
+// prefixes, and every Allocate from anyone was refused until a restart.
+TEST_F(MetadataRpcTest, CachedPrefixRoundsLeaveAFreshCallerServed) {
+  StartDaemon({"--arena_bytes=64Mi", "--metadata_bytes=4Mi"});
+  constexpr int kTokens = 2000;  // a node of the index each: 24 rounds outgrow the budget
+  for (int r = 0; r < 24; ++r) {
+    v1::CacheSpec spec = Spec(1, 1, 64, v1::FLOAT32, /*page_size=*/1);
+    spec.set_prefix_namespace("round-" + std::to_string(r));
+    const std::string id = "r" + std::to_string(r);
+    v1::AllocateResponse resp;
+    ASSERT_TRUE(AllocatePrompt(spec, kTokens, id, &resp).ok()) << "round " << r;
+    ASSERT_TRUE(AppendF32(id, 0, 0, kTokens, 1, 64, float(r)).ok()) << "round " << r;
+    v1::ReleaseRequest release;
+    release.set_cache_id(id);
+    v1::ReleaseResponse released;
+    ASSERT_TRUE(stub_->Release(Ctx().get(), release, &released).ok());
+  }
+  const v1::StatsResponse stats = Stats();
+  std::cout << "after 24 rounds: metadata " << stats.metadata_bytes_used() << " of "
+            << stats.metadata_bytes() << " used, cached prefixes " << stats.cached_metadata_bytes()
+            << " of " << stats.cached_metadata_limit() << ", " << stats.pages().pages_cached()
+            << " pages cached, " << stats.pages().pages_reclaimed_for_metadata()
+            << " reclaimed for metadata\n";
+  EXPECT_EQ(stats.num_caches(), 0u);
+  EXPECT_EQ(stats.cached_metadata_limit(), uint64_t{2} << 20);  // half, by default
+  EXPECT_LE(stats.cached_metadata_bytes(), stats.cached_metadata_limit());
+  EXPECT_GT(stats.pages().pages_cached(), 0u);
+  EXPECT_GT(stats.pages().pages_reclaimed_for_metadata(), 0u);
+  // A fresh caller: another channel, a cache of 32 layers.
+  auto other = v1::KvCacheService::NewStub(daemon_->NewChannel());
+  v1::AllocateRequest req;
+  *req.mutable_spec() = Spec(32, 8, 128);
+  v1::AllocateResponse resp;
+  EXPECT_TRUE(other->Allocate(Ctx().get(), req, &resp).ok());
+  ExpectOthersServed();
 }
 
 }  // namespace

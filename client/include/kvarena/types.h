@@ -172,7 +172,10 @@ struct PageStats {
   int64_t pages_cached = 0;        // unreferenced registered pages, reclaimable (in pages_free)
   int64_t pages_shared = 0;        // pages referenced by two or more caches
   uint64_t pages_evicted_lru = 0;  // cached pages reclaimed for new allocations
-  uint64_t prefix_lookups = 0;     // Allocates with prompt_tokens and a namespace
+  // Cached pages evicted to give metadata back (--cached_metadata_bytes, or a full
+  // --metadata_bytes), since start.
+  uint64_t pages_reclaimed_for_metadata = 0;
+  uint64_t prefix_lookups = 0;           // Allocates with prompt_tokens and a namespace
   uint64_t prefix_requested_tokens = 0;  // their prompt lengths, summed
   uint64_t prefix_hit_tokens = 0;        // the cached_tokens they got, summed
   uint64_t forks = 0;
@@ -224,7 +227,7 @@ struct TierStats {
   X(layers_materialized) X(layers_total) X(layers_sliding) X(bytes_used)        \
   X(pages_evicted) X(refusals) X(pages_cached) X(pages_shared)                  \
   X(pages_evicted_lru) X(prefix_lookups) X(prefix_requested_tokens)             \
-  X(prefix_hit_tokens) X(forks) X(cow_copies)
+  X(prefix_hit_tokens) X(forks) X(cow_copies) X(pages_reclaimed_for_metadata)
 #define KVARENA_POOL_STATS_FIELDS(X)                                              \
   X(pool_id) X(page_bytes) X(num_pages) X(pages_used) X(pages_free)             \
   X(chunks_committed) X(chunk_bytes) X(bytes_committed) X(num_caches)           \
@@ -237,7 +240,8 @@ struct TierStats {
 #define KVARENA_ARENA_STATS_FIELDS(X)                                             \
   X(backend) X(arena_bytes) X(bytes_committed) X(bytes_used) X(num_caches)      \
   X(num_sessions) X(scratch_bytes) X(scratch_regions) X(metadata_bytes)         \
-  X(metadata_bytes_used) X(event_log_bytes)
+  X(metadata_bytes_used) X(event_log_bytes) X(cached_metadata_bytes)            \
+  X(cached_metadata_limit)
 // clang-format on
 
 struct ArenaStats {
@@ -254,6 +258,10 @@ struct ArenaStats {
   uint64_t metadata_bytes = 0;  // --metadata_bytes: caches' tables, token ids, index nodes
   uint64_t metadata_bytes_used = 0;
   uint64_t event_log_bytes = 0;  // prefix-index events kept for WatchEvents
+  // Of metadata_bytes_used, what prefixes no cache holds keep (cached for reuse), and
+  // what they may keep (--cached_metadata_bytes).
+  uint64_t cached_metadata_bytes = 0;
+  uint64_t cached_metadata_limit = 0;
   // Sessions: of num_sessions, those detached and in their grace period; since creation,
   // those opened, detached, resumed (a new stream with the resume token) and reaped
   // (grace over: the session gone, its caches released).
