@@ -19,6 +19,8 @@ OPS = {"allocate": 0, "append": 1, "attend": 2, "popn": 3, "reset": 4, "release"
        # tier mode only (an input starting with TIER_MODE: fuzz/requests_tiers.h)
        "tier_flush": 243, "tier_corrupt": 244, "tier_pressure": 245}
 TIER_MODE = 0xFF
+METADATA_MODE = 0xFE  # metadata pressure: fuzz/requests_fuzzer.cc's Harness
+ALPHA, BETA = 0x40, 0x80  # the caller's tenant, in the session byte's top bits
 IDS = {"a": 0, "b": 1, "c": 2, "d": 3}
 F32, F16, BF16 = 1, 2, 3
 NO_SESSION = 0  # with no session open, index 0 is "" (sessions + 0)
@@ -126,6 +128,22 @@ def items(op, pairs, session=NO_SESSION):
 
 SMALL_PROMPT = [1, 2, 3, 0, 1, 2, 3, 1, 0, 0, 2, 1, 3, 3, 0, 2, 1]  # 4 full pages of 4, and one token
 
+
+def round_prompt(r):  # 5 full pages of 4 that no other round's first page matches
+    return [1000 + r] + SMALL_PROMPT[:19] + [r % 4]
+
+
+def metadata_rounds(count):  # computed prompts, each released: cached prefixes pile up
+    out = b""
+    for r in range(count):
+        name = "abcd"[r % 4]
+        out += computed(name, round_prompt(r)) + step("release") + cache(name)
+    return out
+
+
+def wide(session, slot):  # a cache of 20 layers: about 1.3 KB of metadata
+    return step("allocate", session) + spec(layers=20) + u8(slot)
+
 SEEDS = {
     "served_path": allocate("a", windows=(0, 3)) + append("a", 0, 0, 5) + append("a", 1, 0, 5) +
         attend("a", 0, 3, 2) + attend("a", 1, 5, 1, with_kv=True) + attend("a", 1, 4, 1, window=2) +
@@ -185,6 +203,15 @@ SEEDS = {
         step("tier_flush") + allocate_prompt("b", SMALL_PROMPT) + computed("c", SMALL_PROMPT[::-1]) +
         step("release") + cache("b") + step("release") + cache("c") + step("tier_pressure") +
         step("tier_flush") + allocate_prompt("d", SMALL_PROMPT) + allocate_prompt("a", SMALL_PROMPT[::-1])),
+    # Metadata pressure: 60 rounds of released prompts fill the budget with cached
+    # prefixes; the later rounds' charges take it back from the oldest, and a prompt
+    # of the newest still hits.
+    "metadata_pressure": u8(METADATA_MODE) + metadata_rounds(60) + allocate_prompt("a", round_prompt(59)) +
+        step("stats") + u8(0),
+    # Beta's 2 KiB share stops its second wide cache; alpha and the callers without a
+    # tenant are served.
+    "tenant_metadata": b"".join(wide(BETA, i) for i in (0, 1, 4)) + wide(ALPHA, 2) +
+        wide(NO_SESSION, 1) + step("stats") + u8(0),
     # A 4 KiB write queue drops writes; a sliding layer sends down only its window's pages.
     "tiers_small_queue": tiered(0x25, computed("a", SMALL_PROMPT, windows=(0, 5)) + computed("c", SMALL_PROMPT[::-1]) +
         step("release") + cache("a") + step("release") + cache("c") + step("tier_pressure") + step("tier_flush") +

@@ -8,8 +8,11 @@
 // libFuzzer reports as a crash. KVARENA_FUZZ_TRACE=1 prints every step's status.
 //
 // The input is read front to back as a program (fuzz/make_seeds.py writes seeds in it):
-//   input   := [0xFF config:u8] step...  (0xFF first: the store has tiers below its arena
-//                                         and whole page hashes, fuzz/requests_tiers.h)
+//   input   := [0xFF config:u8 | 0xFE] step...
+//                                        (0xFF first: the store has tiers below its arena
+//                                         and whole page hashes, fuzz/requests_tiers.h;
+//                                         0xFE: metadata pressure, a budget cached
+//                                         prefixes fill and give back before a refusal)
 //   step    := op:u8 session:u8 fields...        (op < 240: op % 15, the original 15 ops;
 //                                                 op >= 240: (op - 240) % 3 + 15, prefix
 //                                                 reuse: Allocate with a namespace and
@@ -52,6 +55,8 @@ namespace {
 
 class Harness {
  public:
+  static constexpr uint8_t kMetadataMode = 0xFE;
+
   explicit Harness(Program& in) {
     StoreOptions o;
     o.arena_bytes = size_t{12} << 20;
@@ -68,13 +73,28 @@ class Harness {
     // Small enough that tiny pages' bookkeeping, long prompts and forks meet both bounds.
     o.metadata_bytes = size_t{6} << 20;
     o.session_metadata_bytes = size_t{4} << 10;
+    // What cached prefixes may keep: a few dozen index nodes, so releases trim them.
+    o.cached_metadata_bytes = size_t{32} << 10;
     o.idle_ttl = absl::Seconds(30);
     o.clock = &clock_;
     o.TEST_prefix_hash_bits = 6;  // collisions happen: the token-id check must hold
+    // Two tenants as --tenants_file lists them: alpha with max_caches / max_pages and an
+    // equal share of the metadata, beta with a small share of its own.
+    o.owners["alpha"] = OwnerBounds{/*max_caches=*/4, /*max_pages=*/32};
+    o.owners["beta"] = OwnerBounds{0, 0, /*max_metadata_bytes=*/size_t{2} << 10};
     if (in.Peek() == FuzzTiers::kTierMode && !in.done()) {
       in.Byte();
       tiers_ = std::make_unique<FuzzTiers>(in);
       tiers_->Configure(&o);
+    } else if (in.Peek() == kMetadataMode && !in.done()) {
+      in.Byte();
+      // A budget a few hundred index nodes fill (a pool of 512-byte pages keeps 64 KiB
+      // of it for page bookkeeping), which cached prefixes may take whole: a charge
+      // that finds it full takes it back from them, or is refused changing nothing.
+      o.metadata_bytes = size_t{192} << 10;
+      o.session_metadata_bytes = 0;
+      o.cached_metadata_bytes = o.metadata_bytes;
+      o.TEST_prefix_hash_bits = 128;  // chains grow whole, to fill the budget
     }
     auto store = KvStore::Create(o, NewHostBackend());
     if (!store.ok()) Fail(std::string(store.status().message()));
@@ -91,6 +111,16 @@ class Harness {
     for (int steps = 0; !in.done() && steps < 256; ++steps) Step(in);
     Check("end", absl::OkStatus(), "");
     if (trace_ && tiers_) std::fprintf(stderr, "%s", tiers_->Summary().c_str());
+    if (trace_) {
+      const ArenaStats s = store_->Stats();
+      std::fprintf(stderr,
+                   "metadata: %llu of %llu used, cached prefixes %llu of %llu, %llu pages "
+                   "reclaimed for metadata\n",
+                   (unsigned long long)s.metadata_bytes_used, (unsigned long long)s.metadata_bytes,
+                   (unsigned long long)s.cached_metadata_bytes,
+                   (unsigned long long)s.cached_metadata_limit,
+                   (unsigned long long)s.pages.pages_reclaimed_for_metadata);
+    }
   }
 
  private:
