@@ -22,8 +22,6 @@ class InprocTransport final : public Transport {
   std::string session_id() const override { return session_; }
   bool is_inproc() const override { return true; }
   std::string device() override { return store_->Medium(); }
-  bool connected() const override { return true; }
-  absl::Status DisconnectedStatus() const override { return absl::OkStatus(); }
 
   absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
                                      const AllocateOptions& options) override {
@@ -90,6 +88,10 @@ class InprocTransport final : public Transport {
 
   int TEST_QuarantinedLanes() const override { return 0; }  // tensors never leave the process
 
+ protected:
+  bool Connected() const override { return true; }
+  absl::Status LostStatus() const override { return absl::OkStatus(); }
+
  private:
   const std::string address_ = kInprocAddress;
   std::unique_ptr<KvStore> store_;
@@ -112,7 +114,7 @@ absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOption
     session = std::move(s);
   }
   return std::shared_ptr<Transport>(
-      new InprocTransport(*std::move(store), std::move(session), options));
+      new InprocTransport(*std::move(store), std::move(session), options), DeleteTransport);
 }
 
 }  // namespace kvarena::client_internal

@@ -15,7 +15,9 @@ namespace kvarena::client_internal {
 RemoteChannel::RemoteChannel(std::string address, const ClientOptions& options,
                              const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                              grpc::ChannelArguments args)
-    : address_(std::move(address)), call_timeout_(options.call_timeout) {
+    : address_(std::move(address)),
+      call_timeout_(options.call_timeout),
+      max_message_bytes_(options.max_message_bytes) {
   // Connect checked the bound; get_kv pages its replies below it.
   args.SetMaxReceiveMessageSize(int(options.max_message_bytes));
   // Reconnect to a daemon back after a break within about a second, well inside a
@@ -30,7 +32,16 @@ RemoteChannel::RemoteChannel(std::string address, const ClientOptions& options,
   stubs_ = std::move(stubs);
 }
 
+absl::Status RemoteChannel::CheckRequestSize(absl::string_view what, size_t bytes) const {
+  if (bytes <= max_message_bytes_) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": ", bytes, " bytes, over this client's max_message_bytes=", max_message_bytes_,
+      "; nothing was sent (send fewer tokens per call, or raise ClientOptions::max_message_bytes "
+      "up to the daemon's --max_message_bytes)"));
+}
+
 std::shared_ptr<const RemoteChannel::Stubs> RemoteChannel::GetStubs() const {
+  if (fork_guard_.forked()) return nullptr;  // the parent's connection (fork_guard.h)
   absl::MutexLock lock(&mu_);
   return stubs_;
 }
@@ -50,6 +61,7 @@ absl::Status RemoteChannel::Finish(const grpc::Status& status) const {
 }
 
 absl::Status RemoteChannel::DisconnectedStatus() const {
+  if (fork_guard_.forked()) return fork_guard_.ForkedStatus();
   if (connected()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   return absl::UnavailableError(

@@ -4,7 +4,10 @@
 // A call carries a deadline of options.call_timeout and the session metadata, and its
 // status comes back through FromGrpcStatus, an UNAVAILABLE one naming the address. When
 // the session is lost, Disconnect lets the channel go for good: every call fails with
-// DisconnectedStatus from then on.
+// DisconnectedStatus from then on. In a fork() child of the process that made it the
+// channel is the parent's (client/fork_guard.h): every call fails with FAILED_PRECONDITION
+// before touching it. A request larger than options.max_message_bytes is refused with
+// RESOURCE_EXHAUSTED before it is serialized (CheckRequestSize).
 //
 // Kept apart from RemoteTransport so the per-RPC code (remote_calls.cc and its siblings)
 // reads as request, Call, reply, with the connection's state in one place.
@@ -17,14 +20,18 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/fork_guard.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/client.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
@@ -54,29 +61,39 @@ class RemoteChannel {
   const std::string& session_id() const { return session_id_; }
   void set_session_id(std::string session_id) { session_id_ = std::move(session_id); }
 
-  // One unary KvCacheService call: DisconnectedStatus once disconnected, else the call's
-  // status (Finish).
+  // One unary KvCacheService call: DisconnectedStatus once disconnected (or forked),
+  // RESOURCE_EXHAUSTED for a request over the message limit (nothing sent), else the
+  // call's status (Finish).
   template <typename Req, typename Resp>
   absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                     const Req& req, Resp* resp) {
     std::shared_ptr<const Stubs> stubs = GetStubs();
     if (stubs == nullptr) return DisconnectedStatus();
+    // ByteSizeLong sizes the message without serializing it: gRPC would serialize all of
+    // it before its own check (seconds for 512 MiB) and abort the process past 2 GiB.
+    KVARENA_RETURN_IF_ERROR(CheckRequestSize(Req::descriptor()->name(), req.ByteSizeLong()));
     grpc::ClientContext ctx;
     Prepare(&ctx);
     return Finish((stubs->kv.get()->*method)(&ctx, req, resp));
   }
 
-  // The stubs, or null once disconnected. Calls hold their copy to the end.
+  // RESOURCE_EXHAUSTED naming `what`, its bytes and the limit when a request of `bytes`
+  // exceeds options.max_message_bytes (what this channel sends at most); OK otherwise.
+  absl::Status CheckRequestSize(absl::string_view what, size_t bytes) const;
+  size_t max_message_bytes() const { return max_message_bytes_; }
+
+  // The stubs, or null once disconnected or in a fork() child. Calls hold their copy to
+  // the end.
   std::shared_ptr<const Stubs> GetStubs() const;
   // Sets a call's deadline and session metadata.
   void Prepare(grpc::ClientContext* ctx) const;
   // A call's gRPC status as the client reports it.
   absl::Status Finish(const grpc::Status& status) const;
 
-  // False once Disconnect ran; never flips back.
-  bool connected() const { return connected_.load(); }
-  // OK while connected; then UNAVAILABLE naming the address, why the session's Attach
-  // stream ended, and the session.
+  // False once Disconnect ran (never flips back), and in a fork() child.
+  bool connected() const { return connected_.load() && !fork_guard_.forked(); }
+  // OK while connected; FAILED_PRECONDITION in a fork() child; else UNAVAILABLE naming
+  // the address, why the session's Attach stream ended, and the session.
   absl::Status DisconnectedStatus() const;
   // The session is gone: calls fail with DisconnectedStatus from now on.
   void Disconnect(const absl::Status& why);
@@ -84,6 +101,8 @@ class RemoteChannel {
  private:
   const std::string address_;
   const absl::Duration call_timeout_;
+  const size_t max_message_bytes_;
+  const ForkGuard fork_guard_;
 
   std::string session_id_;  // set once by set_session_id, before the channel is shared
   std::atomic<bool> connected_{true};

@@ -46,6 +46,7 @@ absl::StatusOr<std::vector<ReserveResult>> RemoteTransport::Reserve(
 }
 
 absl::StatusOr<MappedPool> RemoteTransport::MapPool(uint64_t pool_id) {
+  if (forked()) return DisconnectedStatus();  // the mappings' fd socket is the parent's
   KVARENA_ASSIGN_OR_RETURN(RegionClient::Pool p, zero_copy_->GetPool(pool_id, channel_.address()));
   return MappedPool{p.base, p.kind, p.device};
 }

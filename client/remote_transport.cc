@@ -5,6 +5,9 @@
 // remote_pool_calls.cc.
 #include "client/remote_transport.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,13 +61,41 @@ std::string RemoteTransport::device() {
   return device_.empty() ? absl::StrCat("unknown (", s.message(), ")") : device_;
 }
 
+namespace {
+
+// The process whose first remote client started gRPC in this address space (0: none yet).
+// A fork() child inherits gRPC's runtime mid-flight — its epoll set, shared with the
+// parent, and the bookkeeping of poller, timer and executor threads the child does not
+// have — and gRPC 1.51 cannot reset it while a thread of the parent is inside gRPC (the
+// Attach stream's reader always is). A channel made in the child then polls the parent's
+// epoll set: it hangs, and takes readiness events the parent waits for, whose calls end
+// DEADLINE_EXCEEDED. So a child may not connect at all.
+std::atomic<int> grpc_started_in{0};
+
+absl::Status CheckNotForkedFromGrpc() {
+  const int pid = int(getpid());
+  int started = 0;
+  if (grpc_started_in.compare_exchange_strong(started, pid) || started == pid) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "Connect: this process (pid ", pid, ") is a fork() child of pid ", started,
+      ", whose gRPC runtime it inherited and cannot use without stalling the parent's calls; "
+      "connect from a process started with exec (multiprocessing's 'spawn' or 'forkserver', "
+      "subprocess) instead"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Transport>> NewRemoteTransport(const std::string& address,
                                                               const ClientOptions& options) {
+  KVARENA_RETURN_IF_ERROR(CheckNotForkedFromGrpc());
   grpc::ChannelArguments args;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       NewChannelCredentials(address, options, &args);
   KVARENA_RETURN_IF_ERROR(credentials.status());
-  auto t = std::make_shared<RemoteTransport>(address, options, *credentials, std::move(args));
+  std::shared_ptr<RemoteTransport> t(
+      new RemoteTransport(address, options, *credentials, std::move(args)), DeleteTransport);
   if (options.attach) {
     KVARENA_RETURN_IF_ERROR(t->Attach());
     KVARENA_RETURN_IF_ERROR(t->LearnDevice());

@@ -21,6 +21,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,9 +59,7 @@ class RemoteTransport final : public Transport {
   std::string session_id() const override { return channel_.session_id(); }
   bool is_inproc() const override { return false; }
   std::string device() override;
-  bool connected() const override { return channel_.connected(); }
   int64_t resumes() const override { return session_ == nullptr ? 0 : session_->resumes(); }
-  absl::Status DisconnectedStatus() const override { return channel_.DisconnectedStatus(); }
 
   // remote_calls.cc
   absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
@@ -92,8 +91,17 @@ class RemoteTransport final : public Transport {
       const std::vector<CacheTokens>& items) override;
   absl::StatusOr<MappedPool> MapPool(uint64_t pool_id) override;
 
+ protected:
+  bool Connected() const override { return channel_.connected(); }
+  absl::Status LostStatus() const override { return channel_.DisconnectedStatus(); }
+
  private:
   using Stub = RemoteChannel::Stub;
+
+  // RESOURCE_EXHAUSTED (CheckRequestSize) when the present tensors' bytes, sent inline in
+  // `request`, pass the message limit by themselves.
+  absl::Status InlineFits(const char* request,
+                          std::initializer_list<const TensorArg*> tensors) const;
 
   const ClientOptions options_;
   RemoteChannel channel_;

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "arena/region.h"
+#include "client/fork_guard.h"
 #include "client/local_kernels.h"
 #include "core/status_macros.h"
 #include "core/types.h"
@@ -62,12 +63,19 @@ class Transport {
   virtual bool is_inproc() const = 0;
   // Where the arena's pages live: "cpu" for the host backend, "cuda:0" for a GPU.
   virtual std::string device() = 0;
-  // False once the daemon is gone (the Attach stream broke); never flips back.
-  virtual bool connected() const = 0;
+  // False once the daemon is gone (the Attach stream broke; never flips back), and in a
+  // fork() child of the process that connected (client/fork_guard.h).
+  bool connected() const { return !fork_guard_.forked() && Connected(); }
+  // Why connected() is false: FAILED_PRECONDITION in a fork() child, else an UNAVAILABLE
+  // status naming the address; OK while connected.
+  absl::Status DisconnectedStatus() const {
+    return fork_guard_.forked() ? fork_guard_.ForkedStatus() : LostStatus();
+  }
+  // True in a fork() child of the process that made this transport: nothing of it may be
+  // used or torn down there (DeleteTransport).
+  bool forked() const { return fork_guard_.forked(); }
   // Times the session was resumed after its Attach stream broke (remote only).
   virtual int64_t resumes() const { return 0; }
-  // Why connected() is false: an UNAVAILABLE status naming the address; OK while connected.
-  virtual absl::Status DisconnectedStatus() const = 0;
 
   virtual absl::StatusOr<CacheInfo> Allocate(const CacheSpec& spec, const std::string& cache_id,
                                              const AllocateOptions& options) = 0;
@@ -123,11 +131,26 @@ class Transport {
   // Scratch lanes quarantined after calls that did not provably finish (scratch_lanes.h).
   virtual int TEST_QuarantinedLanes() const = 0;
 
+ protected:
+  // The arena is still reachable (never true again once false).
+  virtual bool Connected() const = 0;
+  // Why Connected() is false: UNAVAILABLE naming the address; OK while connected.
+  virtual absl::Status LostStatus() const = 0;
+
  private:
+  const ForkGuard fork_guard_;
   LocalKernels local_kernels_;
   CallCounters counters_;
   const size_t get_kv_chunk_bytes_;
 };
+
+// The deleter of every Transport's shared_ptr: deletes t, except in a fork() child of the
+// process that made it, where t is leaked on purpose — its threads (the Attach stream's,
+// the local kernels', an inproc store's) do not exist there to be joined, and closing its
+// gRPC channel would shut down the connection the parent still uses.
+inline void DeleteTransport(Transport* t) {
+  if (t != nullptr && !t->forked()) delete t;
+}
 
 // "inproc:": a KvStore with the host backend, owned by the transport.
 absl::StatusOr<std::shared_ptr<Transport>> NewInprocTransport(const ClientOptions& options);

@@ -65,7 +65,10 @@ struct DecodeBatchOptions {
   int64_t max_blocks = 0;
 };
 
-// Where Run writes attention's output: exactly q.bytes of caller memory.
+// Where Run writes attention's output: exactly q.bytes of writable caller memory. The
+// client checks the size and refuses null (INVALID_ARGUMENT); a raw pointer does not say
+// whether its pages are writable, so read-only memory (a PROT_READ mapping) faults in the
+// kernel, after k and v were appended. The Python binding refuses read-only buffers.
 struct TensorBuffer {
   void* data = nullptr;
   size_t bytes = 0;
