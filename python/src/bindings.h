@@ -40,9 +40,10 @@ void CheckKv(const InTensor& t, const char* name, const Geometry& g, int64_t bat
 // q (or out): [batch, h * num_kv_heads, tokens, head_dim], tokens as k's.
 void CheckQ(const InTensor& t, const char* name, const Geometry& g, int64_t batch, int64_t tokens);
 
-// Token ids from a sequence of ints or a tensor / array (its tolist()); InvalidArgument
-// for one outside int32.
-std::vector<int32_t> ParseTokenIds(pybind11::handle ids);
+// Token ids from a sequence of ints or an integer tensor / array (its tolist()); `name`
+// labels errors. TypeError for a str, a non-iterable or an element that is not an int;
+// InvalidArgument for a tensor of a non-integer dtype or an id outside int32.
+std::vector<int32_t> ParseTokenIds(pybind11::handle ids, const char* name);
 
 // q (None: absent), k and v parsed and checked against a cache's geometry: k/v as CheckKv,
 // q as CheckQ with k's tokens; batch is 1 for one cache.

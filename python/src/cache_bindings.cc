@@ -156,7 +156,7 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       .def(
           "set_tokens",
           [](H& h, int64_t first_pos, py::handle ids) {
-            std::vector<int32_t> v = ParseTokenIds(ids);
+            std::vector<int32_t> v = ParseTokenIds(ids, "ids");
             Blocking([&] { return h.set_tokens(first_pos, v); });
           },
           py::arg("first_pos"), py::arg("ids"))
@@ -185,7 +185,14 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       });
 }
 
-std::vector<int32_t> ParseTokenIds(py::handle ids) {
+std::vector<int32_t> ParseTokenIds(py::handle ids, const char* name) {
+  if (py::isinstance<py::str>(ids) || py::isinstance<py::bytes>(ids) ||
+      !py::isinstance<py::iterable>(ids)) {
+    throw py::type_error(absl::StrCat(name,
+                                      ": want a sequence of int token ids or an integer "
+                                      "tensor, not ",
+                                      std::string(py::str(py::type::of(ids).attr("__name__")))));
+  }
   py::handle seq = ids;
   py::object list;
   if (py::hasattr(ids, "tolist")) {  // a torch tensor or numpy array of ids
@@ -194,10 +201,21 @@ std::vector<int32_t> ParseTokenIds(py::handle ids) {
   }
   std::vector<int32_t> out;
   for (py::handle v : seq) {
-    const int64_t id = v.cast<int64_t>();
-    if (id < INT32_MIN || id > INT32_MAX) {
-      ThrowInvalid(
-          absl::StrCat("token id ", id, " at index ", out.size(), " is out of int32 range"));
+    if (PyBool_Check(v.ptr()) || !PyLong_Check(v.ptr())) {
+      const std::string type = py::str(py::type::of(v).attr("__name__"));
+      if (list) {  // a tensor of another dtype: its values are not ids
+        ThrowInvalid(absl::StrCat(name, ": a tensor of dtype ",
+                                  std::string(py::str(py::getattr(ids, "dtype", py::str(type)))),
+                                  "; token ids need an integer dtype"));
+      }
+      throw py::type_error(
+          absl::StrCat(name, ": element ", out.size(), " is a ", type, "; token ids are ints"));
+    }
+    int overflow = 0;
+    const long long id = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0 || id < INT32_MIN || id > INT32_MAX) {
+      ThrowInvalid(absl::StrCat(name, ": token id ", std::string(py::str(v)), " at index ",
+                                out.size(), " is out of int32 range"));
     }
     out.push_back(int32_t(id));
   }

@@ -43,7 +43,8 @@ void BindClient(py::module_& m, ClientClass& c) {
             spec.max_tokens = max_tokens;
             spec.prefix_namespace = prefix_namespace;
             AllocateOptions options;
-            if (!prompt_tokens.is_none()) options.prompt_tokens = ParseTokenIds(prompt_tokens);
+            if (!prompt_tokens.is_none())
+              options.prompt_tokens = ParseTokenIds(prompt_tokens, "prompt_tokens");
             Client& client = self.cast<Client&>();
             return WithClient(Blocking([&] { return client.Allocate(spec, cache_id, options); }),
                               self);

@@ -2,7 +2,9 @@
 
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -26,12 +28,52 @@ DType DTypeFromName(const std::string& name) {
   return DType::kUnspecified;
 }
 
+std::string TypeName(py::handle v) { return py::str(py::type::of(v).attr("__name__")); }
+
+// connect()'s option values: the Python type an option takes (TypeError otherwise), then
+// its range (InvalidArgument naming the option and the value).
+[[noreturn]] void ThrowType(const std::string& field, py::handle v, const char* want) {
+  throw py::type_error(absl::StrCat("connect(): ", field, " takes ", want, ", not ", TypeName(v)));
+}
+
 absl::Duration Seconds(py::handle v, const std::string& field) {
-  const double s = v.cast<double>();
+  if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr()))) {
+    ThrowType(field, v, "a number of seconds");
+  }
+  const double s = PyFloat_AsDouble(v.ptr());
   if (!std::isfinite(s) || s < 0) {
     ThrowInvalid(absl::StrCat(field, "=", s, ": a duration in seconds, finite and >= 0"));
   }
   return absl::Seconds(s);
+}
+
+int64_t Int(py::handle v, const std::string& field, int64_t lo, int64_t hi) {
+  if (PyBool_Check(v.ptr()) || !PyLong_Check(v.ptr())) ThrowType(field, v, "an int");
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow != 0 || x < lo || x > hi) {
+    ThrowInvalid(
+        absl::StrCat(field, "=", std::string(py::str(v)), " is outside [", lo, ", ", hi, "]"));
+  }
+  return x;
+}
+
+bool Bool(py::handle v, const std::string& field) {
+  if (!PyBool_Check(v.ptr())) ThrowType(field, v, "a bool");
+  return v.ptr() == Py_True;
+}
+
+std::string Str(py::handle v, const std::string& field) {
+  if (!py::isinstance<py::str>(v)) ThrowType(field, v, "a str");
+  return v.cast<std::string>();
+}
+
+// A file option: a str or an os.PathLike.
+std::string Path(py::handle v, const std::string& field) {
+  if (!py::isinstance<py::str>(v) && !py::hasattr(v, "__fspath__")) {
+    ThrowType(field, v, "a str or os.PathLike");
+  }
+  return Str(py::module_::import("os").attr("fspath")(v), field);
 }
 
 }  // namespace
@@ -67,37 +109,37 @@ ClientOptions ParseClientOptions(const py::kwargs& kwargs) {
   for (auto [key, value] : kwargs) {
     const std::string k = py::str(key);
     if (k == "client_name")
-      o.client_name = value.cast<std::string>();
+      o.client_name = Str(value, k);
     else if (k == "call_timeout")
       o.call_timeout = Seconds(value, k);
     else if (k == "connect_timeout")
       o.connect_timeout = Seconds(value, k);
     else if (k == "attach")
-      o.attach = value.cast<bool>();
+      o.attach = Bool(value, k);
     else if (k == "resume")
-      o.resume = value.cast<bool>();
+      o.resume = Bool(value, k);
     else if (k == "inline_tensors")
-      o.inline_tensors = value.cast<bool>();
+      o.inline_tensors = Bool(value, k);
     else if (k == "num_threads")
-      o.num_threads = value.cast<int>();
-    else if (k == "max_message_bytes")
-      o.max_message_bytes = value.cast<size_t>();
+      o.num_threads = int(Int(value, k, -1, INT_MAX));
+    else if (k == "max_message_bytes")  // Client::Connect checks the range it takes
+      o.max_message_bytes = size_t(Int(value, k, 0, INT64_MAX));
     else if (k == "arena_bytes")
-      o.arena_bytes = value.cast<size_t>();
+      o.arena_bytes = size_t(Int(value, k, 0, INT64_MAX));
     else if (k == "page_size")
-      o.page_size = value.cast<int>();
+      o.page_size = int(Int(value, k, 0, INT_MAX));
     else if (k == "tls_ca_file")
-      o.tls_ca_file = value.cast<std::string>();
+      o.tls_ca_file = Path(value, k);
     else if (k == "tls_cert_file")
-      o.tls_cert_file = value.cast<std::string>();
+      o.tls_cert_file = Path(value, k);
     else if (k == "tls_key_file")
-      o.tls_key_file = value.cast<std::string>();
+      o.tls_key_file = Path(value, k);
     else if (k == "tls_target_name")
-      o.tls_target_name = value.cast<std::string>();
+      o.tls_target_name = Str(value, k);
     else if (k == "auth_token")
-      o.auth_token = value.cast<std::string>();
+      o.auth_token = Str(value, k);
     else if (k == "auth_token_file")
-      o.auth_token_file = value.cast<std::string>();
+      o.auth_token_file = Path(value, k);
     else
       throw py::type_error(absl::StrCat("connect() got an unknown option '", k,
                                         "' (ClientOptions has no such field)"));

@@ -77,15 +77,27 @@ InTensor Check(InTensor in, const char* name, DType dtype, const std::string& dt
   return in;
 }
 
-InTensor FromBuffer(py::handle obj, const char* name);
+InTensor FromBuffer(py::handle obj, const char* name, Access access);
 
-InTensor FromDLPack(py::handle obj, const char* name) {
+[[noreturn]] void ThrowReadOnly(py::handle obj, const char* name, const char* why) {
+  ThrowInvalid(absl::StrCat(name, ": ", std::string(py::str(py::type::of(obj))), " is read-only (",
+                            why, "); the library writes into it: pass writable memory"));
+}
+
+InTensor FromDLPack(py::handle obj, const char* name, Access access) {
+  if (access == Access::kWrite) {  // numpy says so; DLPack 0.6 cannot
+    py::object flags = py::getattr(obj, "flags", py::none());
+    if (!flags.is_none() && py::hasattr(flags, "writeable") &&
+        !py::bool_(flags.attr("writeable"))) {
+      ThrowReadOnly(obj, name, "flags.writeable is False");
+    }
+  }
   py::object cap;
   try {
     cap = obj.attr("__dlpack__")();
   } catch (py::error_already_set& e) {
     // numpy refuses to export a read-only array through DLPack; its buffer still reads.
-    if (PyObject_CheckBuffer(obj.ptr())) return FromBuffer(obj, name);
+    if (PyObject_CheckBuffer(obj.ptr())) return FromBuffer(obj, name, access);
     ThrowInvalid(absl::StrCat(name, ": __dlpack__ failed: ", e.what()));
   }
   if (!PyCapsule_IsValid(cap.ptr(), kCapsuleName)) {
@@ -105,10 +117,13 @@ InTensor FromDLPack(py::handle obj, const char* name) {
                DeviceString(t.device), IsContiguous(t.ndim, t.shape, t.strides));
 }
 
-InTensor FromBuffer(py::handle obj, const char* name) {
+InTensor FromBuffer(py::handle obj, const char* name, Access access) {
   py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(obj.ptr()));
   if (!view) throw py::error_already_set();
   const Py_buffer* b = PyMemoryView_GET_BUFFER(view.ptr());
+  if (access == Access::kWrite && b->readonly) {
+    ThrowReadOnly(obj, name, "its buffer is read-only: a read-only memmap, bytes, ...");
+  }
   InTensor in;
   in.arg.shape.assign(b->shape, b->shape + b->ndim);
   in.arg.data = b->buf;
@@ -186,10 +201,10 @@ Tensor OwnVector(std::vector<T> v, std::vector<int64_t> shape, DLDataType dtype)
 
 }  // namespace
 
-InTensor ParseTensor(py::handle obj, const char* name) {
+InTensor ParseTensor(py::handle obj, const char* name, Access access) {
   if (obj.is_none()) ThrowInvalid(absl::StrCat(name, ": a tensor is required, got None"));
-  if (py::hasattr(obj, "__dlpack__")) return FromDLPack(obj, name);
-  if (PyObject_CheckBuffer(obj.ptr())) return FromBuffer(obj, name);
+  if (py::hasattr(obj, "__dlpack__")) return FromDLPack(obj, name, access);
+  if (PyObject_CheckBuffer(obj.ptr())) return FromBuffer(obj, name, access);
   ThrowInvalid(absl::StrCat(name, ": ", std::string(py::str(py::type::of(obj))),
                             " has neither __dlpack__ nor the buffer protocol"));
 }
@@ -257,10 +272,32 @@ py::object Like(py::handle like, Tensor t) {
 void BindTensor(py::module_& m) {
   py::class_<Tensor>(m, "Tensor",
                      "A typed view of memory the kvarena client owns or maps; consume it "
-                     "with torch.from_dlpack / numpy.from_dlpack (no copy).")
+                     "with torch.from_dlpack / numpy.from_dlpack / numpy.asarray (no copy).")
       .def(
           "__dlpack__", [](const Tensor& t, py::object /*stream*/) { return ToCapsule(t); },
           py::arg("stream") = py::none())
+      // np.asarray(t) / np.array(t): the same memory through numpy.from_dlpack (no copy
+      // unless dtype or copy ask for one). numpy has no bfloat16 and takes host memory only.
+      .def(
+          "__array__",
+          [](py::object self, py::object dtype, py::object copy) {
+            const Tensor& t = self.cast<const Tensor&>();
+            if (t.dtype.code == kDLBfloat) {
+              throw py::type_error(absl::StrCat(
+                  "kvarena.Tensor of dtype ", DTypeString(t.dtype),
+                  ": numpy has no bfloat16; take it with torch.from_dlpack(t) (no copy)"));
+            }
+            if (t.device.device_type != kDLCPU) {
+              throw py::type_error(absl::StrCat("kvarena.Tensor on ", DeviceString(t.device),
+                                                ": numpy takes host memory; take it with "
+                                                "torch.from_dlpack(t) (no copy)"));
+            }
+            py::object a = py::module_::import("numpy").attr("from_dlpack")(self);
+            if (!dtype.is_none()) a = a.attr("astype")(dtype, py::arg("copy") = false);
+            if (!copy.is_none() && py::bool_(copy)) a = a.attr("copy")();
+            return a;
+          },
+          py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("__dlpack_device__",
            [](const Tensor& t) {
              return py::make_tuple(int(t.device.device_type), t.device.device_id);

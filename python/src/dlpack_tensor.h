@@ -4,7 +4,11 @@
 // In: ParseTensor borrows any object with __dlpack__ (torch, numpy, a kvarena.Tensor) or
 // the buffer protocol as a TensorArg: host memory, C-contiguous, float32 / float16 /
 // bfloat16. The InTensor keeps the producer's capsule (or buffer) alive until it is
-// destroyed, so the TensorArg's data stays valid for the call it is passed to.
+// destroyed, so the TensorArg's data stays valid for the call it is passed to. A tensor
+// the library writes (Access::kWrite: DecodeBatch.run's out) must be writable memory as
+// its producer says: numpy's flags.writeable, the buffer protocol's readonly (a read-only
+// memmap, a view of bytes). DLPack 0.6 carries no read-only flag, so a torch tensor is
+// taken as writable (torch warns when it wraps read-only memory).
 //
 // Out: Tensor (kvarena.Tensor in Python) is a typed view of memory kept alive by `owner`
 // (a shared_ptr: the reply bytes of a call, or the cache handle whose client maps the
@@ -37,10 +41,13 @@ struct InTensor {
   pybind11::object keep;  // the DLPack capsule or buffer the data belongs to
 };
 
+// Whether the library only reads a tensor or also writes into it.
+enum class Access { kRead, kWrite };
+
 // `name` labels errors ("k", "q", ...). Raises InvalidArgument (nothing sent) for an
 // object with neither protocol, device memory, a non-contiguous or unsupported-dtype
-// tensor.
-InTensor ParseTensor(pybind11::handle obj, const char* name);
+// tensor, and, for kWrite, read-only memory.
+InTensor ParseTensor(pybind11::handle obj, const char* name, Access access = Access::kRead);
 
 struct Tensor {
   std::shared_ptr<const void> owner;  // keeps data alive

@@ -2,7 +2,8 @@
 // StatusError, which the module's translator raises as the kvarena.Error subclass of its
 // code (kvarena/_errors.py), carrying the daemon's message and .code. Bad Python input
 // found by the binding itself raises the same way (InvalidArgument, a ValueError) before
-// anything is sent.
+// anything is sent. A pybind11 cast error (a value of the wrong Python type) raises
+// TypeError rather than pybind11's bare RuntimeError.
 //
 // Blocking calls go through Blocking(): the GIL is released once around the C++ call and
 // the result is unwrapped after it is taken back, so no Python object is touched without

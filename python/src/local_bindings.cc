@@ -88,7 +88,7 @@ void BindDecodeBatch(py::module_& m) {
               fresh = NewTensor(b.geometry.dtype, s.q.arg.shape);
               buf = {fresh->data, fresh->nbytes()};
             } else {
-              out_in = ParseTensor(out, "out");
+              out_in = ParseTensor(out, "out", Access::kWrite);
               CheckQ(out_in, "out", b.geometry, b.batch->batch_size(), b.batch->tokens_per_step());
               if (out_in.arg.shape != s.q.arg.shape) ThrowInvalid("out: shape differs from q's");
               buf = {const_cast<void*>(out_in.arg.data), out_in.arg.bytes};
