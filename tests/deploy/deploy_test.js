@@ -9,9 +9,12 @@
 //    restartPolicy Always, no hostIPC / hostPID / hostNetwork, no hostPath in the sidecar
 //    form, probes on kvarenad, hardened securityContexts, a GPU for the CUDA backend, the
 //    metrics port, annotations and ServiceMonitor agreeing, sockets reachable by workers.
-// 3. Negative cases: a mutated copy of a render must fail each of those checks.
-// 4. deploy/Dockerfile promises what the manifests assume (uid, binary paths).
-// 5. With the built binaries: kvarenad starts with each rendered daemon's exact args (paths
+// 3. Every pod template meets the Pod Security Standards' baseline and restricted controls
+//    (pod_security.js), but for the fields pod_security_cases.js lists with their reasons.
+// 4. Negative cases: a mutated copy of a render must fail each of those checks (and each
+//    Pod Security control); changes the standard allows must pass it.
+// 5. deploy/Dockerfile promises what the manifests assume (uid, binary paths).
+// 6. With the built binaries: kvarenad starts with each rendered daemon's exact args (paths
 //    moved to a temp dir; --socket_group set to this process's gid; --backend=cuda run as
 //    host, there being no GPU here; a free metrics port on loopback; the Redis tier's seeds
 //    a loopback port nothing listens on, so the daemon must serve with the tier down, and
@@ -31,6 +34,8 @@ const YAML = require('yaml');
 const {StrictFields, schemaErrors} = require('./strict_fields');
 const {checkRender, checkMonitoring, parseArgs} = require('./invariants');
 const {freePort, waitExit, startDaemon, run, get} = require('./processes');
+const {kControls, podTemplates, unexcepted, describe} = require('./pod_security');
+const {kPodSecurityExceptions, podSecurityMutations} = require('./pod_security_cases');
 
 const kRoot = path.resolve(__dirname, '..', '..');
 const kKube = path.join(kRoot, 'deploy', 'kubernetes');
@@ -202,6 +207,31 @@ function mutations(gpu, daemonset, redis) {
   ];
 }
 
+// ---- the Pod Security Standards ----
+
+// A render's violations that kPodSecurityExceptions does not list, and listed exceptions it
+// no longer needs.
+function podSecurityErrors(rel, objects) {
+  const {unlisted, unused} = unexcepted(rel, objects, kPodSecurityExceptions);
+  return [...unlisted.map(describe),
+          ...unused.map((e) => `listed exception not needed: ${e.workload} ${e.container || ''} ${e.control} ${e.field}`)];
+}
+
+// One case of podSecurityMutations: the violation it expects is reported, or nothing is.
+function podSecurityCase(n) {
+  const {unlisted, unused} = unexcepted(n.overlay, n.objects, kPodSecurityExceptions);
+  const got = [...unlisted.map(describe), ...unused.map((e) => `unused exception: ${e.workload} ${e.container} ${e.control}`)];
+  const e = n.expect;
+  let found;
+  if (!e) found = got.length === 0;
+  else if (e.unused) found = unused.some((x) => x.container === e.unused);
+  else found = unlisted.some((v) => v.workload === e.workload && v.container === e.container && v.control === e.control);
+  if (found) return [];
+  const want = !e ? 'nothing reported' : e.unused ? `an unused exception of ${e.unused}` :
+      `${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`;
+  return [`expected ${want}, got:`, ...(got.length ? got : ['(none)'])];
+}
+
 // ---- the real daemon ----
 
 // One rendered kvarenad container run for real: what the kubelet would start and probe.
@@ -286,7 +316,18 @@ async function main() {
     if (expect.form === 'monitoring') continue;
     await check(`${rel}: invariants (${expect.form}, --backend=${expect.backend})`,
                 () => checkRender(renders[rel], expect, image));
+    const listed = kPodSecurityExceptions.filter((e) => e.overlays.includes(rel)).length;
+    await check(`${rel}: Pod Security Standards, ${kControls.length} baseline and restricted controls on ` +
+                `${podTemplates(renders[rel]).length} pod templates, ${listed} listed exceptions`,
+                () => podSecurityErrors(rel, renders[rel]));
   }
+  await check('every listed Pod Security exception names a kustomization, a control, a field and a reason', () =>
+    kPodSecurityExceptions.flatMap((e) => {
+      const bad = e.overlays.filter((o) => !kKustomizations[o]);
+      if (!kControls.some((c) => c.name === e.control)) bad.push(`control "${e.control}"`);
+      if (!e.field || !e.reason) bad.push('no field or reason');
+      return bad.map((b) => `${e.workload} ${e.control}: ${b}`);
+    }));
   if (renders.monitoring) {
     await check('monitoring: the ServiceMonitor selects every metrics Service by its port', () => {
       const services = Object.values(renders).flat().filter(
@@ -307,6 +348,17 @@ async function main() {
         return errors.some((e) => e.includes(n.expect)) ? [] :
             [`expected an error containing "${n.expect}", got:`, ...(errors.length ? errors : ['(none)'])];
       });
+    }
+  }
+
+  if (renders['overlays/gpu'] && renders.daemonset) {
+    const cases = podSecurityMutations(renders['overlays/gpu'], renders.daemonset);
+    await check('every Pod Security control has a negative case', () => kControls
+        .filter((c) => !cases.some((n) => n.expect && n.expect.control === c.name))
+        .map((c) => `no mutation is expected to fail "${c.name}"`));
+    for (const n of cases) {
+      await check(`pod security: ${n.what} ${n.expect ? 'is rejected' : 'passes'} (${n.overlay})`,
+                  () => podSecurityCase(n));
     }
   }
 
