@@ -82,6 +82,10 @@ function checkSecurity(pod, c, at, errors) {
   if (uid === undefined || uid === 0) errors.push(`${at}: runAsUser must be set and not 0`);
 }
 
+// kvarenad's probes ask grpc.health.v1.Health/Check for the server's status, the only way
+// they can: an exec of the image's CLI, `kvarena --address=<its Unix socket> --timeout=Ns
+// health`. A grpc:, httpGet or tcpSocket probe would need a TCP port, and kvarenad's only one
+// serves metrics, which answers while the daemon is NOT_SERVING.
 function checkProbes(c, flags, bin, at, errors) {
   const unix = (flags.get('listen') || '').split(',').find((a) => a.startsWith('unix:'));
   for (const name of ['startupProbe', 'readinessProbe', 'livenessProbe']) {
@@ -90,10 +94,21 @@ function checkProbes(c, flags, bin, at, errors) {
       errors.push(`${at}: no ${name}`);
       continue;
     }
-    const cmd = (p.exec && p.exec.command) || [];
+    const handlers = ['exec', 'grpc', 'httpGet', 'tcpSocket'].filter((h) => p[h]);
+    if (handlers.length !== 1 || handlers[0] !== 'exec') {
+      errors.push(`${at}: ${name} has ${handlers.join(' + ') || 'no'} handler; kvarenad has no TCP health port, so ` +
+                  `its probes are exactly one exec of \`${bin.kvarena} ... health\``);
+      continue;
+    }
+    const cmd = p.exec.command || [];
     if (cmd[0] !== bin.kvarena || cmd[cmd.length - 1] !== 'health') {
       errors.push(`${at}: ${name} must run \`${bin.kvarena} ... health\` (found ${JSON.stringify(cmd)})`);
       continue;
+    }
+    const other = cmd.slice(1, -1).filter((a) => !/^--(address|timeout)=/.test(a));
+    if (other.length) {
+      errors.push(`${at}: ${name} passes ${other.join(' ')}; the health check takes only --address and --timeout ` +
+                  '(the server\'s status, not one service\'s)');
     }
     if (!cmd.includes(`--address=${unix}`)) {
       errors.push(`${at}: ${name} does not check kvarenad's socket ${unix}`);
