@@ -34,8 +34,9 @@ const YAML = require('yaml');
 const {StrictFields, schemaErrors} = require('./strict_fields');
 const {checkRender, checkMonitoring, parseArgs} = require('./invariants');
 const {freePort, waitExit, startDaemon, run, get} = require('./processes');
-const {kControls, podTemplates, unexcepted, describe} = require('./pod_security');
-const {kPodSecurityExceptions, podSecurityMutations} = require('./pod_security_cases');
+const {kControls, podTemplates} = require('./pod_security');
+const {kPodSecurityExceptions, podSecurityMutations, podSecurityErrors, podSecurityCase} =
+    require('./pod_security_cases');
 
 const kRoot = path.resolve(__dirname, '..', '..');
 const kKube = path.join(kRoot, 'deploy', 'kubernetes');
@@ -217,31 +218,6 @@ function mutations(gpu, daemonset, redis) {
         return o;
       }),
   ];
-}
-
-// ---- the Pod Security Standards ----
-
-// A render's violations that kPodSecurityExceptions does not list, and listed exceptions it
-// no longer needs.
-function podSecurityErrors(rel, objects) {
-  const {unlisted, unused} = unexcepted(rel, objects, kPodSecurityExceptions);
-  return [...unlisted.map(describe),
-          ...unused.map((e) => `listed exception not needed: ${e.workload} ${e.container || ''} ${e.control} ${e.field}`)];
-}
-
-// One case of podSecurityMutations: the violation it expects is reported, or nothing is.
-function podSecurityCase(n) {
-  const {unlisted, unused} = unexcepted(n.overlay, n.objects, kPodSecurityExceptions);
-  const got = [...unlisted.map(describe), ...unused.map((e) => `unused exception: ${e.workload} ${e.container} ${e.control}`)];
-  const e = n.expect;
-  let found;
-  if (!e) found = got.length === 0;
-  else if (e.unused) found = unused.some((x) => x.container === e.unused);
-  else found = unlisted.some((v) => v.workload === e.workload && v.container === e.container && v.control === e.control);
-  if (found) return [];
-  const want = !e ? 'nothing reported' : e.unused ? `an unused exception of ${e.unused}` :
-      `${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`;
-  return [`expected ${want}, got:`, ...(got.length ? got : ['(none)'])];
 }
 
 // ---- the real daemon ----

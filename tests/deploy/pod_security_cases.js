@@ -9,7 +9,9 @@
 // (overlays/gpu and daemonset): each is {what, overlay, objects, expect}, expect being the
 // {workload, container, control} the checker must report (an unexcepted violation), null
 // where the change is allowed by the standard and nothing may be reported, or {unused} where
-// an exception must be reported as no longer needed.
+// an exception must be reported as no longer needed. podSecurityCase(case) returns [] when the
+// checker answers a case as expected; podSecurityErrors(overlay, objects) the render's
+// violations no exception lists and the exceptions it does not need.
 'use strict';
 
 const kDaemonSetForms = ['daemonset', 'redis-tier/daemonset'];
@@ -39,6 +41,8 @@ const kPodSecurityExceptions = [
   {overlays: kDaemonSetForms, workload: dsWorker, control: 'Volume Types',
    field: `${tpl}.volumes[0].hostPath`, value: kWorkerSocketDir, reason: kHostPathWhy},
 ];
+
+const {unexcepted, describe} = require('./pod_security');
 
 const clone = (x) => JSON.parse(JSON.stringify(x));
 
@@ -163,4 +167,27 @@ function podSecurityMutations(sidecar, daemonset) {
   ];
 }
 
-module.exports = {kPodSecurityExceptions, podSecurityMutations};
+// A render's violations that kPodSecurityExceptions does not list, and listed exceptions it
+// no longer needs.
+function podSecurityErrors(rel, objects) {
+  const {unlisted, unused} = unexcepted(rel, objects, kPodSecurityExceptions);
+  return [...unlisted.map(describe),
+          ...unused.map((e) => `listed exception not needed: ${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}: ${e.field}`)];
+}
+
+// One case of podSecurityMutations: the violation it expects is reported, or nothing is.
+function podSecurityCase(n) {
+  const {unlisted, unused} = unexcepted(n.overlay, n.objects, kPodSecurityExceptions);
+  const got = [...unlisted.map(describe), ...unused.map((e) => `unused exception: ${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`)];
+  const e = n.expect;
+  let found;
+  if (!e) found = got.length === 0;
+  else if (e.unused) found = unused.some((x) => x.container === e.unused);
+  else found = unlisted.some((v) => v.workload === e.workload && v.container === e.container && v.control === e.control);
+  if (found) return [];
+  const want = !e ? 'nothing reported' : e.unused ? `an unused exception of ${e.unused}` :
+      `${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`;
+  return [`expected ${want}, got:`, ...(got.length ? got : ['(none)'])];
+}
+
+module.exports = {kPodSecurityExceptions, podSecurityMutations, podSecurityErrors, podSecurityCase};
