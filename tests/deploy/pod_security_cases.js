@@ -172,18 +172,19 @@ function podSecurityMutations(sidecar, daemonset) {
 function podSecurityErrors(rel, objects) {
   const {unlisted, unused} = unexcepted(rel, objects, kPodSecurityExceptions);
   return [...unlisted.map(describe),
-          ...unused.map((e) => `listed exception not needed: ${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}: ${e.field}`)];
+          ...unused.map((e) => `listed exception not needed: ${describe(e)}`)];
 }
 
 // One case of podSecurityMutations: the violation it expects is reported, or nothing is.
 function podSecurityCase(n) {
   const {unlisted, unused} = unexcepted(n.overlay, n.objects, kPodSecurityExceptions);
-  const got = [...unlisted.map(describe), ...unused.map((e) => `unused exception: ${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`)];
+  const got = [...unlisted.map(describe), ...unused.map((e) => `listed exception not needed: ${describe(e)}`)];
   const e = n.expect;
   let found;
   if (!e) found = got.length === 0;
   else if (e.unused) found = unused.some((x) => x.container === e.unused);
-  else found = unlisted.some((v) => v.workload === e.workload && v.container === e.container && v.control === e.control);
+  else found = unlisted.some((v) => v.workload === e.workload && v.container === e.container &&
+                                    v.control === e.control);
   if (found) return [];
   const want = !e ? 'nothing reported' : e.unused ? `an unused exception of ${e.unused}` :
       `${e.workload}${e.container ? ` ${e.container}` : ''}: ${e.control}`;
