@@ -17,13 +17,13 @@ phase() {
   echo "test.sh: phase $name took $((SECONDS - t0))s"
 }
 npm_installs() {
-  if [ -f tests/node/package.json ]; then
-    (cd tests/node && npm install --no-audit --no-fund --loglevel=error)
-  fi
-  # The deploy manifests' test: the exact versions of its package-lock.json.
-  if [ -f tests/deploy/package-lock.json ]; then
-    (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  # The Node tests' clients: the exact versions of each package-lock.json.
+  local dir
+  for dir in tests/node tests/deploy; do
+    if [ -f "$dir/package-lock.json" ]; then
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 }
 tree_checks() {
   scripts/check-links
