@@ -12,6 +12,11 @@
 #include "daemon/byte_size.h"
 #include "daemon/socket_access.h"
 
+// CMake defines it from project(VERSION) (daemon/CMakeLists.txt); Bazel has no version.
+#ifndef KVARENA_VERSION
+#define KVARENA_VERSION "(unversioned: not built by CMake)"
+#endif
+
 namespace {
 // Every flag's default is its option's (daemon/server.h, core/kv_store.h): one place each.
 const kvarena::DaemonOptions kDefaults;
@@ -187,6 +192,8 @@ void ConfigureFlagsUsage() {
       "grpc.health.v1.Health, server reflection).\nUsage: kvarenad [--listen=unix:PATH,"
       "HOST:PORT] [--arena_bytes=1Gi] [flags]");
   absl::FlagsUsageConfig config;
+  // --version: CMake's project VERSION, the one the wheel (setup.py) and find_package see.
+  config.version_string = [] { return std::string("kvarenad " KVARENA_VERSION "\n"); };
   const auto ours = [](absl::string_view file) { return absl::StrContains(file, "daemon/"); };
   config.contains_help_flags = ours;
   config.contains_helpshort_flags = ours;
