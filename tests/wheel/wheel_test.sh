@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # wheel_test: the kvarena wheel, end to end (docs/python.md, "A wheel"):
 #   - `pip wheel . --no-build-isolation --no-index` of the source tree (setup.py: CMake
-#     into build/wheel, warm through ccache), with Debian's /usr/bin/python3;
+#     into build/wheel, or KVARENA_WHEEL_BUILD_DIR: under ctest the suite's own build), with
+#     Debian's /usr/bin/python3;
 #   - the wheel's name and contents: the extension, python/kvarena/*.py, kvarenad and the
 #     kvarena CLI (executable), the two console commands;
 #   - one version: CMakeLists.txt's project VERSION = the wheel's = `kvarenad --version`;
@@ -39,7 +40,7 @@ version=$(sed -n 's/^project(kvarena VERSION \([0-9.]*\)[ )].*/\1/p' "$src/CMake
 [ -n "$version" ] || fail "no project(kvarena VERSION ...) line in $src/CMakeLists.txt"
 tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 
-# The wheel, built in the source tree (build/wheel) as a user would.
+# The wheel, built from the source tree as a user would.
 t=$(now)
 (cd "$src" && PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip wheel . --no-build-isolation \
   --no-index --no-deps --no-cache-dir -w "$tmp/dist") >"$tmp/wheel.log" 2>&1 ||
