@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -90,13 +91,64 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileSynced(const std::string& path, absl::string_view value, absl::Time mtime) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return FileError(errno, "create", path);
+Fd& Fd::operator=(Fd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+std::string DirFd::PathOf(absl::string_view name) const { return absl::StrCat(path, "/", name); }
+
+absl::StatusOr<DirFd> OpenTierDir(const std::string& dir) {
+  Fd fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: cannot open directory ", dir, ": ", std::strerror(errno)));
+  }
+  return DirFd{std::move(fd), dir};
+}
+
+absl::StatusOr<DirFd> OpenSubdir(const DirFd& parent, absl::string_view name, bool create) {
+  const std::string entry(name);
+  const std::string path = parent.PathOf(name);
+  if (create) {
+    if (mkdirat(parent.fd.get(), entry.c_str(), 0755) == 0) {
+      SyncDir(parent);  // the new directory's entry, so its files outlive a crash
+    } else if (errno != EEXIST) {
+      return FileError(errno, "create directory", path);
+    }
+  }
+  Fd fd(openat(parent.fd.get(), entry.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() >= 0) return DirFd{std::move(fd), path};
+  const int err = errno;
+  if (err == ENOENT) return absl::NotFoundError(absl::StrCat("disk tier: no directory ", path));
+  struct stat st;
+  if ((err == ELOOP || err == ENOTDIR) &&
+      fstatat(parent.fd.get(), entry.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: ", path,
+                     S_ISLNK(st.st_mode) ? " is a symbolic link: not followed out of "
+                                         : " is not a directory in ",
+                     parent.path));
+  }
+  return FileError(err, "open directory", path);
+}
+
+absl::Status WriteFileSynced(const DirFd& dir, const std::string& name, absl::string_view value,
+                             absl::Time mtime) {
+  const int fd = openat(dir.fd.get(), name.c_str(),
+                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return FileError(errno, "create", dir.PathOf(name));
   const auto fail = [&](absl::string_view what) {
-    const absl::Status s = FileError(errno, what, path);
+    const absl::Status s = FileError(errno, what, dir.PathOf(name));
     CloseKeepingErrno(fd);
-    unlink(path.c_str());
+    unlinkat(dir.fd.get(), name.c_str(), 0);
     return s;
   };
   for (size_t done = 0; done < value.size();) {
@@ -109,55 +161,51 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view value, a
   if (futimens(fd, times) != 0) return fail("set the modification time of");
   if (fsync(fd) != 0) return fail("fsync");
   if (close(fd) != 0) {
-    const absl::Status s = FileError(errno, "close", path);
-    unlink(path.c_str());
+    const absl::Status s = FileError(errno, "close", dir.PathOf(name));
+    unlinkat(dir.fd.get(), name.c_str(), 0);
     return s;
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFileTouching(const std::string& path, uint64_t max_bytes,
-                                             absl::Time mtime) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT)
+absl::StatusOr<std::string> ReadFileTouching(const DirFd& dir, const std::string& name,
+                                             uint64_t max_bytes, absl::Time mtime) {
+  const std::string path = dir.PathOf(name);
+  // O_NONBLOCK: a FIFO planted under a chunk's name must not hang the open.
+  Fd fd(openat(dir.fd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0 && errno == ENOENT) {
     return absl::NotFoundError(absl::StrCat("disk tier: no file ", path));
-  if (fd < 0) return FileError(errno, "open", path);
+  }
+  if (fd.get() < 0 && errno == ELOOP) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: ", path, " is a symbolic link: not followed out of ", dir.path));
+  }
+  if (fd.get() < 0) return FileError(errno, "open", path);
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const absl::Status s = FileError(errno, "stat", path);
-    close(fd);
-    return s;
+  if (fstat(fd.get(), &st) != 0) return FileError(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("disk tier: ", path, " is not a regular file (mode ", st.st_mode, ")"));
   }
   if (uint64_t(st.st_size) > max_bytes) {
-    close(fd);
     return absl::DataLossError(absl::StrCat("disk tier: ", path, " holds ", st.st_size,
                                             " bytes, more than the limit of ", max_bytes));
   }
   std::string out(size_t(st.st_size), '\0');
   size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n = read(fd, out.data() + done, out.size() - done);
+    const ssize_t n = read(fd.get(), out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const absl::Status s = FileError(errno, "read", path);
-      close(fd);
-      return s;
-    }
+    if (n < 0) return FileError(errno, "read", path);
     if (n == 0) break;  // shorter than it was a moment ago: what is there
     done += size_t(n);
   }
   out.resize(done);
   const timespec times[2] = {{0, UTIME_OMIT}, absl::ToTimespec(mtime)};
-  futimens(fd, times);  // recency for the next start only: a failure loses nothing now
-  close(fd);
+  futimens(fd.get(), times);  // recency for the next start only: a failure loses nothing now
   return out;
 }
 
-void SyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  fsync(fd);
-  close(fd);
-}
+void SyncDir(const DirFd& dir) { fsync(dir.fd.get()); }
 
 }  // namespace kvarena

@@ -4,13 +4,15 @@
 //   <dir>/<first two hex digits of the key>/<32 hex digits of the key>.kvc
 //   <dir>/<ab>/<32 hex digits>.kvc.tmp.<pid>.<n>     (a file being written)
 //
-// Pure functions over the file system; thread-safe.
+// Every file is reached through its directory's descriptor, one component at a time,
+// with links never followed (DirFd). Functions over the file system; thread-safe.
 #ifndef KVARENA_TIERS_CHUNK_FILES_H_
 #define KVARENA_TIERS_CHUNK_FILES_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,19 +45,58 @@ absl::Status FileError(int err, absl::string_view what, absl::string_view path);
 // read-only file system).
 absl::Status MakeDirs(const std::string& dir);
 
-// Writes value to a new file at path (which must not exist), with modification time
-// mtime, and fsyncs it. On an error nothing is left at path.
-absl::Status WriteFileSynced(const std::string& path, absl::string_view value, absl::Time mtime);
+// An owned file descriptor (-1: none), closed when it goes. Move-only.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
 
-// The whole file at path, whose modification time then becomes mtime (its recency for
-// the next start). NOT_FOUND when there is none; DATA_LOSS when it is larger than
+ private:
+  int fd_ = -1;
+};
+
+// A directory held open, and its path (for messages only). Every call below names an
+// entry of one: a single path component, looked up in that directory and never followed
+// when it is a symbolic link, so nothing reaches outside the directory whatever is
+// renamed or linked in it meanwhile.
+struct DirFd {
+  Fd fd;
+  std::string path;
+
+  std::string PathOf(absl::string_view name) const;
+};
+
+// The tier's own directory, opened once (a link in dir itself is the operator's choice
+// and followed). FAILED_PRECONDITION when it cannot be opened as a directory.
+absl::StatusOr<DirFd> OpenTierDir(const std::string& dir);
+
+// The subdirectory `name` of parent, made (and parent fsync'd, so it outlives a crash)
+// when missing and create. NOT_FOUND when missing and !create; FAILED_PRECONDITION when
+// it is a symbolic link (not followed) or not a directory; INTERNAL for other errors;
+// each naming the path.
+absl::StatusOr<DirFd> OpenSubdir(const DirFd& parent, absl::string_view name, bool create);
+
+// Writes value to a new file `name` in dir (which must not exist), with modification time
+// mtime, and fsyncs it. On an error nothing is left under name.
+absl::Status WriteFileSynced(const DirFd& dir, const std::string& name, absl::string_view value,
+                             absl::Time mtime);
+
+// The whole file `name` in dir, whose modification time then becomes mtime (its recency
+// for the next start). NOT_FOUND when there is none; FAILED_PRECONDITION when it is a
+// symbolic link (not followed) or not a regular file; DATA_LOSS when it is larger than
 // max_bytes (no store wrote it).
-absl::StatusOr<std::string> ReadFileTouching(const std::string& path, uint64_t max_bytes,
-                                             absl::Time mtime);
+absl::StatusOr<std::string> ReadFileTouching(const DirFd& dir, const std::string& name,
+                                             uint64_t max_bytes, absl::Time mtime);
 
 // fsync of a directory, so the renames and unlinks in it survive a crash of the machine.
 // Best effort: the store holds what it holds whether or not this reaches the disk.
-void SyncDir(const std::string& dir);
+void SyncDir(const DirFd& dir);
 
 }  // namespace kvarena
 

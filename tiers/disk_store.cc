@@ -47,18 +47,21 @@ struct Found {
 class DiskStore final : public TierStore {
  public:
   DiskStore(std::string dir, uint64_t bytes_limit) : dir_(std::move(dir)), limit_(bytes_limit) {}
-  ~DiskStore() override {
-    if (lock_fd_ >= 0) close(lock_fd_);
-  }
 
   // Takes the directory's lock, removes temporary files, indexes the chunk files and
   // trims them to the limit.
   absl::Status Open(DiskStoreOpenReport* report) {
     *report = DiskStoreOpenReport{};
-    const std::string lock_path = absl::StrCat(dir_, "/", kLockFileName);
-    lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock_fd_ < 0) return FileError(errno, "open", lock_path);
-    if (flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    KVARENA_ASSIGN_OR_RETURN(root_, OpenTierDir(dir_));
+    const std::string lock_path = root_.PathOf(kLockFileName);
+    lock_ =
+        Fd(openat(root_.fd.get(), kLockFileName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (lock_.get() < 0 && errno == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "disk tier: ", lock_path, " is a symbolic link: not followed out of ", dir_));
+    }
+    if (lock_.get() < 0) return FileError(errno, "open", lock_path);
+    if (flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
       return absl::FailedPreconditionError(absl::StrCat("disk tier: ", dir_,
                                                         " is in use by another store (flock of ",
                                                         lock_path, "): ", std::strerror(errno)));
@@ -74,7 +77,7 @@ class DiskStore final : public TierStore {
       last_stamp_ = std::max(last_stamp_, f.mtime);
     }
     while (index_.bytes() > limit_) {
-      unlink(PathOf(index_.PopOldest().key).c_str());
+      RemoveFileLocked(index_.PopOldest().key);
       ++report->trimmed;
     }
     report->chunks = index_.size();
@@ -94,8 +97,13 @@ class DiskStore final : public TierStore {
       generation = e->value.generation;
       stamp = NextStampLocked();
     }
-    absl::StatusOr<std::string> value = ReadFileTouching(PathOf(key), limit_, stamp);
-    if (absl::IsNotFound(value.status())) {  // removed behind the index's back
+    absl::StatusOr<DirFd> fan_out = OpenSubdir(root_, FanOutName(key), /*create=*/false);
+    absl::StatusOr<std::string> value =
+        fan_out.ok() ? ReadFileTouching(*fan_out, ChunkFileName(key), limit_, stamp)
+                     : absl::StatusOr<std::string>(fan_out.status());
+    // Removed behind the index's back, or replaced by a link or something else: no
+    // longer a chunk this store holds.
+    if (absl::IsNotFound(value.status()) || absl::IsFailedPrecondition(value.status())) {
       absl::MutexLock lock(&mu_);
       const Index::Entry* e = index_.Find(key);
       if (e != nullptr && e->value.generation == generation) index_.Erase(key);
@@ -122,27 +130,23 @@ class DiskStore final : public TierStore {
       stamp = NextStampLocked();
       write = ++writes_;
     }
-    const std::string fan_out = absl::StrCat(dir_, "/", FanOutName(key));
-    if (mkdir(fan_out.c_str(), 0755) == 0) {
-      SyncDir(dir_);  // the new directory's entry, so its files outlive a crash
-    } else if (errno != EEXIST) {
-      return FileError(errno, "create directory", fan_out);
-    }
-    const std::string path = PathOf(key);
-    const std::string temp =
-        absl::StrCat(fan_out, "/", key.Hex(), kTempFileInfix, getpid(), ".", write);
-    KVARENA_RETURN_IF_ERROR(WriteFileSynced(temp, value, stamp));
+    KVARENA_ASSIGN_OR_RETURN(const DirFd fan_out,
+                             OpenSubdir(root_, FanOutName(key), /*create=*/true));
+    const std::string name = ChunkFileName(key);
+    const std::string temp = absl::StrCat(key.Hex(), kTempFileInfix, getpid(), ".", write);
+    KVARENA_RETURN_IF_ERROR(WriteFileSynced(fan_out, temp, value, stamp));
     {
       absl::MutexLock lock(&mu_);
-      if (rename(temp.c_str(), path.c_str()) != 0) {
-        const absl::Status s = FileError(errno, absl::StrCat("rename ", temp, " to"), path);
-        unlink(temp.c_str());
+      if (renameat(fan_out.fd.get(), temp.c_str(), fan_out.fd.get(), name.c_str()) != 0) {
+        const absl::Status s = FileError(
+            errno, absl::StrCat("rename ", fan_out.PathOf(temp), " to"), fan_out.PathOf(name));
+        unlinkat(fan_out.fd.get(), temp.c_str(), 0);
         return s;
       }
       index_.Erase(key);
       std::vector<Index::Entry> dropped;
       index_.MakeRoom(value.size(), limit_, &dropped);
-      for (const Index::Entry& e : dropped) unlink(PathOf(e.key).c_str());
+      for (const Index::Entry& e : dropped) RemoveFileLocked(e.key);
       index_.Insert(key, OnDisk{++generation_}, value.size());
     }
     SyncDir(fan_out);
@@ -151,7 +155,7 @@ class DiskStore final : public TierStore {
 
   void Erase(const ChunkKey& key) override {
     absl::MutexLock lock(&mu_);
-    if (index_.Erase(key)) unlink(PathOf(key).c_str());
+    if (index_.Erase(key)) RemoveFileLocked(key);
   }
 
   TierUsage Usage() const override {
@@ -160,8 +164,12 @@ class DiskStore final : public TierStore {
   }
 
  private:
-  std::string PathOf(const ChunkKey& key) const {
-    return absl::StrCat(dir_, "/", FanOutName(key), "/", ChunkFileName(key));
+  // Unlinks key's file, reached through its fan-out directory without following a link
+  // (a fan-out directory that is not one any more holds nothing of this store's).
+  // REQUIRES: mu_ held, so that the index and the directory agree.
+  void RemoveFileLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const absl::StatusOr<DirFd> fan_out = OpenSubdir(root_, FanOutName(key), /*create=*/false);
+    if (fan_out.ok()) unlinkat(fan_out->fd.get(), ChunkFileName(key).c_str(), 0);
   }
 
   // The modification time the next written or read file gets: now, but always later than
@@ -171,9 +179,10 @@ class DiskStore final : public TierStore {
     return last_stamp_;
   }
 
-  // Lists dir_: chunk files into *found, temporary files removed, the rest counted.
+  // Lists dir_: chunk files into *found, temporary files removed, the rest counted. Each
+  // entry is looked up in its directory's descriptor and never followed as a link.
   absl::Status Scan(std::vector<Found>* found, DiskStoreOpenReport* report) {
-    DirPtr top(opendir(dir_.c_str()), &closedir);
+    DirPtr top = ListDir(root_);
     if (top == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("disk tier: cannot read directory ", dir_, ": ", std::strerror(errno)));
@@ -181,22 +190,22 @@ class DiskStore final : public TierStore {
     while (const dirent* d = readdir(top.get())) {
       const absl::string_view name = d->d_name;
       if (name == "." || name == ".." || name == kLockFileName) continue;
-      const std::string sub = absl::StrCat(dir_, "/", name);
-      struct stat st;
-      DirPtr fan_out(nullptr, &closedir);
-      if (!IsFanOutName(name) || lstat(sub.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
-          (fan_out = DirPtr(opendir(sub.c_str()), &closedir)) == nullptr) {
+      absl::StatusOr<DirFd> fan_out(absl::UnknownError(""));
+      DirPtr files(nullptr, &closedir);
+      if (!IsFanOutName(name) || !(fan_out = OpenSubdir(root_, name, /*create=*/false)).ok() ||
+          (files = ListDir(*fan_out)) == nullptr) {
         ++report->foreign_files;
         continue;
       }
-      while (const dirent* f = readdir(fan_out.get())) {
-        const absl::string_view file = f->d_name;
+      while (const dirent* f = readdir(files.get())) {
+        const std::string file = f->d_name;
         if (file == "." || file == "..") continue;
-        const std::string path = absl::StrCat(sub, "/", file);
         const std::optional<ChunkKey> key = ParseChunkFileName(file);
-        if (IsTempFileName(file) && unlink(path.c_str()) == 0) {
+        struct stat st;
+        if (IsTempFileName(file) && unlinkat(fan_out->fd.get(), file.c_str(), 0) == 0) {
           ++report->temp_files_removed;
-        } else if (key && FanOutName(*key) == name && lstat(path.c_str(), &st) == 0 &&
+        } else if (key && FanOutName(*key) == name &&
+                   fstatat(fan_out->fd.get(), file.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                    S_ISREG(st.st_mode)) {
           found->push_back(Found{*key, uint64_t(st.st_size), absl::TimeFromTimespec(st.st_mtim)});
         } else {
@@ -207,9 +216,20 @@ class DiskStore final : public TierStore {
     return absl::OkStatus();
   }
 
+  // A listing of dir (through a descriptor of its own, so dir's is left as it is); null
+  // with errno set on an error.
+  static DirPtr ListDir(const DirFd& dir) {
+    const int fd = openat(dir.fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return DirPtr(nullptr, &closedir);
+    DIR* listing = fdopendir(fd);
+    if (listing == nullptr) close(fd);
+    return DirPtr(listing, &closedir);
+  }
+
   const std::string dir_;
   const uint64_t limit_;
-  int lock_fd_ = -1;
+  DirFd root_;  // dir_, held open: every file is reached through it
+  Fd lock_;     // root_'s LOCK, flocked
   mutable absl::Mutex mu_;
   Index index_ ABSL_GUARDED_BY(mu_);
   absl::Time last_stamp_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

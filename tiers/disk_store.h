@@ -2,8 +2,11 @@
 // restart (docs/tiers.md). Each chunk is one file, <dir>/<ab>/<key hex>.kvc
 // (tiers/chunk_files.h), written to a temporary name, fsync'd and renamed into place, so
 // a process killed mid-write leaves at worst a temporary file, which the next open
-// removes. At open the store indexes the chunk files it finds (recency from their
-// modification times, which Put and Get set) and trims them to the limit.
+// removes. Every file is reached through the directory held open, one component at a
+// time, and a symbolic link below it is never followed: a fan-out directory or a chunk
+// file that is a link is a miss, a refused write, or foreign at open. At open the store
+// indexes the chunk files it finds (recency from their modification times, which Put and
+// Get set) and trims them to the limit.
 //
 // Put drops least recently used files to make room (the disk is the lowest local tier:
 // nothing is handed on). Get returns a file's bytes as they are: verification is the
@@ -37,7 +40,8 @@ struct DiskStoreOpenReport {
 // A disk store over dir (created, with its parents, when missing) holding at most
 // bytes_limit bytes of chunk files (their sizes). Medium "disk". INVALID_ARGUMENT when
 // bytes_limit is 0, dir is empty or not a directory; FAILED_PRECONDITION when dir cannot
-// be made or read, or another open store holds it; each naming the path and the reason.
+// be made or read, its LOCK is a symbolic link, or another open store holds it; each
+// naming the path and the reason.
 absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
                                                          uint64_t bytes_limit,
                                                          DiskStoreOpenReport* report = nullptr);

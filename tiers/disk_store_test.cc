@@ -310,6 +310,130 @@ TEST_F(DiskStoreTest, AFailedWriteIsResourceExhaustedAndLeavesNoFile) {
   EXPECT_EQ(report_.chunks, 1);
 }
 
+// Links out of the directory: a fan-out directory or a chunk file replaced by a symbolic
+// link (to a directory or file outside) is never followed, by any operation.
+class DiskStoreLinkTest : public DiskStoreTest {
+ protected:
+  void SetUp() override {
+    DiskStoreTest::SetUp();
+    ASSERT_TRUE(std::filesystem::create_directories(outside_));
+  }
+  std::string FanOutOf(int i) const { return dir_ + "/" + FanOutName(TestKey(i)); }
+  std::string OutsidePathOf(int i) const { return outside_ + "/" + ChunkFileName(TestKey(i)); }
+  // Moves key i's fan-out directory away and puts a link to outside_ in its place.
+  void LinkFanOutOutside(int i) {
+    const std::string moved = tmp_.path() + "/moved-" + FanOutName(TestKey(i));
+    ASSERT_EQ(rename(FanOutOf(i).c_str(), moved.c_str()), 0);
+    ASSERT_EQ(symlink(outside_.c_str(), FanOutOf(i).c_str()), 0);
+  }
+  // The names in outside_, with their contents.
+  std::set<std::string> Outside() const {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(outside_)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      out.insert(e.path().filename().string() + "=" +
+                 std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    return out;
+  }
+  int64_t MtimeOf(const std::string& path) const {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0
+               ? int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec
+               : -1;
+  }
+
+  const std::string outside_ = tmp_.path() + "/outside";
+};
+
+TEST_F(DiskStoreLinkTest, PutDoesNotWriteThroughALinkedFanOutDirectory) {
+  ASSERT_EQ(symlink(outside_.c_str(), FanOutOf(1).c_str()), 0);
+  EXPECT_THAT(store_->Put(TestKey(1), TestValue(1, 100), nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(FanOutOf(1)), HasSubstr("symbolic link"))));
+  EXPECT_THAT(Outside(), IsEmpty());
+  EXPECT_FALSE(store_->Contains(TestKey(1)));
+  EXPECT_EQ(store_->Usage().bytes_used, 0u);
+}
+
+TEST_F(DiskStoreLinkTest, GetDoesNotReadThroughALinkedFanOutDirectory) {
+  Put(1, 100);
+  LinkFanOutOutside(1);
+  WriteFile(OutsidePathOf(1), TestValue(1, 100, /*version=*/1));  // valid-looking
+  const int64_t mtime = MtimeOf(OutsidePathOf(1));
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr(FanOutOf(1)), HasSubstr("symbolic link"))));
+  EXPECT_EQ(MtimeOf(OutsidePathOf(1)), mtime);  // not even touched
+  EXPECT_FALSE(store_->Contains(TestKey(1)));   // and no longer counted
+  EXPECT_EQ(store_->Usage().bytes_used, 0u);
+}
+
+TEST_F(DiskStoreLinkTest, EraseAndEvictionDoNotUnlinkThroughALinkedFanOutDirectory) {
+  Put(1, 100);
+  Put(2, 100);
+  Put(3, 100);
+  LinkFanOutOutside(1);
+  LinkFanOutOutside(2);
+  WriteFile(OutsidePathOf(1), "outside one");
+  WriteFile(OutsidePathOf(2), "outside two");
+  store_->Erase(TestKey(1));
+  const ChunkKey elsewhere{0xffull << 56, 7};  // in another fan-out directory
+  for (int i : {1, 2, 3}) ASSERT_NE(FanOutName(elsewhere), FanOutName(TestKey(i)));
+  EXPECT_THAT(store_->Put(elsewhere, TestValue(4, 150), nullptr), IsOk());  // evicts 2
+  EXPECT_FALSE(store_->Contains(TestKey(2)));
+  EXPECT_TRUE(store_->Contains(elsewhere));
+  EXPECT_THAT(Outside(), (std::set<std::string>{ChunkFileName(TestKey(1)) + "=outside one",
+                                                ChunkFileName(TestKey(2)) + "=outside two"}));
+}
+
+TEST_F(DiskStoreLinkTest, OpenDoesNotScanTrimOrCleanThroughALinkedFanOutDirectory) {
+  Put(1, 100);
+  store_.reset();
+  LinkFanOutOutside(1);
+  WriteFile(OutsidePathOf(1), TestValue(1, 100));
+  const std::string temp = outside_ + "/" + TestKey(2).Hex() + ".kvc.tmp.4242.7";
+  WriteFile(temp, "half a chunk");
+  Open(50);  // anything it indexed would have to go
+  EXPECT_EQ(report_.chunks, 0);
+  EXPECT_EQ(report_.temp_files_removed, 0);
+  EXPECT_EQ(report_.foreign_files, 1);
+  EXPECT_EQ(Outside(), (std::set<std::string>{ChunkFileName(TestKey(1)) + "=" + TestValue(1, 100),
+                                              TestKey(2).Hex() + ".kvc.tmp.4242.7=half a chunk"}));
+}
+
+TEST_F(DiskStoreLinkTest, ALinkedLockFileIsRefused) {
+  store_.reset();
+  ASSERT_EQ(unlink((dir_ + "/LOCK").c_str()), 0);  // the old store's LOCK was a file
+  ASSERT_EQ(symlink((outside_ + "/LOCK").c_str(), (dir_ + "/LOCK").c_str()), 0);
+  EXPECT_THAT(OpenDiskStore(dir_, 300),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(dir_ + "/LOCK"), HasSubstr("symbolic link"))));
+  EXPECT_THAT(Outside(), IsEmpty());
+}
+
+TEST_F(DiskStoreLinkTest, ALinkedChunkFileIsNotReadNorFollowedOnDelete) {
+  Put(1, 100);
+  Put(2, 100);
+  for (int i : {1, 2}) {
+    WriteFile(OutsidePathOf(i), TestValue(i, 100, /*version=*/1));
+    ASSERT_EQ(unlink(PathOf(i).c_str()), 0);
+    ASSERT_EQ(symlink(OutsidePathOf(i).c_str(), PathOf(i).c_str()), 0);
+  }
+  const int64_t mtime = MtimeOf(OutsidePathOf(1));
+  EXPECT_THAT(Get(1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr(PathOf(1)), HasSubstr("symbolic link"))));
+  EXPECT_EQ(MtimeOf(OutsidePathOf(1)), mtime);
+  EXPECT_FALSE(store_->Contains(TestKey(1)));
+  store_->Erase(TestKey(2));  // the link goes, not what it names
+  EXPECT_FALSE(std::filesystem::is_symlink(PathOf(2)));
+  EXPECT_EQ(Outside(),
+            (std::set<std::string>{ChunkFileName(TestKey(1)) + "=" + TestValue(1, 100, 1),
+                                   ChunkFileName(TestKey(2)) + "=" + TestValue(2, 100, 1)}));
+  Open(300);  // a link under a chunk's name is foreign
+  EXPECT_EQ(report_.chunks, 0);
+  EXPECT_EQ(report_.foreign_files, 1);
+}
+
 TEST_F(DiskStoreTest, ConcurrentGetsAndPutsSeeOnlyWholeFiles) {
   Open(4000);  // about a third of the 64 stress values
   const uint32_t seed = ::kvarena::testing::TestSeed();
