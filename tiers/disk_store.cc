@@ -46,12 +46,14 @@ struct Found {
 
 class DiskStore final : public TierStore {
  public:
-  DiskStore(std::string dir, uint64_t bytes_limit) : dir_(std::move(dir)), limit_(bytes_limit) {}
+  DiskStore(std::string dir, DiskStoreOptions options)
+      : dir_(std::move(dir)), limit_(options.bytes_limit), options_(std::move(options)) {}
 
   // Takes the directory's lock, removes temporary files, indexes the chunk files and
   // trims them to the limit.
-  absl::Status Open(DiskStoreOpenReport* report) {
-    *report = DiskStoreOpenReport{};
+  absl::Status Open() {
+    DiskStoreOpenReport report_storage;
+    DiskStoreOpenReport* report = &report_storage;
     KVARENA_ASSIGN_OR_RETURN(root_, OpenTierDir(dir_));
     const std::string lock_path = root_.PathOf(kLockFileName);
     lock_ =
@@ -77,11 +79,13 @@ class DiskStore final : public TierStore {
       last_stamp_ = std::max(last_stamp_, f.mtime);
     }
     while (index_.bytes() > limit_) {
+      if (options_.TEST_before_trim_step) options_.TEST_before_trim_step();
       RemoveFileLocked(index_.PopOldest().key);
       ++report->trimmed;
     }
     report->chunks = index_.size();
     report->bytes = index_.bytes();
+    if (options_.on_opened) options_.on_opened(*report);
     return absl::OkStatus();
   }
 
@@ -175,7 +179,7 @@ class DiskStore final : public TierStore {
   // The modification time the next written or read file gets: now, but always later than
   // the last one given, so the order survives in the files even within a clock tick.
   absl::Time NextStampLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    last_stamp_ = std::max(absl::Now(), last_stamp_ + absl::Nanoseconds(1));
+    last_stamp_ = std::max(options_.clock->Now(), last_stamp_ + absl::Nanoseconds(1));
     return last_stamp_;
   }
 
@@ -228,6 +232,7 @@ class DiskStore final : public TierStore {
 
   const std::string dir_;
   const uint64_t limit_;
+  const DiskStoreOptions options_;
   DirFd root_;  // dir_, held open: every file is reached through it
   Fd lock_;     // root_'s LOCK, flocked
   mutable absl::Mutex mu_;
@@ -240,17 +245,22 @@ class DiskStore final : public TierStore {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
-                                                         uint64_t bytes_limit,
-                                                         DiskStoreOpenReport* report) {
-  if (bytes_limit == 0) {
+                                                         DiskStoreOptions options) {
+  if (options.bytes_limit == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("disk tier: bytes_limit is 0 for ", dir, ": nothing would fit"));
   }
   KVARENA_RETURN_IF_ERROR(MakeDirs(dir));
-  DiskStoreOpenReport ignored;
-  auto store = std::make_unique<DiskStore>(dir, bytes_limit);
-  KVARENA_RETURN_IF_ERROR(store->Open(report != nullptr ? report : &ignored));
+  auto store = std::make_unique<DiskStore>(dir, std::move(options));
+  KVARENA_RETURN_IF_ERROR(store->Open());
   return store;
+}
+
+absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
+                                                         uint64_t bytes_limit) {
+  DiskStoreOptions options;
+  options.bytes_limit = bytes_limit;
+  return OpenDiskStore(dir, std::move(options));
 }
 
 }  // namespace kvarena

@@ -20,15 +20,17 @@
 #define KVARENA_TIERS_DISK_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/clock.h"
 #include "core/tier_store.h"
 
 namespace kvarena {
 
-// What OpenDiskStore found in the directory.
+// What the open found in the directory, and what its trim removed.
 struct DiskStoreOpenReport {
   int64_t chunks = 0;              // chunk files indexed, after trimming
   uint64_t bytes = 0;              // their bytes
@@ -37,14 +39,26 @@ struct DiskStoreOpenReport {
   int64_t trimmed = 0;             // chunk files removed to fit bytes_limit
 };
 
-// A disk store over dir (created, with its parents, when missing) holding at most
-// bytes_limit bytes of chunk files (their sizes). Medium "disk". INVALID_ARGUMENT when
-// bytes_limit is 0, dir is empty or not a directory; FAILED_PRECONDITION when dir cannot
-// be made or read, its LOCK is a symbolic link, or another open store holds it; each
-// naming the path and the reason.
+struct DiskStoreOptions {
+  // Bytes of chunk files (their sizes) the store may hold; more than 0.
+  uint64_t bytes_limit = 0;
+  // Where the files' stamps (their modification times) come from; outlives the store.
+  Clock* clock = RealClock();
+  // Called once, when the open's scan and trim are done, with what they found and did.
+  std::function<void(const DiskStoreOpenReport&)> on_opened;
+  // Test only: called before each file the open's trim removes.
+  std::function<void()> TEST_before_trim_step;
+};
+
+// A disk store over dir (created, with its parents, when missing). Medium "disk".
+// INVALID_ARGUMENT when bytes_limit is 0, dir is empty or not a directory;
+// FAILED_PRECONDITION when dir cannot be made or read, its LOCK is a symbolic link, or
+// another open store holds it; each naming the path and the reason.
 absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
-                                                         uint64_t bytes_limit,
-                                                         DiskStoreOpenReport* report = nullptr);
+                                                         DiskStoreOptions options);
+// The same with the default options and this limit.
+absl::StatusOr<std::unique_ptr<TierStore>> OpenDiskStore(const std::string& dir,
+                                                         uint64_t bytes_limit);
 
 }  // namespace kvarena
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/status_matchers.h"
@@ -46,11 +47,20 @@ class DiskStoreTest : public ::testing::Test {
     ASSERT_FALSE(tmp_.path().empty());
     Open(300);
   }
+  // A store over dir_ whose open (scan and trim) is done.
   void Open(uint64_t limit) {
     store_.reset();  // the directory's lock goes with it
-    absl::StatusOr<std::unique_ptr<TierStore>> s = OpenDiskStore(dir_, limit, &report_);
+    auto opened = std::make_shared<absl::Notification>();
+    DiskStoreOptions options;
+    options.bytes_limit = limit;
+    options.on_opened = [this, opened](const DiskStoreOpenReport& r) {
+      report_ = r;
+      opened->Notify();
+    };
+    absl::StatusOr<std::unique_ptr<TierStore>> s = OpenDiskStore(dir_, std::move(options));
     ASSERT_THAT(s, IsOk());
     store_ = std::move(s).value();
+    opened->WaitForNotification();
   }
   void Put(int i, size_t bytes, int version = 0) {
     std::vector<EvictedChunk> evicted;
@@ -290,8 +300,13 @@ TEST_F(DiskStoreTest, AFailedWriteIsResourceExhaustedAndLeavesNoFile) {
     signal(SIGXFSZ, SIG_IGN);
     const rlimit limit = {64, 64};
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
-    absl::StatusOr<std::unique_ptr<TierStore>> store = OpenDiskStore(dir_, 300);
+    absl::Notification opened;
+    DiskStoreOptions options;
+    options.bytes_limit = 300;
+    options.on_opened = [&opened](const DiskStoreOpenReport&) { opened.Notify(); };
+    absl::StatusOr<std::unique_ptr<TierStore>> store = OpenDiskStore(dir_, std::move(options));
     if (!store.ok()) _exit(3);
+    opened.WaitForNotification();  // else the Put is refused for that
     const absl::Status s = (*store)->Put(TestKey(2), TestValue(2, 200), nullptr);
     std::fprintf(stderr, "child: Put: %s\n", s.ToString().c_str());
     if (!absl::IsResourceExhausted(s)) _exit(4);
