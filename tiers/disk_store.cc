@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -48,12 +50,15 @@ class DiskStore final : public TierStore {
  public:
   DiskStore(std::string dir, DiskStoreOptions options)
       : dir_(std::move(dir)), limit_(options.bytes_limit), options_(std::move(options)) {}
+  ~DiskStore() override {
+    stop_.store(true);
+    if (opener_.joinable()) opener_.join();
+  }
 
-  // Takes the directory's lock, removes temporary files, indexes the chunk files and
-  // trims them to the limit.
+  // Opens the directory, takes its lock and starts the thread that indexes the chunk
+  // files and trims them to the limit (OpenInBackground): work that does not grow with
+  // the files there.
   absl::Status Open() {
-    DiskStoreOpenReport report_storage;
-    DiskStoreOpenReport* report = &report_storage;
     KVARENA_ASSIGN_OR_RETURN(root_, OpenTierDir(dir_));
     const std::string lock_path = root_.PathOf(kLockFileName);
     lock_ =
@@ -68,24 +73,12 @@ class DiskStore final : public TierStore {
                                                         " is in use by another store (flock of ",
                                                         lock_path, "): ", std::strerror(errno)));
     }
-    std::vector<Found> found;
-    KVARENA_RETURN_IF_ERROR(Scan(&found, report));
-    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-      return std::tie(a.mtime, a.key.high, a.key.low) < std::tie(b.mtime, b.key.high, b.key.low);
-    });
-    absl::MutexLock lock(&mu_);
-    for (const Found& f : found) {
-      index_.Insert(f.key, OnDisk{++generation_}, f.bytes);
-      last_stamp_ = std::max(last_stamp_, f.mtime);
+    DirPtr top = ListDir(root_);
+    if (top == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("disk tier: cannot read directory ", dir_, ": ", std::strerror(errno)));
     }
-    while (index_.bytes() > limit_) {
-      if (options_.TEST_before_trim_step) options_.TEST_before_trim_step();
-      RemoveFileLocked(index_.PopOldest().key);
-      ++report->trimmed;
-    }
-    report->chunks = index_.size();
-    report->bytes = index_.bytes();
-    if (options_.on_opened) options_.on_opened(*report);
+    opener_ = std::thread([this, top = std::move(top)]() mutable { OpenInBackground(top.get()); });
     return absl::OkStatus();
   }
 
@@ -131,6 +124,7 @@ class DiskStore final : public TierStore {
     uint64_t write = 0;
     {
       absl::MutexLock lock(&mu_);
+      if (phase_ != Phase::kReady) return NotReadyLocked(key, value.size());
       stamp = NextStampLocked();
       write = ++writes_;
     }
@@ -183,15 +177,66 @@ class DiskStore final : public TierStore {
     return last_stamp_;
   }
 
-  // Lists dir_: chunk files into *found, temporary files removed, the rest counted. Each
-  // entry is looked up in its directory's descriptor and never followed as a link.
-  absl::Status Scan(std::vector<Found>* found, DiskStoreOpenReport* report) {
-    DirPtr top = ListDir(root_);
-    if (top == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("disk tier: cannot read directory ", dir_, ": ", std::strerror(errno)));
+  // On the store's thread: indexes the chunk files (Scan) oldest first, then removes the
+  // oldest until they fit the limit, one file a step under the lock, so that lookups go
+  // on between steps and see an index that agrees with the directory. Put is refused
+  // until then (NotReadyLocked). Stops early when the store goes.
+  void OpenInBackground(DIR* top) {
+    DiskStoreOpenReport report;
+    std::vector<Found> found;
+    Scan(top, &found, &report);
+    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+      return std::tie(a.mtime, a.key.high, a.key.low) < std::tie(b.mtime, b.key.high, b.key.low);
+    });
+    {
+      absl::MutexLock lock(&mu_);
+      for (const Found& f : found) {  // nothing else is indexed yet: Put waits for kReady
+        index_.Insert(f.key, OnDisk{++generation_}, f.bytes);
+        last_stamp_ = std::max(last_stamp_, f.mtime);
+      }
+      phase_ = Phase::kTrimming;
     }
-    while (const dirent* d = readdir(top.get())) {
+    found = {};
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (index_.bytes() <= limit_) break;
+      }
+      if (stop_.load()) return;
+      if (options_.TEST_before_trim_step) options_.TEST_before_trim_step();
+      absl::MutexLock lock(&mu_);
+      if (index_.bytes() > limit_) {  // Gets may have dropped files meanwhile
+        RemoveFileLocked(index_.PopOldest().key);
+        ++report.trimmed;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      phase_ = Phase::kReady;
+      report.chunks = index_.size();
+      report.bytes = index_.bytes();
+    }
+    if (options_.on_opened) options_.on_opened(report);
+  }
+
+  // Why a Put before the open's work is done is refused (the tier's bytes are not known
+  // to fit the limit yet): RESOURCE_EXHAUSTED, a write the caller drops, as for a full tier.
+  absl::Status NotReadyLocked(const ChunkKey& key, size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const std::string why =
+        phase_ == Phase::kScanning
+            ? "is still being indexed"
+            : absl::StrCat("holds ", index_.bytes(), " bytes, over its limit of ", limit_,
+                           ", until the trim at open is done");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "disk tier: ", dir_, " ", why, ": chunk ", key.Hex(), " of ", bytes, " bytes not written"));
+  }
+
+  // Lists top (dir_): chunk files into *found, temporary files removed, the rest counted.
+  // Each entry is looked up in its directory's descriptor, never followed as a link.
+  void Scan(DIR* top, std::vector<Found>* found, DiskStoreOpenReport* report) {
+    while (const dirent* d = readdir(top)) {
+      if (stop_.load()) return;
       const absl::string_view name = d->d_name;
       if (name == "." || name == ".." || name == kLockFileName) continue;
       absl::StatusOr<DirFd> fan_out(absl::UnknownError(""));
@@ -217,7 +262,6 @@ class DiskStore final : public TierStore {
         }
       }
     }
-    return absl::OkStatus();
   }
 
   // A listing of dir (through a descriptor of its own, so dir's is left as it is); null
@@ -236,10 +280,16 @@ class DiskStore final : public TierStore {
   DirFd root_;  // dir_, held open: every file is reached through it
   Fd lock_;     // root_'s LOCK, flocked
   mutable absl::Mutex mu_;
+  // Scanning: the open's thread lists the files, the index is empty. Trimming: indexed,
+  // perhaps over the limit. Ready: within it, Put accepted.
+  enum class Phase { kScanning, kTrimming, kReady };
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kScanning;
   Index index_ ABSL_GUARDED_BY(mu_);
   absl::Time last_stamp_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> stop_{false};  // the store is going: the open's thread returns
+  std::thread opener_;             // OpenInBackground; last, so it starts after the rest
 };
 
 }  // namespace

@@ -4,9 +4,12 @@
 // a process killed mid-write leaves at worst a temporary file, which the next open
 // removes. Every file is reached through the directory held open, one component at a
 // time, and a symbolic link below it is never followed: a fan-out directory or a chunk
-// file that is a link is a miss, a refused write, or foreign at open. At open the store
-// indexes the chunk files it finds (recency from their modification times, which Put and
-// Get set) and trims them to the limit.
+// file that is a link is a miss, a refused write, or foreign at open.
+//
+// The open returns at once; the store's own thread then indexes the chunk files it finds
+// (recency from their modification times, which Put and Get set) and trims them to the
+// limit, oldest first. Until that is done a Get misses what is not indexed yet and a Put
+// is RESOURCE_EXHAUSTED (dropped, as for a full tier), so the limit holds throughout.
 //
 // Put drops least recently used files to make room (the disk is the lowest local tier:
 // nothing is handed on). Get returns a file's bytes as they are: verification is the
@@ -15,7 +18,7 @@
 //
 // Thread-safe. Reads and writes of file contents happen outside the index lock; the
 // rename or unlink that changes which files exist happens under it, so the index and
-// the directory agree.
+// the directory agree. Destroying the store stops and joins its thread.
 #ifndef KVARENA_TIERS_DISK_STORE_H_
 #define KVARENA_TIERS_DISK_STORE_H_
 
@@ -44,9 +47,11 @@ struct DiskStoreOptions {
   uint64_t bytes_limit = 0;
   // Where the files' stamps (their modification times) come from; outlives the store.
   Clock* clock = RealClock();
-  // Called once, when the open's scan and trim are done, with what they found and did.
+  // Called once, on the store's own thread, when the open's scan and trim are done, with
+  // what they found and did; not called when the store goes first.
   std::function<void(const DiskStoreOpenReport&)> on_opened;
-  // Test only: called before each file the open's trim removes.
+  // Test only: called on the store's thread, without its lock, before each file the
+  // open's trim removes.
   std::function<void()> TEST_before_trim_step;
 };
 

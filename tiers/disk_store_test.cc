@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <utime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -323,6 +325,70 @@ TEST_F(DiskStoreTest, AFailedWriteIsResourceExhaustedAndLeavesNoFile) {
   Open(300);
   EXPECT_EQ(report_.temp_files_removed, 0);
   EXPECT_EQ(report_.chunks, 1);
+}
+
+// Opening over many files with a limit far below them returns before any is removed; the
+// trim runs on the store's thread, one file a step, and meanwhile Get serves what is
+// indexed and Put is refused (a write the caller drops, as for a full tier).
+TEST_F(DiskStoreTest, OpenReturnsAtOnceAndTrimsBehindIt) {
+  constexpr int kFiles = 3000;
+  constexpr size_t kBytes = 100;
+  constexpr int kKeep = 20;
+  store_.reset();
+  for (int i = 0; i < kFiles; ++i) {  // key i is the i-th oldest
+    std::filesystem::create_directories(dir_ + "/" + FanOutName(TestKey(i)));
+    WriteFile(PathOf(i), TestValue(i, kBytes));
+    const timeval times[2] = {{1000000 + i, 0}, {1000000 + i, 0}};
+    ASSERT_EQ(utimes(PathOf(i).c_str(), times), 0);
+  }
+  const auto count_files = [&] { return int64_t(Files().size()); };
+
+  absl::Notification trim_started, release, opened;
+  std::atomic<bool> release_timed_out{false};
+  std::atomic<int> steps{0};
+  DiskStoreOpenReport report;
+  DiskStoreOptions options;
+  options.bytes_limit = kKeep * kBytes;
+  options.TEST_before_trim_step = [&] {
+    if (steps++ > 0) return;
+    trim_started.Notify();
+    // A guard, not a measurement: the test releases the trim at once after its checks.
+    if (!release.WaitForNotificationWithTimeout(absl::Seconds(30))) release_timed_out = true;
+  };
+  options.on_opened = [&](const DiskStoreOpenReport& r) {
+    report = r;
+    opened.Notify();
+  };
+  absl::StatusOr<std::unique_ptr<TierStore>> s = OpenDiskStore(dir_, std::move(options));
+  ASSERT_THAT(s, IsOk());
+  store_ = std::move(s).value();
+  trim_started.WaitForNotification();
+  EXPECT_EQ(count_files(), kFiles);  // Open returned before the trim removed anything
+  EXPECT_EQ(store_->Usage().chunks, kFiles);
+  EXPECT_EQ(store_->Usage().bytes_used, kFiles * kBytes);
+  EXPECT_THAT(Get(0), IsOkAndHolds(TestValue(0, kBytes)));  // the oldest, now the newest
+  EXPECT_THAT(Get(kFiles - 1), IsOkAndHolds(TestValue(kFiles - 1, kBytes)));
+  EXPECT_THAT(store_->Put(TestKey(kFiles), TestValue(kFiles, kBytes), nullptr),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(dir_), HasSubstr(absl::StrCat(kFiles * kBytes, " bytes")),
+                             HasSubstr(absl::StrCat("limit of ", kKeep * kBytes)))));
+  EXPECT_FALSE(store_->Contains(TestKey(kFiles)));
+  release.Notify();
+  opened.WaitForNotification();
+  EXPECT_FALSE(release_timed_out) << "the first trim step ran before Open returned";
+  EXPECT_EQ(report.trimmed, kFiles - kKeep);
+  EXPECT_EQ(steps, kFiles - kKeep);  // one file a step
+  EXPECT_EQ(report.chunks, kKeep);
+  EXPECT_EQ(report.bytes, kKeep * kBytes);
+  EXPECT_EQ(store_->Usage().bytes_used, kKeep * kBytes);
+  EXPECT_EQ(count_files(), kKeep);
+  EXPECT_TRUE(store_->Contains(TestKey(0)));  // read during the trim: kept
+  EXPECT_FALSE(store_->Contains(TestKey(1)));
+  EXPECT_FALSE(std::filesystem::exists(PathOf(1)));
+  EXPECT_TRUE(store_->Contains(TestKey(kFiles - 1)));
+  Put(kFiles, kBytes);  // within the limit now: written, the oldest dropped for it
+  EXPECT_EQ(store_->Usage().bytes_used, kKeep * kBytes);
+  EXPECT_EQ(count_files(), kKeep);
 }
 
 // Links out of the directory: a fan-out directory or a chunk file replaced by a symbolic
