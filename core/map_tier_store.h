@@ -1,6 +1,8 @@
 // MapStore: a TierStore (core/tier_store.h) over a std::map, for tests and the fuzzers —
 // unbounded unless `limit` is set (then a Put that does not fit evicts the oldest keys, in
-// insertion order), with knobs to fail every call and to corrupt the values it holds.
+// insertion order), with knobs to fail every call or the next n Puts, to hold Puts back
+// (Pause: a writer waits in Put until Resume, so a test fills a queue behind it without
+// sleeping) and to corrupt the values it holds.
 // The real host and disk stores are in tiers/.
 //
 // Thread-safe.
@@ -42,7 +44,14 @@ class MapStore : public TierStore {
   absl::Status Put(const ChunkKey& key, absl::string_view value,
                    std::vector<EvictedChunk>* evicted) override {
     absl::MutexLock lock(&mu_);
+    auto running = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !paused_; };
+    mu_.Await(absl::Condition(&running));
+    ++puts_;
     if (fail_) return absl::UnavailableError("map store: failing");
+    if (fail_puts_ > 0) {
+      --fail_puts_;
+      return absl::UnavailableError("map store: failing this put");
+    }
     if (limit_ > 0 && value.size() > limit_)
       return absl::ResourceExhaustedError("map store: too big");
     while (limit_ > 0 && !order_.empty() && bytes_ + value.size() > limit_) {
@@ -83,6 +92,25 @@ class MapStore : public TierStore {
     absl::MutexLock lock(&mu_);
     fail_ = f;
   }
+  // Fails the next n Puts (UNAVAILABLE, nothing stored), then stores again.
+  void FailNextPuts(int n) {
+    absl::MutexLock lock(&mu_);
+    fail_puts_ = n;
+  }
+  // Puts called (failed ones included).
+  int64_t puts() const {
+    absl::MutexLock lock(&mu_);
+    return puts_;
+  }
+  // Holds every Put back until Resume (Gets and the rest go on).
+  void Pause() {
+    absl::MutexLock lock(&mu_);
+    paused_ = true;
+  }
+  void Resume() {
+    absl::MutexLock lock(&mu_);
+    paused_ = false;
+  }
   // Applies f to every value (to corrupt them).
   void Mutate(const std::function<void(std::string*)>& f) {
     absl::MutexLock lock(&mu_);
@@ -117,7 +145,10 @@ class MapStore : public TierStore {
   std::vector<std::string> order_;
   uint64_t bytes_ = 0;
   int64_t gets_ = 0;
+  int64_t puts_ = 0;
+  int fail_puts_ = 0;
   bool fail_ = false;
+  bool paused_ = false;
 };
 
 }  // namespace kvarena

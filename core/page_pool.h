@@ -301,9 +301,14 @@ class PagePool {
   // Hands the chunk ending at node `last` to the tiers (once per flag: kTierFull for a full
   // chunk just registered, kTierEvicted for one being evicted), each layer's pages from the
   // first of the run ending at the chunk's last block that the index still holds. `after`
-  // (the eviction's BlockRemoved) is recorded once the tiers wrote it.
-  void CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (the eviction's BlockRemoved) is recorded once the tiers wrote it. Nothing is copied
+  // when the tiers' queue has no room (the chunk stays eligible). `attempts`: writes of
+  // it that failed before.
+  void CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after,
+                          int attempts = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes back the write-through chunks no store took (TierSet::TakeReturns): clears
+  // their flags and offers again those that are due.
+  void TakeTierReturnsLocked(TierSet* tiers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordLocked(PrefixEvent e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

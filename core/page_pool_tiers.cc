@@ -1,6 +1,7 @@
 // PagePool's side of the tiers (core/tier_set.h, docs/tiers.md): registering pages (and
 // handing a full chunk to the write-through tiers), capturing a chunk whose pages are
-// evicted (write-back), and installing pages a cache loaded from a tier.
+// evicted (write-back), taking back the write-through chunks no store took (to offer them
+// again), and installing pages a cache loaded from a tier.
 #include <utility>
 
 #include "core/page_pool.h"
@@ -26,8 +27,10 @@ bool PagePool::RegisterLocked(uint64_t node, int layer, int32_t page) {
     e.prefix_namespace = index_.NamespaceOf(node);
     counters_->events->Append(std::move(e));
   }
-  if (TiersFor(PrefixIndex::kTierFull) == nullptr || !EndsChunkLocked(node) ||
-      (index_.TierFlagsOf(node) & PrefixIndex::kTierFull) != 0) {
+  TierSet* tiers = TiersFor(PrefixIndex::kTierFull);
+  if (tiers == nullptr) return true;
+  if (tiers->HasReturns()) TakeTierReturnsLocked(tiers);
+  if (!EndsChunkLocked(node) || (index_.TierFlagsOf(node) & PrefixIndex::kTierFull) != 0) {
     return true;
   }
   for (int l = 0; l < index_.NumLayersOf(node); ++l) {
@@ -66,7 +69,32 @@ uint64_t PagePool::ChunkEndLocked(uint64_t node) const {
   return node;
 }
 
-void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after) {
+void PagePool::TakeTierReturnsLocked(TierSet* tiers) {
+  const TierReturns r = tiers->TakeReturns(id_);
+  for (const TierReturn& f : r.failed) {
+    // No store took it: the chunk's nodes that still name its key are eligible again.
+    if (!index_.Contains(f.last_node)) continue;
+    const int32_t pages = tiers->ChunkPagesFor(layout_, index_.NumLayersOf(f.last_node));
+    uint64_t n = f.last_node;
+    for (int32_t i = 0; i < pages && n != PrefixIndex::kNoNode && index_.BlockOf(n) >= 0; ++i) {
+      const Hash128* key = index_.TierKeyOf(n);
+      if (key != nullptr && *key == f.key) index_.ClearTiered(n, PrefixIndex::kTierFull);
+      n = index_.ParentOf(n);
+    }
+  }
+  for (const TierReturn& d : r.due) {
+    // Offered again while the arena still holds it whole and nothing sent it meanwhile.
+    if (!index_.Contains(d.last_node) ||
+        (index_.TierFlagsOf(d.last_node) & PrefixIndex::kTierFull) != 0 ||
+        ChunkEndLocked(d.last_node) != d.last_node) {
+      continue;
+    }
+    CaptureChunkLocked(d.last_node, PrefixIndex::kTierFull, {}, d.attempts);
+  }
+}
+
+void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<PrefixEvent> after,
+                                  int attempts) {
   TierSet* tiers = counters_->tiers;
   const int num_layers = index_.NumLayersOf(last);
   const int32_t chunk_pages = tiers->ChunkPagesFor(layout_, num_layers);
@@ -99,20 +127,35 @@ void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<Prefi
     const std::vector<int32_t>& t = index_.TokensOf(node);
     id.tokens.insert(id.tokens.end(), t.begin(), t.end());
   }
-  w.payload.resize(ids.size() * page_bytes_);
-  const bool copied =
-      !ids.empty() && counters_->kernels
-                          ->ReadPages(layout_, base(), ids.data(), int64_t(ids.size()),
-                                      reinterpret_cast<uint8_t*>(w.payload.data()))
-                          .ok();
-  if (!copied) {
+  // An evicted chunk no write-through store took yet goes to them too: its last chance.
+  uint8_t flags = flag;
+  if (flag == PrefixIndex::kTierEvicted && tiers->takes_full() &&
+      (index_.TierFlagsOf(last) & PrefixIndex::kTierFull) == 0) {
+    flags |= PrefixIndex::kTierFull;
+  }
+  w.pool_id = id_;
+  w.write_through = (flags & PrefixIndex::kTierFull) != 0;
+  w.write_back = (flags & PrefixIndex::kTierEvicted) != 0;
+  w.last_node = last;
+  w.attempts = attempts;
+  // The queue's room first: a chunk it cannot admit is not copied (and stays eligible).
+  const size_t payload = ids.size() * page_bytes_;
+  if (ids.empty() || !tiers->Reserve(w, payload)) {
     for (PrefixEvent& e : after) RecordLocked(std::move(e));
     return;
   }
+  w.payload.resize(payload);
+  if (!counters_->kernels
+           ->ReadPages(layout_, base(), ids.data(), int64_t(ids.size()),
+                       reinterpret_cast<uint8_t*>(w.payload.data()))
+           .ok()) {
+    tiers->Unreserve(TierSet::QueuedFootprint(w));
+    for (PrefixEvent& e : after) RecordLocked(std::move(e));
+    return;
+  }
+  // Marked as handed down; a write no store took comes back (TakeTierReturnsLocked).
   const ChunkKey key = id.key();
-  for (uint64_t node : nodes) index_.MarkTiered(node, key, flag);
-  w.pool_id = id_;
-  w.write_through = flag == PrefixIndex::kTierFull;
+  for (uint64_t node : nodes) index_.MarkTiered(node, key, flags);
   w.after = std::move(after);
   tiers->Queue(std::move(w));
 }

@@ -102,6 +102,10 @@ class PrefixIndex {
     n.tier_flags |= flag;
     n.tier_key = key;
   }
+  // Undoes MarkTiered's `flag` (no store took the chunk: it is eligible again).
+  void ClearTiered(uint64_t node, uint8_t flag) { At(node).tier_flags &= uint8_t(~flag); }
+  // Whether node is still in the index (a chunk handed back to the pool may be gone).
+  bool Contains(uint64_t node) const { return nodes_.contains(node); }
   // The node a registered page belongs to. REQUIRES: IsRegistered(page).
   uint64_t NodeOfPage(int32_t page) const { return pages_.at(page).node; }
   // The node's hash and the layer a registered page is indexed under.

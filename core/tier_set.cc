@@ -20,7 +20,8 @@ TierSet::TierSet(std::vector<TierEntry> stores, TierOptions options, PrefixEvent
       takes_evicted_(std::any_of(stores_.begin(), stores_.end(),
                                  [](const TierEntry& e) { return !e.write_through; })),
       takes_full_(std::any_of(stores_.begin(), stores_.end(),
-                              [](const TierEntry& e) { return e.write_through; })) {
+                              [](const TierEntry& e) { return e.write_through; })),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock()) {
   for (size_t i = 0; i < stores_.size(); ++i) counters_.push_back(std::make_unique<Counters>());
   writer_ = std::thread([this] { WriterLoop(); });
 }
@@ -31,7 +32,8 @@ TierSet::~TierSet() {
     auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty(); };
     mu_.AwaitWithTimeout(absl::Condition(&drained), kDrainTimeout);
     for (ChunkWrite& w : queue_) {
-      for (size_t i = 0; i < stores_.size(); ++i) counters_[i]->dropped_writes += 1;
+      for (size_t i : Targets(w.write_through, w.write_back)) counters_[i]->dropped_writes += 1;
+      queued_bytes_ -= QueuedFootprint(w);
       Record(w.after);
     }
     queue_.clear();
@@ -45,22 +47,97 @@ int32_t TierSet::ChunkPagesFor(const PageLayout& layout, int num_layers) const {
   return DefaultChunkPages(layout.PageBytes(), num_layers);
 }
 
-bool TierSet::Queue(ChunkWrite w) {
-  const ChunkKey key = w.id.key();
-  const size_t bytes = w.payload.size();
+bool TierSet::Reserve(const ChunkWrite& w, size_t payload_bytes) {
+  const size_t bytes = QueuedFootprint(payload_bytes, w.id.tokens.size(), int(w.first_page.size()));
   {
     absl::MutexLock lock(&mu_);
     if (!stop_ && queued_bytes_ + bytes <= options_.write_queue_bytes) {
       queued_bytes_ += bytes;
+      reserved_bytes_ += bytes;
+      return true;
+    }
+    if (!stop_ && w.write_through) ReturnLocked(w, bytes);
+  }
+  for (size_t i : Targets(w.write_through, w.write_back)) counters_[i]->dropped_writes += 1;
+  return false;
+}
+
+void TierSet::Unreserve(size_t footprint) {
+  absl::MutexLock lock(&mu_);
+  queued_bytes_ -= footprint;
+  reserved_bytes_ -= footprint;
+}
+
+bool TierSet::Queue(ChunkWrite w) {
+  const ChunkKey key = w.id.key();
+  const size_t bytes = QueuedFootprint(w);
+  {
+    absl::MutexLock lock(&mu_);
+    reserved_bytes_ -= bytes;
+    if (!stop_) {
       ++pending_[key];
       ++queued_total_;
       queue_.push_back(std::move(w));
       return true;
     }
+    queued_bytes_ -= bytes;
   }
-  for (size_t i : Targets(w.write_through)) counters_[i]->dropped_writes += 1;
+  for (size_t i : Targets(w.write_through, w.write_back)) counters_[i]->dropped_writes += 1;
   Record(w.after);
   return false;
+}
+
+void TierSet::ReturnLocked(const ChunkWrite& w, size_t refused_footprint) {
+  PoolReturns& p = returns_by_pool_[w.pool_id];
+  TierReturn r{w.last_node, w.id.key(), w.attempts};
+  if (refused_footprint > 0) {
+    // Never written: no flag to clear. Offered again once the queue has room for it.
+    if (returns_.load(std::memory_order_relaxed) >= options_.max_returns) return;
+    p.refused.emplace_back(r, refused_footprint);
+    returns_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Failed: its pool clears its flag (so its eviction offers it again), and, unless it
+  // failed max_write_attempts times, offers it again after the backoff.
+  r.attempts = w.attempts + 1;
+  p.failed.push_back(r);
+  returns_.fetch_add(1, std::memory_order_relaxed);
+  if (r.attempts >= options_.max_write_attempts ||
+      returns_.load(std::memory_order_relaxed) > options_.max_returns) {
+    return;
+  }
+  const absl::Duration delay = options_.retry_delay * (int64_t{1} << std::min(r.attempts - 1, 20));
+  p.retry.emplace(clock_->Now() + delay, r);
+  returns_.fetch_add(1, std::memory_order_relaxed);
+}
+
+TierReturns TierSet::TakeReturns(uint64_t pool_id) {
+  TierReturns out;
+  if (!HasReturns()) return out;
+  absl::MutexLock lock(&mu_);
+  auto it = returns_by_pool_.find(pool_id);
+  if (it == returns_by_pool_.end()) return out;
+  PoolReturns& p = it->second;
+  size_t taken = p.failed.size();
+  out.failed = std::move(p.failed);
+  p.failed.clear();
+  const absl::Time now = clock_->Now();
+  while (!p.retry.empty() && p.retry.begin()->first <= now) {
+    out.due.push_back(p.retry.begin()->second);
+    p.retry.erase(p.retry.begin());
+    ++taken;
+  }
+  size_t room =
+      options_.write_queue_bytes > queued_bytes_ ? options_.write_queue_bytes - queued_bytes_ : 0;
+  while (!p.refused.empty() && p.refused.front().second <= room) {
+    room -= p.refused.front().second;
+    out.due.push_back(p.refused.front().first);
+    p.refused.pop_front();
+    ++taken;
+  }
+  if (p.failed.empty() && p.retry.empty() && p.refused.empty()) returns_by_pool_.erase(it);
+  returns_.fetch_sub(taken, std::memory_order_relaxed);
+  return out;
 }
 
 void TierSet::RecordAfterWrite(const ChunkKey& key, PrefixEvent e) {
@@ -88,14 +165,15 @@ void TierSet::WriterLoop() {
       queue_.pop_front();
       writing_ = true;
       writing_key_ = w.id.key();
-      writing_bytes_ = w.payload.size();
+      writing_bytes_ = QueuedFootprint(w);
     }
-    const size_t bytes = w.payload.size();
+    const size_t bytes = QueuedFootprint(w);
     const ChunkKey key = w.id.key();
-    Write(w);
+    const bool stored = Write(w);
     std::vector<PrefixEvent> waiting;
     {
       absl::MutexLock lock(&mu_);
+      if (!stored) ReturnLocked(w, 0);
       queued_bytes_ -= bytes;
       ++written_total_;
       writing_ = false;
@@ -114,33 +192,38 @@ void TierSet::WriterLoop() {
   }
 }
 
-void TierSet::Write(ChunkWrite& w) {
+bool TierSet::Write(ChunkWrite& w) {
   const ChunkKey key = w.id.key();
   const std::string value = EncodeChunk(w.id, w.first_page, w.payload);
   w.payload.clear();
   w.payload.shrink_to_fit();
-  for (size_t i : Targets(w.write_through)) PutInto(i, key, value, w.pool_id);
+  bool stored = true;
+  for (size_t i : Targets(w.write_through, w.write_back)) {
+    if (!PutInto(i, key, value, w.pool_id) && stores_[i].write_through) stored = false;
+  }
+  return stored;
 }
 
-std::vector<size_t> TierSet::Targets(bool write_through) const {
+std::vector<size_t> TierSet::Targets(bool write_through, bool write_back) const {
   // A full chunk goes to every write-through store; an evicted one to the first store
   // that keeps evicted chunks (the ones below get it when that store evicts it).
   std::vector<size_t> out;
+  bool back = write_back;
   for (size_t i = 0; i < stores_.size(); ++i) {
-    if (stores_[i].write_through != write_through) continue;
-    out.push_back(i);
-    if (!write_through) break;
+    if (stores_[i].write_through ? write_through : back) out.push_back(i);
+    if (!stores_[i].write_through && back) back = false;
   }
   return out;
 }
 
-void TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, uint64_t pool_id) {
+bool TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, uint64_t pool_id) {
   TierStore& store = *stores_[i].store;
-  if (store.Contains(key)) return;  // content-addressed: it has these bytes already
+  if (store.Contains(key)) return true;  // content-addressed: it has these bytes already
   std::vector<EvictedChunk> evicted;
   const absl::Time start = absl::Now();
   const absl::Status s = store.Put(key, value, &evicted);
   Observe(i, /*write=*/true, start);
+  const bool stored = s.ok();
   if (s.ok()) {
     counters_[i]->stored_chunks += 1;
     RecordChunkEvents(value, pool_id, store.medium(), /*stored=*/true);
@@ -153,11 +236,12 @@ void TierSet::PutInto(size_t i, const ChunkKey& key, const std::string& value, u
     // Demoted to the next store that keeps evicted chunks; gone from this one.
     for (size_t j = i + 1; j < stores_.size(); ++j) {
       if (stores_[j].write_through) continue;
-      PutInto(j, e.key, e.value, pool_id);
+      (void)PutInto(j, e.key, e.value, pool_id);
       break;
     }
     RecordChunkEvents(e.value, pool_id, store.medium(), /*stored=*/false);
   }
+  return stored;
 }
 
 void TierSet::RecordChunkEvents(const std::string& value, uint64_t pool_id,
@@ -329,17 +413,18 @@ void TierSet::Flush() {
 
 absl::Status TierSet::TEST_Audit() const {
   absl::MutexLock lock(&mu_);
-  size_t bytes = writing_ ? writing_bytes_ : 0;
+  size_t bytes = (writing_ ? writing_bytes_ : 0) + reserved_bytes_;
   absl::flat_hash_map<ChunkKey, int> writes;
   if (writing_) ++writes[writing_key_];
   for (const ChunkWrite& w : queue_) {
-    bytes += w.payload.size();
+    bytes += QueuedFootprint(w);
     ++writes[w.id.key()];
   }
   if (bytes != queued_bytes_) {
     return absl::InternalError(absl::StrCat("tier write queue counts ", queued_bytes_,
                                             " bytes but holds ", bytes, " in ", queue_.size(),
-                                            " queued writes", writing_ ? " and one writing" : ""));
+                                            " queued writes", writing_ ? " and one writing" : "",
+                                            " (footprints) and ", reserved_bytes_, " reserved"));
   }
   if (queued_bytes_ > options_.write_queue_bytes) {
     return absl::InternalError(absl::StrCat("tier write queue holds ", queued_bytes_,
