@@ -59,7 +59,9 @@ absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool
           ? size_t(new_blocks) * PrefixIndex::NodeBytes(spec_.num_layers, spec_.page_size)
           : 0;
   const size_t more = want - metadata_.bytes();
-  auto fits = [&] { return more + nodes <= budget->available() && metadata_.Resize(want); };
+  auto fits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return more + nodes <= budget->available() && metadata_.Resize(want);
+  };
   if (fits()) return absl::OkStatus();
   // Cached prefixes give metadata back before anything is refused.
   if (ctx_.reclaim_metadata && ctx_.reclaim_metadata(budget, SaturatingAdd(more, nodes)) &&
