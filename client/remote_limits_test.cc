@@ -36,6 +36,17 @@ constexpr size_t kLimit = size_t{64} << 10;  // the smallest max_message_bytes C
 constexpr int kHeads = 2;
 constexpr int kHeadDim = 16;
 
+// A one-layer float32 cache of kHeads x kHeadDim, field by field (a partial braced
+// initializer draws GCC's -Wmissing-field-initializers).
+CacheSpec OneLayerSpec() {
+  CacheSpec spec;
+  spec.num_layers = 1;
+  spec.num_kv_heads = kHeads;
+  spec.head_dim = kHeadDim;
+  spec.dtype = DType::kFloat32;
+  return spec;
+}
+
 // Answers Allocate, Append, Attend, SetTokens and Ping as a daemon would for a float32
 // cache of kHeads x kHeadDim, and counts the calls that reached it.
 class FakeKvService final : public v1::KvCacheService::Service {
@@ -122,8 +133,7 @@ class RemoteLimitsTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     client_ = Connect();
     ASSERT_NE(client_, nullptr);
-    CacheSpec spec{/*num_layers=*/1, kHeads, kHeadDim, DType::kFloat32};
-    auto h = client_->Allocate(spec);
+    auto h = client_->Allocate(OneLayerSpec());
     ASSERT_THAT(h, IsOk());
     cache_ = *h;
   }
@@ -198,7 +208,7 @@ TEST_F(RemoteLimitsTest, TokenIdsOverTheLimitAreRefusedUnsent) {
                                                          HasSubstr("max_message_bytes=65536"))));
   AllocateOptions with_prompt;
   with_prompt.prompt_tokens = ids;
-  EXPECT_THAT(client_->Allocate(CacheSpec{1, kHeads, kHeadDim, DType::kFloat32}, "", with_prompt),
+  EXPECT_THAT(client_->Allocate(OneLayerSpec(), "", with_prompt),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("AllocateRequest: ")));
   EXPECT_EQ(service_.set_tokens.load(), 0);
   EXPECT_EQ(service_.allocates.load(), 1);  // SetUp's
@@ -249,7 +259,7 @@ TEST_F(RemoteLimitsTest, ForkedChildCannotConnectAndTheParentIsUnharmed) {
 TEST(InprocForkTest, ForkedChildIsRefused) {
   auto client = Client::Connect("inproc:");
   ASSERT_THAT(client, IsOk());
-  auto cache = (*client)->Allocate(CacheSpec{1, kHeads, kHeadDim, DType::kFloat32});
+  auto cache = (*client)->Allocate(OneLayerSpec());
   ASSERT_THAT(cache, IsOk());
   const Floats kv(kHeads, 4);
   const int child = RunInChild([&] {
