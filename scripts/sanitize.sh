@@ -47,7 +47,8 @@ if [ "$mode" = thread ]; then
 fi
 cd "$build"
 # ctest knows the tests of the binaries built above (gtest discovery runs at build time);
-# the Node client and the CUDA tests are not sanitizer business, and ScratchQuarantine
+# the Node client, the CUDA tests and the Prometheus rules (promtool and a scraper; their
+# arena filler is not built here) are not sanitizer business, and ScratchQuarantine
 # runs two attends over 64k tokens on one thread, a minute each under a sanitizer (it
 # runs in the ordinary build).
-ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT|prefix_bench|tier_bench"
+ctest --output-on-failure --timeout 600 -j"$(nproc)" -E "node_|cuda|Cuda|ScratchQuarantine|_NOT_BUILT|prefix_bench|tier_bench|prometheus_rules"
