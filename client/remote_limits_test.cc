@@ -244,12 +244,13 @@ TEST_F(RemoteLimitsTest, ForkedChildIsRefusedAndTheParentKeepsItsConnection) {
 // once, instead of hanging and taking the parent's replies.
 TEST_F(RemoteLimitsTest, ForkedChildCannotConnectAndTheParentIsUnharmed) {
   ASSERT_THAT(client_->Ping(), IsOk());
+  // The child only asks: a new inproc: store would start threads in a fork() child of a
+  // threaded process, which hung under ASan once (its allocator's lock held at the fork).
   const int child = RunInChild([&] {
     ClientOptions options;
     options.attach = false;
     return ChildExpects(Client::Connect(address_, options).status(),
-                        absl::StatusCode::kFailedPrecondition, "is a fork() child of pid") &&
-           ChildExpects(Client::Connect("inproc:").status(), absl::StatusCode::kOk, "");
+                        absl::StatusCode::kFailedPrecondition, "is a fork() child of pid");
   });
   EXPECT_EQ(child, 0);
   EXPECT_THAT(client_->Ping(), IsOk());
