@@ -258,6 +258,8 @@ class KvCache {
   // The metadata bytes of n declared tokens: the ids, two hashes per full page and, when
   // sharing, the chain's link to each page's index node.
   size_t DeclaredBytes(int64_t n) const;
+  // The same for a cache of `spec` (DeclaredMetadataBytes adds the index nodes to it).
+  static size_t DeclaredIdBytes(const CacheSpec& spec, int64_t n);
   // Makes metadata_ cover n declared tokens, before they are declared: RESOURCE_EXHAUSTED
   // naming metadata_bytes and the numbers (nothing charged) unless the budget also has
   // room for the index nodes the new full pages may create (new_nodes: a fork holds the

@@ -27,14 +27,16 @@ PrefixQuery KvCache::QueryLocked() const {
   return q;
 }
 
-size_t KvCache::DeclaredMetadataBytes(const CacheSpec& spec, int64_t n) {
+size_t KvCache::DeclaredIdBytes(const CacheSpec& spec, int64_t n) {
   const size_t blocks = size_t(n) / size_t(spec.page_size);
   const bool sharing = !spec.prefix_namespace.empty();
   return size_t(n) * sizeof(int32_t) +
-         blocks *
-             (2 * sizeof(Hash128) +
-              (sharing ? sizeof(uint64_t) + PrefixIndex::NodeBytes(spec.num_layers, spec.page_size)
-                       : 0));
+         blocks * (2 * sizeof(Hash128) + (sharing ? sizeof(uint64_t) : 0));
+}
+
+size_t KvCache::DeclaredMetadataBytes(const CacheSpec& spec, int64_t n) {
+  const size_t nodes = spec.prefix_namespace.empty() ? 0 : size_t(n) / size_t(spec.page_size);
+  return DeclaredIdBytes(spec, n) + nodes * PrefixIndex::NodeBytes(spec.num_layers, spec.page_size);
 }
 
 size_t KvCache::ForkMetadataBytes() const {
@@ -42,11 +44,7 @@ size_t KvCache::ForkMetadataBytes() const {
   return DeclaredBytes(int64_t(prefix_.tokens.size())) + size_t(pages_held_) * sizeof(int32_t);
 }
 
-size_t KvCache::DeclaredBytes(int64_t n) const {
-  const size_t blocks = size_t(n) / size_t(spec_.page_size);
-  return size_t(n) * sizeof(int32_t) +
-         blocks * (2 * sizeof(Hash128) + (sharing() ? sizeof(uint64_t) : 0));
-}
+size_t KvCache::DeclaredBytes(int64_t n) const { return DeclaredIdBytes(spec_, n); }
 
 absl::Status KvCache::ChargeDeclaredLocked(absl::string_view op, int64_t n, bool new_nodes) {
   const size_t want = fixed_metadata_ + DeclaredBytes(n);
