@@ -79,8 +79,8 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
     charge[raw[i]->quota()] = *quota_total;
   }
   std::vector<std::pair<Quota*, int64_t>> charged;
-  absl::flat_hash_map<PagePool*, std::vector<int32_t>> taken;
-  absl::flat_hash_map<PagePool*, std::vector<int32_t>> committed;  // chunks, to undo exactly
+  PoolSet::PoolPages taken;
+  PoolSet::PoolPages committed;  // chunks, to undo exactly
   auto undo = [&](absl::Status s) {
     for (auto& [pool, ids] : taken) pool->Unallocate(ids, committed[pool]);
     for (auto [quota, n] : charged) quota->RefundPages(n);
@@ -95,18 +95,14 @@ absl::StatusOr<std::vector<ReserveResult>> KvStore::Reserve(const std::string& s
     }
     charged.emplace_back(quota, n);
   }
-  // Pools that cannot give their pages straight away go first: if one of them refuses,
-  // no other pool has reclaimed cached pages for this call yet.
-  std::vector<std::pair<PagePool*, int64_t>> order(need.begin(), need.end());
-  if (order.size() > 1) {
-    std::stable_partition(order.begin(), order.end(),
-                          [](const auto& p) { return !p.first->CanAllocate(p.second); });
-  }
-  for (const auto& [pool, n] : order) {
-    std::vector<int32_t>& ids = taken[pool];
-    if (absl::Status s = impl_->pools.Allocate(pool, n, &ids, &committed[pool]); !s.ok()) {
-      return undo(Annotated(s, "reserve: "));
-    }
+  // Several pools plan their pages together, so that one refusing leaves none changed.
+  const std::vector<std::pair<PagePool*, int64_t>> pools(need.begin(), need.end());
+  absl::Status allocated =
+      pools.size() == 1 ? impl_->pools.Allocate(pools[0].first, pools[0].second,
+                                                &taken[pools[0].first], &committed[pools[0].first])
+                        : impl_->pools.AllocateTogether(pools, &taken, &committed);
+  if (!allocated.ok()) return undo(Annotated(allocated, "reserve: "));
+  for (const auto& [pool, ids] : taken) {
     // No slot of a reserved page may show what its last owner wrote.
     if (absl::Status s = impl_->kernels->ClearPages(pool->layout(), pool->base(), ids.data(),
                                                     int64_t(ids.size()));

@@ -199,19 +199,26 @@ void PagePool::TakeFreeLocked(int64_t n, std::vector<int32_t>* out) {
 }
 
 absl::Status PagePool::Allocate(int64_t n, std::vector<int32_t>* out,
-                                std::vector<int32_t>* committed) {
+                                std::vector<int32_t>* committed, int64_t max_new_chunks) {
   if (n <= 0) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   int64_t reclaim = 0;
   const int64_t missing = n - FreeCommittedLocked();
   if (missing > 0) {
     const int64_t chunks = CeilDiv(missing, pages_per_chunk_);
-    if (absl::Status s = CommitChunksLocked(chunks, committed); !s.ok()) {
+    absl::Status s =
+        chunks <= max_new_chunks
+            ? CommitChunksLocked(chunks, committed)
+            : RefusedError(
+                  Refusal::kArenaFull,
+                  absl::StrCat("arena full: needs ", chunks, " more chunk(s) of ", chunk_bytes_,
+                               " bytes where this call has room for ", max_new_chunks));
+    if (!s.ok()) {
       // The budget falls short: commit the chunks it still covers, reclaim cached pages
       // for the rest — or, when they are too few, refuse having changed nothing.
       const int64_t cached = absl::IsResourceExhausted(s) ? cache_->size() : 0;
-      int64_t can = std::min<int64_t>(
-          {chunks - 1, int64_t(uncommitted_.size()), int64_t(budget_->available() / chunk_bytes_)});
+      int64_t can = std::min<int64_t>({chunks - 1, max_new_chunks, int64_t(uncommitted_.size()),
+                                       int64_t(budget_->available() / chunk_bytes_)});
       if (can > 0 && missing - can * pages_per_chunk_ <= cached &&
           !CommitChunksLocked(can, committed).ok()) {
         can = 0;  // the budget went elsewhere meanwhile
@@ -306,6 +313,12 @@ bool PagePool::CanAllocate(int64_t n) const {
   const int64_t budget_chunks =
       std::min<int64_t>(int64_t(budget_->available() / chunk_bytes_), int64_t(uncommitted_.size()));
   return n <= FreeCommittedLocked() + budget_chunks * pages_per_chunk_ + cache_->size();
+}
+
+PagePool::Supply PagePool::supply() const {
+  absl::MutexLock lock(&mu_);
+  return Supply{FreeCommittedLocked(), int64_t(cache_->size()), int64_t(uncommitted_.size()),
+                pages_per_chunk_, chunk_bytes_};
 }
 
 int64_t PagePool::pages_used() const {

@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,8 +142,12 @@ class PagePool {
   // (unregistered; least recently cached first). RESOURCE_EXHAUSTED (naming the numbers)
   // when all of those together fall short; then nothing is reclaimed.
   // *committed (when given) receives the chunks this call committed, for Unallocate.
+  // At most max_new_chunks new chunks are committed (a plan made for several pools at
+  // once, PoolSet::AllocateTogether); the rest comes from cached pages.
+  static constexpr int64_t kAnyChunks = std::numeric_limits<int64_t>::max();
   absl::Status Allocate(int64_t n, std::vector<int32_t>* out,
-                        std::vector<int32_t>* committed = nullptr);
+                        std::vector<int32_t>* committed = nullptr,
+                        int64_t max_new_chunks = kAnyChunks);
   // Drops one reference of each id, in order (a registered page losing its last one
   // becomes the most recently cached: free a chain's tail before its head).
   // REQUIRES: every id is referenced.
@@ -168,6 +173,17 @@ class PagePool {
   size_t BudgetShortfall(int64_t n) const;
   // Whether Allocate(n) would find the pages now (free, budget, cached).
   bool CanAllocate(int64_t n) const;
+  // What Allocate could draw on now, besides the budget.
+  struct Supply {
+    int64_t free_pages = 0;    // in committed chunks, taken by nobody
+    int64_t cached_pages = 0;  // reclaimable in place
+    int64_t uncommitted_chunks = 0;
+    int64_t pages_per_chunk = 1;
+    size_t chunk_bytes = 0;
+  };
+  Supply supply() const;
+  // The budget this pool commits chunks against (its owner's, under the arena's).
+  const ArenaBudget& budget() const { return *budget_; }
   // The page bookkeeping (metadata bytes) of the chunks n more pages could need committed.
   size_t MetadataBytesFor(int64_t n) const {
     return size_t(n / pages_per_chunk_ + (n % pages_per_chunk_ != 0)) * ChunkMetadataBytes();

@@ -1,9 +1,12 @@
 #include "core/pool_set.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/refusal.h"
+#include "core/status_macros.h"
+#include "kvarena/paged_kv.h"
 
 namespace kvarena {
 
@@ -126,21 +129,94 @@ int PoolSet::DropIdle() {
 bool PoolSet::TrimOthers(const PagePool* pool, int64_t n) {
   const size_t shortfall = pool->BudgetShortfall(n);
   if (shortfall == 0) return false;
+  const std::pair<PagePool*, int64_t> keep[] = {{const_cast<PagePool*>(pool), n}};
+  return TrimAllBut(keep, shortfall);
+}
+
+std::vector<std::shared_ptr<PagePool>> PoolSet::AllBut(
+    absl::Span<const std::pair<PagePool*, int64_t>> keep) const {
   std::vector<std::shared_ptr<PagePool>> others;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [id, p] : by_id_) {
-      if (p.get() != pool) others.push_back(p);
-    }
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [id, p] : by_id_) {
+    if (std::none_of(keep.begin(), keep.end(), [&](const auto& k) { return k.first == p.get(); }))
+      others.push_back(p);
   }
+  return others;
+}
+
+bool PoolSet::TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, size_t bytes) {
+  const std::vector<std::shared_ptr<PagePool>> others = AllBut(keep);
   size_t reclaimable = 0;
   for (const auto& p : others) reclaimable += p->ReclaimableBytes();
-  if (reclaimable < shortfall) return false;
+  if (reclaimable < bytes) return false;
   size_t freed = 0;
   for (const auto& p : others) {
-    if (freed < shortfall) freed += p->TrimCached(shortfall - freed);
+    if (freed < bytes) freed += p->TrimCached(bytes - freed);
   }
-  return freed >= shortfall;
+  return freed >= bytes;
+}
+
+absl::Status PoolSet::AllocateTogether(absl::Span<const std::pair<PagePool*, int64_t>> needs,
+                                       PoolPages* ids, PoolPages* committed) {
+  if (needs.empty()) return absl::OkStatus();
+  // The plan: each pool commits at least the chunks its free and cached pages leave
+  // missing, then, while the budget lasts, the chunks that spare its cached pages (as
+  // Allocate prefers); what the budget lacks comes from the other pools' cached pages.
+  const ArenaBudget& budget = needs.front().first->budget();
+  for (const auto& [pool, n] : needs) {
+    // Pools of one owner share a budget; pools of several (no call has them) one by one.
+    if (&pool->budget() == &budget) continue;
+    for (const auto& [p, k] : needs)
+      KVARENA_RETURN_IF_ERROR(Allocate(p, k, &(*ids)[p], &(*committed)[p]));
+    return absl::OkStatus();
+  }
+  const size_t available = budget.available();
+  size_t reclaimable = 0;
+  for (const auto& p : AllBut(needs)) reclaimable += p->ReclaimableBytes();
+  std::vector<PagePool::Supply> supply;
+  std::vector<int64_t> chunks(needs.size()), wanted(needs.size());
+  size_t bytes = 0;
+  for (size_t i = 0; i < needs.size(); ++i) {
+    supply.push_back(needs[i].first->supply());
+    const PagePool::Supply& s = supply.back();
+    const int64_t missing = std::max<int64_t>(0, needs[i].second - s.free_pages);
+    wanted[i] = std::min(CeilDiv(missing, s.pages_per_chunk), s.uncommitted_chunks);
+    chunks[i] = CeilDiv(std::max<int64_t>(0, missing - s.cached_pages), s.pages_per_chunk);
+    if (chunks[i] > s.uncommitted_chunks) {
+      // One pool alone cannot: its own Allocate refuses, changing nothing, naming its
+      // numbers.
+      return needs[i].first->Allocate(needs[i].second, &(*ids)[needs[i].first],
+                                      &(*committed)[needs[i].first]);
+    }
+    bytes += size_t(chunks[i]) * s.chunk_bytes;
+  }
+  if (bytes > available + reclaimable) {
+    return RefusedError(
+        Refusal::kArenaFull,
+        absl::StrCat("arena full: the call's ", needs.size(), " pools need ", bytes,
+                     " bytes of new chunks together but ", available,
+                     " of arena_bytes=", budget.limit(),
+                     " are uncommitted and other pools' cached pages hold ", reclaimable));
+  }
+  for (size_t i = 0; i < needs.size(); ++i) {
+    const size_t spare = available > bytes ? available - bytes : 0;
+    const int64_t more =
+        std::min<int64_t>(wanted[i] - chunks[i], int64_t(spare / supply[i].chunk_bytes));
+    if (more <= 0) continue;
+    chunks[i] += more;
+    bytes += size_t(more) * supply[i].chunk_bytes;
+  }
+  if (bytes > available && !TrimAllBut(needs, bytes - available)) {
+    return RefusedError(Refusal::kArenaFull,
+                        absl::StrCat("arena full: other pools' cached pages could not give ",
+                                     bytes - available, " bytes back"));
+  }
+  for (size_t i = 0; i < needs.size(); ++i) {
+    PagePool* pool = needs[i].first;
+    KVARENA_RETURN_IF_ERROR(
+        AllocateIn(pool, needs[i].second, &(*ids)[pool], &(*committed)[pool], chunks[i]));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PoolSet::Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
@@ -149,6 +225,18 @@ absl::Status PoolSet::Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* 
   if (absl::IsResourceExhausted(s) && TrimOthers(pool, n)) {
     s = pool->Allocate(n, ids, committed);
   }
+  return RetryForMetadata(std::move(s), pool, n, ids, committed, PagePool::kAnyChunks);
+}
+
+absl::Status PoolSet::AllocateIn(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                                 std::vector<int32_t>* committed, int64_t max_new_chunks) {
+  return RetryForMetadata(pool->Allocate(n, ids, committed, max_new_chunks), pool, n, ids,
+                          committed, max_new_chunks);
+}
+
+absl::Status PoolSet::RetryForMetadata(absl::Status s, PagePool* pool, int64_t n,
+                                       std::vector<int32_t>* ids, std::vector<int32_t>* committed,
+                                       int64_t max_new_chunks) {
   if (RefusalOf(s) == Refusal::kMetadataBytes && counters_ != nullptr &&
       counters_->metadata != nullptr) {
     // The bookkeeping of every chunk n pages could need: enough room for that, or no
@@ -157,7 +245,7 @@ absl::Status PoolSet::Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* 
     const ByteBudget* m = counters_->metadata;
     if (m->available() < need && m->available() + FreeableMetadataBytes() >= need &&
         ReclaimMetadata([m, need] { return m->available() >= need; })) {
-      s = pool->Allocate(n, ids, committed);
+      s = pool->Allocate(n, ids, committed, max_new_chunks);
     }
   }
   return s;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -27,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "arena/region.h"
 #include "core/page_pool.h"
 #include "core/types.h"
@@ -83,11 +85,28 @@ class PoolSet {
   // that much went back — only if they can give it all, so a refusal changes nothing.
   // True when it freed the shortfall. REQUIRES: no pool lock held.
   bool TrimOthers(const PagePool* pool, int64_t n);
+  // Reclaims `bytes` from the cached pages of the pools not in `keep`, only if they can
+  // give it all; whether they did.
+  bool TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, size_t bytes);
   // pool->Allocate, retried once after TrimOthers when the arena is full, or after
   // ReclaimMetadata when the metadata budget could not cover the page bookkeeping of the
   // chunks it would commit.
   absl::Status Allocate(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
                         std::vector<int32_t>* committed);
+  // pool->Allocate, retried once after ReclaimMetadata (see Allocate).
+  absl::Status AllocateIn(PagePool* pool, int64_t n, std::vector<int32_t>* ids,
+                          std::vector<int32_t>* committed,
+                          int64_t max_new_chunks = PagePool::kAnyChunks);
+  // Allocate for one call that takes pages from several pools at once (KvStore::Reserve),
+  // each pair a pool and its page count: plans how many chunks each commits and how many
+  // cached pages each reclaims so that all of them fit together, trims other pools'
+  // cached pages for what the budget lacks, then allocates each into (*ids)[pool] and
+  // (*committed)[pool]. When they cannot all fit it refuses before any pool changed; a
+  // refusal after that (the budget taken by another caller meanwhile) leaves what it
+  // took in the maps, for the caller to Unallocate. REQUIRES: no pool lock held.
+  using PoolPages = absl::flat_hash_map<PagePool*, std::vector<int32_t>>;
+  absl::Status AllocateTogether(absl::Span<const std::pair<PagePool*, int64_t>> needs,
+                                PoolPages* ids, PoolPages* committed);
   // Evicts cached pages of every pool, the least recently cached of the whole arena first
   // (their nodes and, once unreferenced, their chunks giving their metadata back), until
   // done() or no pool caches a page. Whether done() holds at the end. done() may read
@@ -116,6 +135,14 @@ class PoolSet {
   // Takes pool id out of the maps. REQUIRES: it is there.
   void EraseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DropIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pools of the set that are not in `keep`.
+  std::vector<std::shared_ptr<PagePool>> AllBut(
+      absl::Span<const std::pair<PagePool*, int64_t>> keep) const;
+  // s, or the allocation retried once after ReclaimMetadata when s is a refusal for the
+  // metadata budget that evicting cached pages can lift.
+  absl::Status RetryForMetadata(absl::Status s, PagePool* pool, int64_t n,
+                                std::vector<int32_t>* ids, std::vector<int32_t>* committed,
+                                int64_t max_new_chunks);
 
   Backend* const backend_;
   ArenaBudget* const budget_;

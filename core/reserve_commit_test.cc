@@ -1,6 +1,9 @@
 // Reserve and Commit, the local path's two calls on KvStore: a reservation is all or
 // nothing across caches, and a commit advances lengths only over reserved pages and never
 // past max_tokens.
+#include <map>
+
+#include "core/prefix_fixture.h"
 #include "core/store_fixture.h"
 
 namespace kvarena {
@@ -23,6 +26,51 @@ TEST_F(StoreTest, ReserveIsAllOrNothingAcrossCaches) {
   EXPECT_THAT(store_->Reserve("", {{a, 1}, {"nope", 1}}), StatusIs(Code::kNotFound));
   EXPECT_TRUE(Snap(a) == before);
   EXPECT_EQ(PagesUsed(), 8);
+}
+
+// Two caches' pools both need a chunk the budget lacks and a third pool's cached pages
+// can give back only one: the call is refused before either pool took anything, and the
+// third pool keeps its cached pages (fuzz/regressions/requests_fuzzer/
+// reserve-across-pools-trims-then-refuses: the first pool used to trim them first).
+TEST_F(PrefixTest, ReserveAcrossPoolsRefusesBeforeTrimmingOthers) {
+  MakeStore(3 * kChunkGranularity);
+  const std::vector<int32_t> prompt = Tokens(41);
+  auto c = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(c.ok()) << c.status();
+  Compute(c->cache_id, prompt, 0);
+  ASSERT_TRUE(store_->Release("", c->cache_id).ok());
+  const int64_t cached = store_->Stats().pages.pages_cached;
+  ASSERT_GT(cached, 0);
+  // Two more geometries (not the prefix's), each filling one chunk to its last page.
+  auto ia = store_->Allocate("", Spec(2, 2, 32), "");
+  auto ib = store_->Allocate("", Spec(2, 2, 16), "");
+  ASSERT_TRUE(ia.ok() && ib.ok());
+  const std::string a = ia->cache_id, b = ib->cache_id;
+  std::map<std::string, int64_t> tokens;
+  for (const CacheInfo& info : {*ia, *ib}) {
+    const std::string& id = info.cache_id;
+    ASSERT_TRUE(store_->Reserve("", {{id, 4}}).ok());
+    tokens[id] = 4;
+    const uint64_t pool_id = info.pool_id;
+    PoolStats pool;
+    for (const PoolStats& p : store_->Stats().pools) {
+      if (p.pool_id == pool_id) pool = p;
+    }
+    const int64_t per_page = pool.pages_used;  // pages one page of tokens takes
+    const int64_t in_chunk = int64_t(pool.chunk_bytes / pool.page_bytes);
+    tokens[id] += (in_chunk / per_page - 1) * 4;
+    ASSERT_TRUE(store_->Reserve("", {{id, tokens[id]}}).ok());
+  }
+  ArenaStats before = store_->Stats();
+  ASSERT_EQ(before.pages.pages_cached, cached);
+  EXPECT_THAT(store_->Reserve("", {{a, tokens[a] + 1}, {b, tokens[b] + 1}}),
+              StatusIs(Code::kResourceExhausted));
+  ArenaStats after = store_->Stats();
+  EXPECT_EQ(after.pages.pages_cached, cached);
+  EXPECT_EQ(after.pages.pages_used, before.pages.pages_used);
+  // One of them alone fits, taking the third pool's cached chunk.
+  EXPECT_TRUE(store_->Reserve("", {{a, tokens[a] + 1}}).ok());
+  ExpectInvariants();
 }
 
 TEST_F(StoreTest, CommitAdvancesLengthsOverWrittenPages) {
