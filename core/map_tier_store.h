@@ -129,6 +129,16 @@ class MapStore : public TierStore {
     absl::MutexLock lock(&mu_);
     return values_;
   }
+  // Puts every chunk `other` holds (another node's view of one shared store).
+  void CopyFrom(const MapStore& other) {
+    std::vector<EvictedChunk> chunks;
+    {
+      absl::MutexLock lock(&other.mu_);
+      for (const std::string& k : other.order_)
+        chunks.push_back(EvictedChunk{other.keys_.at(k), other.values_.at(k)});
+    }
+    for (const EvictedChunk& c : chunks) (void)Put(c.key, c.value, nullptr);
+  }
   void Replace(std::map<std::string, std::string> values) {
     absl::MutexLock lock(&mu_);
     for (auto& [k, v] : values) {

@@ -15,7 +15,13 @@ namespace kvarena {
 namespace {
 
 constexpr absl::string_view kMagic = "KVACHNK1";
-constexpr absl::string_view kKeyDomain = "kvarena.chunk.v1";
+// The keys' domain names the format version, so chunks of another version never share a
+// key with this one's.
+const std::string& KeyDomain() {
+  static const std::string* domain =
+      new std::string(absl::StrCat("kvarena.chunk.v", kChunkFormatVersion));
+  return *domain;
+}
 constexpr size_t kChecksumBytes = 8;
 
 // Sum over layers of (P - first_page[l]) pages of page_bytes; nullopt when an entry is
@@ -125,10 +131,11 @@ absl::Status CheckWant(const ChunkIdentity& want) {
 
 }  // namespace
 
-ChunkKey ChunkIdentity::key() const { return ChunkKeyOf(tenant, last_hash); }
+ChunkKey ChunkIdentity::key() const { return ChunkKeyOf(tenant, chunk_pages, last_hash); }
 
-ChunkKey ChunkKeyOf(absl::string_view tenant, const Hash128& last_hash) {
-  std::string b(kKeyDomain);
+ChunkKey ChunkKeyOf(absl::string_view tenant, int32_t chunk_pages, const Hash128& last_hash) {
+  std::string b(KeyDomain());
+  PutU32(&b, uint32_t(chunk_pages));
   PutU32(&b, uint32_t(tenant.size()));
   b.append(tenant.data(), tenant.size());
   PutU64(&b, last_hash.low);

@@ -18,7 +18,7 @@
 //            bytes laid out as the pool's pages ([2][page_size][num_kv_heads][head_dim])
 //   u64 XXH3-64 of every byte before it
 //
-// All integers little-endian. The key a store files it under is ChunkKeyOf(tenant,
+// All integers little-endian. The key a store files it under is ChunkKeyOf(tenant, P,
 // last hash): content-addressed, tenant-scoped.
 //
 // Pure functions; thread-safe.
@@ -54,8 +54,10 @@ struct ChunkIdentity {
   ChunkKey key() const;
 };
 
-// XXH3-128 of ("kvarena.chunk.v1" ‖ u32 len(tenant) ‖ tenant ‖ last_hash).
-ChunkKey ChunkKeyOf(absl::string_view tenant, const Hash128& last_hash);
+// XXH3-128 of ("kvarena.chunk.v<kChunkFormatVersion>" ‖ u32 P ‖ u32 len(tenant) ‖ tenant ‖
+// last_hash). P is in it because it decides what a chunk holds: nodes of another
+// --tier_chunk_pages miss each other's chunks instead of reading them as corrupt.
+ChunkKey ChunkKeyOf(absl::string_view tenant, int32_t chunk_pages, const Hash128& last_hash);
 
 // The fewest pages per chunk that make a chunk of at least min_bytes (K and V of every
 // layer): at least 1.

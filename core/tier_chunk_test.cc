@@ -117,16 +117,19 @@ TEST_F(TierChunkTest, RoundTripsEveryGeometryAndFirstPageMix) {
 
 TEST_F(TierChunkTest, KeyIsXxh3OfTheDocumentedBytes) {
   std::string b = "kvarena.chunk.v1";
+  PutU32(&b, uint32_t(id_.chunk_pages));
   PutU32(&b, 4);
   b += "acme";
   PutU64(&b, id_.last_hash.low);
   PutU64(&b, id_.last_hash.high);
   const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
   EXPECT_EQ(id_.key(), (Hash128{h.low64, h.high64}));
-  EXPECT_EQ(ChunkKeyOf("acme", id_.last_hash), id_.key());
-  EXPECT_NE(ChunkKeyOf("other", id_.last_hash), id_.key());
-  EXPECT_NE(ChunkKeyOf("", id_.last_hash), id_.key());
-  EXPECT_NE(ChunkKeyOf("acme", id_.parent_hash), id_.key());
+  const int32_t p = id_.chunk_pages;
+  EXPECT_EQ(ChunkKeyOf("acme", p, id_.last_hash), id_.key());
+  EXPECT_NE(ChunkKeyOf("other", p, id_.last_hash), id_.key());
+  EXPECT_NE(ChunkKeyOf("", p, id_.last_hash), id_.key());
+  EXPECT_NE(ChunkKeyOf("acme", p, id_.parent_hash), id_.key());
+  EXPECT_NE(ChunkKeyOf("acme", p + 1, id_.last_hash), id_.key());
 }
 
 TEST_F(TierChunkTest, EveryIdentityFieldThatDiffersIsNamed) {

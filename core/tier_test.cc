@@ -40,11 +40,11 @@ class TierTest : public PrefixTest {
   void SetUp() override { Start(OneStore("host")); }
 
   // A store whose arena holds `arena_pages` pages of the prefix geometry.
-  void Start(std::vector<TierEntry> stores) {
+  void Start(std::vector<TierEntry> stores, int chunk_pages = kChunkPages) {
     stores_.clear();
     for (const TierEntry& e : stores) stores_.push_back(static_cast<MapStore*>(e.store.get()));
     TierOptions t;
-    t.chunk_pages = kChunkPages;
+    t.chunk_pages = chunk_pages;
     tiers_ = std::make_shared<TierSet>(std::move(stores), t);
     StoreOptions o = Options(kChunkGranularity);  // one arena chunk: 4096 pages of 512 bytes
     o.tiers = tiers_;
@@ -181,6 +181,27 @@ TEST_F(TierTest, AnotherTenantsOrNamespacesChunkNeverHits) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cached_tokens, 0);
   EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 0u);
+}
+
+// Two nodes sharing a store with different --tier_chunk_pages: the second misses the
+// first's chunks and erases none of them (before keys carried P, its chunk 0 of blocks
+// 0-3 had the key of the first's chunk 1 of blocks 2-3, read as corrupt and erased).
+TEST_F(TierTest, ANodeOfAnotherChunkSizeMissesAndErasesNothing) {
+  const std::vector<int32_t> prompt = Tokens(17);  // 4 full pages: two chunks of 2
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  const size_t written = stores_[0]->size();
+  ASSERT_GE(written, 2u);
+  auto shared = std::make_unique<MapStore>("host");
+  shared->CopyFrom(*stores_[0]);
+  MapStore* other = shared.get();
+  std::vector<TierEntry> v;
+  v.push_back(TierEntry{std::move(shared), false});
+  Start(std::move(v), /*chunk_pages=*/4);
+  auto b = AllocPrompt(PrefixSpec("m"), prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->cached_tokens, 0);
+  EXPECT_EQ(other->size(), written);
+  EXPECT_EQ(store_->Stats().tiers[0].corrupt_chunks, 0u);
 }
 
 TEST_F(TierTest, AHostTierThatOverflowsDemotesToTheNextTier) {
