@@ -348,6 +348,10 @@ std::shared_ptr<const LoadedChunk> TierSet::ReadStores(const ChunkIdentity& id,
     if (!value.ok()) {
       if (absl::IsNotFound(value.status())) {
         c.miss_chunks += 1;
+      } else if (absl::IsDataLoss(value.status())) {  // what the key holds is no chunk
+        c.corrupt_chunks += 1;
+        c.miss_chunks += 1;
+        stores_[i].store->Erase(key);
       } else {
         c.errors += 1;
         c.miss_chunks += 1;

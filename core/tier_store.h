@@ -27,7 +27,7 @@
 
 namespace kvarena {
 
-// A chunk's key: ChunkKeyOf(tenant, chained hash of the chunk's last page).
+// A chunk's key: ChunkKeyOf(tenant, chunk pages, chained hash of the chunk's last page).
 using ChunkKey = Hash128;
 
 // What a store holds now.
@@ -50,8 +50,10 @@ class TierStore {
 
   // "host", "disk" or "redis": TierStats.medium and the KvEvent medium of what it holds.
   virtual std::string medium() const = 0;
-  // The value under key. NOT_FOUND: a miss; any other error (UNAVAILABLE, DEADLINE_EXCEEDED,
-  // an I/O error) is counted by the caller as a tier error and treated as a miss. Returns
+  // The value under key. NOT_FOUND: a miss; DATA_LOSS: the key holds something that is no
+  // chunk (the caller counts it corrupt and erases it, as a value that fails
+  // verification); any other error (UNAVAILABLE, DEADLINE_EXCEEDED, an I/O error) is
+  // counted by the caller as a tier error and treated as a miss. Returns
   // by `deadline` where the medium allows (a network store does; a local read of one
   // chunk is not interrupted).
   virtual absl::StatusOr<std::string> Get(const ChunkKey& key, absl::Time deadline) = 0;

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -112,6 +113,55 @@ TEST_F(RedisStoreTest, PlainRedisServerWorks) {
   EXPECT_TRUE(absl::StartsWith(store->RedisKey(Key(3)), "plain:{"));
   store->Erase(Key(3));
   EXPECT_THAT(store->Get(Key(3), Deadline()), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A new chunk is one SET ... NX PX (no EXISTS or PEXPIRE before it); a key holding a value
+// of another Redis type reads as DATA_LOSS, and once erased the chunk is written again.
+TEST_F(RedisStoreTest, ANewChunkIsOneSetAndAWrongTypeKeyIsDataLoss) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
+  RedisStoreOptions options = StoreOptions();
+  options.ttl = absl::Seconds(60);
+  std::unique_ptr<RedisStore> store = NewStore(options);
+  ASSERT_NE(store, nullptr);
+  const int port = cluster_->ports()[0];
+  ASSERT_TRUE(cluster_->Cli(port, {"CONFIG", "RESETSTAT"}).ok());
+  for (uint64_t i = 0; i < 10; ++i) ASSERT_THAT(store->Put(Key(i), Value(i), nullptr), IsOk());
+  absl::StatusOr<std::string> stats = cluster_->Cli(port, {"INFO", "commandstats"});
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_THAT(*stats, HasSubstr("cmdstat_set:calls=10,"));
+  EXPECT_THAT(*stats, ::testing::Not(HasSubstr("cmdstat_exists:")));
+  EXPECT_THAT(*stats, ::testing::Not(HasSubstr("cmdstat_pexpire:")));
+
+  const std::string k = store->RedisKey(Key(42));
+  ASSERT_TRUE(cluster_->Cli(port, {"HSET", k, "field", "value"}).ok());
+  EXPECT_THAT(store->Get(Key(42), Deadline()), StatusIs(absl::StatusCode::kDataLoss));
+  store->Erase(Key(42));
+  ASSERT_THAT(store->Put(Key(42), Value(42), nullptr), IsOk());
+  EXPECT_EQ(store->Get(Key(42), Deadline()).value_or("<error>"), Value(42));
+}
+
+// What the ttl expired leaves Usage's figures without a Get of it.
+TEST_F(RedisStoreTest, UsageForgetsWhatTheTtlExpired) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
+  RedisStoreOptions options = StoreOptions();
+  options.ttl = absl::Milliseconds(300);
+  std::unique_ptr<RedisStore> store = NewStore(options);
+  ASSERT_NE(store, nullptr);
+  for (uint64_t i = 0; i < 20; ++i) ASSERT_THAT(store->Put(Key(i), Value(i), nullptr), IsOk());
+  EXPECT_EQ(store->Usage().chunks, 20);
+  const int port = cluster_->ports()[0];
+  std::vector<std::string> exists = {"EXISTS"};
+  for (uint64_t i = 0; i < 20; ++i) exists.push_back(store->RedisKey(Key(i)));
+  // Waits (bounded) for Redis to expire them, then for the store's own expiry times.
+  auto held = [&] {
+    return std::string(absl::StripAsciiWhitespace(cluster_->Cli(port, exists).value_or("?")));
+  };
+  for (int i = 0; i < 100 && held() != "0"; ++i) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_EQ(held(), "0");
+  for (int i = 0; i < 500 && store->Usage().chunks != 0; ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(store->Usage().chunks, 0);
+  EXPECT_EQ(store->Usage().bytes_used, 0u);
 }
 
 TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {

@@ -21,6 +21,8 @@ absl::Status ErrorReplyStatus(const RedisAddress& node, absl::string_view error)
   }
   if (absl::StartsWith(error, "NOPERM")) return absl::PermissionDeniedError(message);
   if (absl::StartsWith(error, "OOM")) return absl::ResourceExhaustedError(message);
+  // The key holds a value of another type: what it holds is no chunk.
+  if (absl::StartsWith(error, "WRONGTYPE")) return absl::DataLossError(message);
   return absl::InternalError(message);
 }
 

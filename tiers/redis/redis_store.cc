@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -82,19 +83,39 @@ std::string RedisStore::RedisKey(const ChunkKey& key) const {
 }
 
 void RedisStore::Remember(const ChunkKey& key, uint64_t size) {
+  const absl::Time now = absl::Now();
+  // Redis set or renewed the expiry before this, so it expires no later than this says.
+  const absl::Time expires =
+      options_.ttl > absl::ZeroDuration() ? now + options_.ttl : absl::InfiniteFuture();
   absl::MutexLock lock(&mu_);
-  auto [it, added] = sizes_.try_emplace(key, size);
-  if (!added) bytes_ -= it->second;
-  it->second = size;
+  ForgetExpiredLocked(now);
+  auto [it, added] = sizes_.try_emplace(key, Known{size, expires});
+  if (!added) {
+    bytes_ -= it->second.size;
+    expiring_.erase({it->second.expires, key.low, key.high});
+    it->second = Known{size, expires};
+  }
   bytes_ += size;
+  if (expires != absl::InfiniteFuture()) expiring_.insert({expires, key.low, key.high});
 }
 
 void RedisStore::Forget(const ChunkKey& key) {
   absl::MutexLock lock(&mu_);
   auto it = sizes_.find(key);
   if (it == sizes_.end()) return;
-  bytes_ -= it->second;
+  bytes_ -= it->second.size;
+  expiring_.erase({it->second.expires, key.low, key.high});
   sizes_.erase(it);
+}
+
+void RedisStore::ForgetExpiredLocked(absl::Time now) const {
+  while (!expiring_.empty() && std::get<0>(*expiring_.begin()) <= now) {
+    const auto& [at, low, high] = *expiring_.begin();
+    auto it = sizes_.find(ChunkKey{low, high});
+    bytes_ -= it->second.size;
+    sizes_.erase(it);
+    expiring_.erase(expiring_.begin());
+  }
 }
 
 std::string RedisStore::TtlMillis() const {
@@ -103,6 +124,8 @@ std::string RedisStore::TtlMillis() const {
 
 absl::StatusOr<std::string> RedisStore::ValueOf(const ChunkKey& key, const std::string& k,
                                                 absl::StatusOr<RedisReply> reply) {
+  // DATA_LOSS: a key of another Redis type (redis_cluster.cc), which the tier erases.
+  if (absl::IsDataLoss(reply.status())) Forget(key);
   KVARENA_RETURN_IF_ERROR(reply.status());
   if (reply->type == RedisReply::Type::kNil) {
     Forget(key);  // evicted or expired by Redis, or never stored
@@ -147,27 +170,27 @@ bool RedisStore::Contains(const ChunkKey& key) {
 absl::Status RedisStore::Put(const ChunkKey& key, absl::string_view value,
                              std::vector<EvictedChunk>* /*evicted: Redis evicts itself*/) {
   const std::string k = RedisKey(key);
-  const absl::Time deadline = absl::Now() + options_.command_timeout;
-  // Already there? With a ttl, PEXPIRE asks and renews it in one command.
+  // One round trip for a new chunk: SET ... NX stores it unless the key is there.
   const bool ttl = options_.ttl > absl::ZeroDuration();
-  RedisArgv check = ttl ? RedisArgv{"PEXPIRE", k, TtlMillis()} : RedisArgv{"EXISTS", k};
-  KVARENA_ASSIGN_OR_RETURN(RedisReply exists, cluster_->Run({k, std::move(check)}, deadline));
-  if (exists.type != RedisReply::Type::kInteger) {
-    return Unexpected(*cluster_, ttl ? "PEXPIRE" : "EXISTS", k, exists);
-  }
-  if (exists.integer == 1) {  // content-addressed: the same key holds the same chunk
-    already_present_.fetch_add(1, std::memory_order_relaxed);
-    Remember(key, value.size());
-    return absl::OkStatus();
-  }
-  RedisArgv set = {"SET", k, std::string(value)};
+  RedisArgv set = {"SET", k, std::string(value), "NX"};
   if (ttl) {
     set.push_back("PX");
     set.push_back(TtlMillis());
   }
   KVARENA_ASSIGN_OR_RETURN(
       RedisReply reply, cluster_->Run({k, std::move(set)}, absl::Now() + options_.command_timeout));
-  if (reply.type != RedisReply::Type::kStatus || reply.str != "OK") {
+  if (reply.type == RedisReply::Type::kNil) {
+    // Content-addressed: the same key holds the same chunk. A ttl is renewed, as a Get
+    // renews it.
+    already_present_.fetch_add(1, std::memory_order_relaxed);
+    if (ttl) {
+      KVARENA_ASSIGN_OR_RETURN(
+          RedisReply renewed,
+          cluster_->Run({k, {"PEXPIRE", k, TtlMillis()}}, absl::Now() + options_.command_timeout));
+      if (renewed.type != RedisReply::Type::kInteger)
+        return Unexpected(*cluster_, "PEXPIRE", k, renewed);
+    }
+  } else if (reply.type != RedisReply::Type::kStatus || reply.str != "OK") {
     return Unexpected(*cluster_, "SET", k, reply);
   }
   Remember(key, value.size());
@@ -184,6 +207,7 @@ TierUsage RedisStore::Usage() const {
   TierUsage usage;
   usage.up = cluster_->up();
   absl::MutexLock lock(&mu_);
+  ForgetExpiredLocked(absl::Now());
   usage.bytes_used = bytes_;
   usage.chunks = int64_t(sizes_.size());
   return usage;

@@ -1,10 +1,12 @@
 // RedisStore: the TierStore over a Redis Cluster (or one non-cluster Redis), medium "redis"
 // (docs/redis-tier.md). A chunk is kept under "<key_prefix>:{<32 hex digits of its key>}":
 // the braces are a hash tag, so every key of one chunk lands in one slot. Values are opaque
-// bytes here; TierSet verifies what Get returns. Put is content-addressed: EXISTS first, and
-// a chunk Redis already has is not sent again (counted in already_present()). Redis makes
-// room itself (maxmemory with allkeys-lru, or the ttl, renewed by each Get and Put of the
-// chunk): Put never hands evicted values on.
+// bytes here; TierSet verifies what Get returns. Put is content-addressed and one round
+// trip for a new chunk (SET ... NX PX); one Redis already has is left as it is (counted in
+// already_present(), its ttl renewed). Redis makes room itself (maxmemory with
+// allkeys-lru, or the ttl, renewed by each Get and Put of the chunk): Put never hands
+// evicted values on. A key holding a value of another Redis type reads as DATA_LOSS, so the
+// tier erases it.
 //
 // Thread-safety: safe for concurrent use; no lock of this store is held across a network
 // call (the cluster client's own locking is in redis_cluster.h).
@@ -14,7 +16,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -70,22 +75,33 @@ class RedisStore : public TierStore {
 
  private:
   RedisStore(const RedisStoreOptions& options, std::unique_ptr<RedisCluster> cluster);
-  // A GET's reply as Get returns it (NOT_FOUND for nil; INTERNAL for a wrong type).
+  // A GET's reply as Get returns it (NOT_FOUND for nil; DATA_LOSS for a key of another
+  // Redis type; INTERNAL for a reply of a wrong type).
   absl::StatusOr<std::string> ValueOf(const ChunkKey& key, const std::string& k,
                                       absl::StatusOr<RedisReply> reply);
   std::string TtlMillis() const;
   void Remember(const ChunkKey& key, uint64_t size);
   void Forget(const ChunkKey& key);
+  // Drops what the ttl has expired by now.
+  void ForgetExpiredLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RedisStoreOptions options_;
   const std::unique_ptr<RedisCluster> cluster_;
   std::atomic<int64_t> already_present_{0};
 
-  // Sizes of the chunks this store wrote or read and has not seen gone: Usage's figures.
-  // Other writers' chunks, and what Redis evicted or expired unseen, are not in them.
+  // The chunks this store wrote or read and has not seen gone, with when the ttl expires
+  // them: Usage's figures. Other writers' chunks are not in them; what the ttl expired is
+  // dropped as its time passes, so they never count a chunk past its expiry; without a
+  // ttl, what maxmemory evicted leaves them at the next Get of it.
+  struct Known {
+    uint64_t size = 0;
+    absl::Time expires;  // InfiniteFuture without a ttl
+  };
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<ChunkKey, uint64_t> sizes_ ABSL_GUARDED_BY(mu_);
-  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::flat_hash_map<ChunkKey, Known> sizes_ ABSL_GUARDED_BY(mu_);
+  // (expiry, key low, key high) of every chunk a ttl expires, soonest first.
+  mutable std::set<std::tuple<absl::Time, uint64_t, uint64_t>> expiring_ ABSL_GUARDED_BY(mu_);
+  mutable uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The store as the tier seam sees it (RedisStore::Create).
