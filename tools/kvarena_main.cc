@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "kvarena/client.h"
@@ -38,6 +39,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "a file holding the daemon's bearer token (needs --tls_ca_file); a file, not a flag "
           "value, so the token stays out of the process list");
 
+// CMake defines it from project(VERSION) (tools/CMakeLists.txt); Bazel has no version.
+#ifndef KVARENA_VERSION
+#define KVARENA_VERSION "(unversioned: not built by CMake)"
+#endif
+
 namespace {
 
 constexpr char kUsage[] =
@@ -54,6 +60,10 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig config;
+  // --version: CMake's project VERSION, as kvarenad --version prints it.
+  config.version_string = [] { return std::string("kvarena " KVARENA_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr, "kvarena: %s\n", kUsage);

@@ -5,7 +5,8 @@
 #     Debian's /usr/bin/python3;
 #   - the wheel's name and contents: the extension, python/kvarena/*.py, kvarenad and the
 #     kvarena CLI (executable), the two console commands;
-#   - one version: CMakeLists.txt's project VERSION = the wheel's = `kvarenad --version`;
+#   - one version: CMakeLists.txt's project VERSION = the wheel's = `kvarenad --version` =
+#     `kvarena --version`;
 #   - a fresh venv (--system-site-packages, for Debian's numpy), the wheel installed into
 #     it with pip --no-index, every shared library its binaries need found;
 #   - the venv's kvarenad on a Unix socket in a temporary directory (the console command
@@ -91,7 +92,9 @@ done
 # One version: CMakeLists.txt's, the wheel's (its name, checked above), kvarenad's.
 said=$("$venv/bin/kvarenad" --version)
 [ "$said" = "kvarenad $version" ] || fail "kvarenad --version says '$said', CMakeLists.txt $version"
-echo "wheel_test: version $version: CMakeLists.txt, the wheel, kvarenad --version"
+said=$("$venv/bin/kvarena" --version)
+[ "$said" = "kvarena $version" ] || fail "kvarena --version says '$said', CMakeLists.txt $version"
+echo "wheel_test: version $version: CMakeLists.txt, the wheel, kvarenad and kvarena --version"
 
 # The wheel's kvarenad on a socket in the temporary directory.
 sock=$tmp/kvarena.sock
