@@ -104,6 +104,7 @@ class DiskStore final : public TierStore {
       absl::MutexLock lock(&mu_);
       const Index::Entry* e = index_.Find(key);
       if (e != nullptr && e->value.generation == generation) index_.Erase(key);
+      PublishLocked();
     }
     return value;
   }
@@ -146,6 +147,7 @@ class DiskStore final : public TierStore {
       index_.MakeRoom(value.size(), limit_, &dropped);
       for (const Index::Entry& e : dropped) RemoveFileLocked(e.key);
       index_.Insert(key, OnDisk{++generation_}, value.size());
+      PublishLocked();
     }
     SyncDir(fan_out);
     return absl::OkStatus();
@@ -154,11 +156,17 @@ class DiskStore final : public TierStore {
   void Erase(const ChunkKey& key) override {
     absl::MutexLock lock(&mu_);
     if (index_.Erase(key)) RemoveFileLocked(key);
+    PublishLocked();
   }
 
+  // Without mu_: Stats never waits behind a file-system call made under it (an unlink or
+  // a rename on a hung mount).
   TierUsage Usage() const override {
-    absl::MutexLock lock(&mu_);
-    return index_.Usage(limit_);
+    TierUsage u;
+    u.bytes_used = used_bytes_.load(std::memory_order_relaxed);
+    u.bytes_limit = limit_;
+    u.chunks = used_chunks_.load(std::memory_order_relaxed);
+    return u;
   }
 
  private:
@@ -168,6 +176,12 @@ class DiskStore final : public TierStore {
   void RemoveFileLocked(const ChunkKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const absl::StatusOr<DirFd> fan_out = OpenSubdir(root_, FanOutName(key), /*create=*/false);
     if (fan_out.ok()) unlinkat(fan_out->fd.get(), ChunkFileName(key).c_str(), 0);
+  }
+
+  // Publishes the index's totals for Usage. REQUIRES: mu_ held, after each change.
+  void PublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    used_bytes_.store(index_.bytes(), std::memory_order_relaxed);
+    used_chunks_.store(index_.size(), std::memory_order_relaxed);
   }
 
   // The modification time the next written or read file gets: now, but always later than
@@ -194,6 +208,7 @@ class DiskStore final : public TierStore {
         index_.Insert(f.key, OnDisk{++generation_}, f.bytes);
         last_stamp_ = std::max(last_stamp_, f.mtime);
       }
+      PublishLocked();
       phase_ = Phase::kTrimming;
     }
     found = {};
@@ -207,6 +222,7 @@ class DiskStore final : public TierStore {
       absl::MutexLock lock(&mu_);
       if (index_.bytes() > limit_) {  // Gets may have dropped files meanwhile
         RemoveFileLocked(index_.PopOldest().key);
+        PublishLocked();
         ++report.trimmed;
       }
     }
@@ -288,6 +304,9 @@ class DiskStore final : public TierStore {
   absl::Time last_stamp_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The index's bytes and chunks as of its last change (PublishLocked).
+  std::atomic<uint64_t> used_bytes_{0};
+  std::atomic<int64_t> used_chunks_{0};
   std::atomic<bool> stop_{false};  // the store is going: the open's thread returns
   std::thread opener_;             // OpenInBackground; last, so it starts after the rest
 };
