@@ -52,6 +52,8 @@ const char* RefusalName(Refusal reason) {
       return "tenant_max_pages";
     case Refusal::kTenantMaxCaches:
       return "tenant_max_caches";
+    case Refusal::kMaxQueuedBytes:
+      return "max_queued_bytes";
   }
   return "other";
 }

@@ -32,8 +32,9 @@ enum class Refusal {
   kWatcherBehind,        // a WatchEvents stream dropped: it fell too far behind
   kTenantMaxPages,       // a tenant's max_pages (--tenants_file)
   kTenantMaxCaches,      // a tenant's max_caches (--tenants_file)
+  kMaxQueuedBytes,       // --max_queued_bytes: requests held by the daemon's pool
 };
-inline constexpr int kNumRefusals = static_cast<int>(Refusal::kTenantMaxCaches) + 1;
+inline constexpr int kNumRefusals = static_cast<int>(Refusal::kMaxQueuedBytes) + 1;
 
 // "arena_full", "max_tokens", ...: the metrics label.
 const char* RefusalName(Refusal reason);
