@@ -87,6 +87,11 @@ ABSL_FLAG(std::string, tenants_file, "",
 ABSL_FLAG(kvarena::ByteSize, max_message_bytes, kvarena::ByteSize{kDefaults.store.max_reply_bytes},
           "Largest gRPC message kvarenad receives or sends; a GetKv reply larger than this is "
           "refused (RESOURCE_EXHAUSTED): page it with from_pos / max_tokens.");
+ABSL_FLAG(kvarena::ByteSize, max_queued_bytes, kvarena::ByteSize{kDefaults.max_queued_bytes},
+          "Bytes of requests the daemon's pool of long calls (prefill Appends, long Attends, "
+          "GetKv, ListCaches, Allocates that read the tiers) may hold, waiting or running; a "
+          "call past it is refused (RESOURCE_EXHAUSTED naming max_queued_bytes), unless the "
+          "pool holds none.");
 ABSL_FLAG(kvarena::ByteSize, scratch_bytes, kvarena::ByteSize{kDefaults.store.scratch_bytes},
           "Scratch region per attached session (zero-copy tensors), charged to "
           "--arena_bytes while the session lives; 0 = none (tensors travel inline).");
@@ -248,6 +253,7 @@ DaemonOptions OptionsFromFlags() {
   o.max_watchers_per_peer = absl::GetFlag(FLAGS_max_watchers_per_peer);
   o.store.max_sessions_per_peer = absl::GetFlag(FLAGS_max_sessions_per_peer);
   o.max_fd_connections = absl::GetFlag(FLAGS_max_fd_connections);
+  o.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes).bytes;
   o.fd_idle_timeout = absl::GetFlag(FLAGS_fd_idle_timeout);
   o.fd_request_timeout = absl::GetFlag(FLAGS_fd_request_timeout);
   o.watcher_max_backlog = absl::GetFlag(FLAGS_watcher_max_backlog);

@@ -187,8 +187,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   events_options.max_backlog = options.watcher_max_backlog;
   events_options.peer_uids = &d->peer_uids_;
   d->events_ = std::make_unique<EventsHub>(d->store_.get(), &d->rpcs_, events_options);
+  ServiceOptions service_options;
+  service_options.tenants = d->tenants_.get();
+  service_options.tiers = tiers.set != nullptr;
+  service_options.max_queued_bytes = options.max_queued_bytes;
   d->service_ = std::make_unique<KvCacheServiceImpl>(d->store_.get(), &d->rpcs_, d->attach_.get(),
-                                                     d->events_.get(), d->tenants_.get());
+                                                     d->events_.get(), service_options);
   if (options.metrics_port != 0) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> metrics = MetricsServer::Start(
         options.metrics_address, options.metrics_port,

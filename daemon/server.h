@@ -69,6 +69,7 @@ struct DaemonOptions {
   uint64_t watcher_max_backlog = 4096;  // events recorded during one write before a watcher
                                         // is dropped
   int max_fd_connections = 256;         // open fd-socket connections
+  uint64_t max_queued_bytes = kDefaultMaxQueuedBytes;    // requests the Offload pool holds
   absl::Duration fd_idle_timeout = absl::Seconds(60);    // an idle fd-socket connection closes
   absl::Duration fd_request_timeout = absl::Seconds(5);  // one fd-socket request, first byte
                                                          // to reply

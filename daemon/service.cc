@@ -75,7 +75,8 @@ absl::InlinedVector<absl::string_view, 1> ItemCaches(const Request& req) {
 
 }  // namespace
 
-bool RunsInline(const v1::AllocateRequest& req) {
+bool RunsInline(const v1::AllocateRequest& req, bool tiers) {
+  if (tiers && req.prompt_tokens_size() > 0) return false;
   return req.prompt_tokens_size() <= kInlineTokens;
 }
 bool RunsInline(const v1::SetTokensRequest& req) { return req.token_ids_size() <= kInlineTokens; }
@@ -83,8 +84,14 @@ bool RunsInline(const v1::ReserveRequest& req) { return req.items_size() <= kInl
 bool RunsInline(const v1::CommitRequest& req) { return req.items_size() <= kInlineItems; }
 
 KvCacheServiceImpl::KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach,
-                                       EventsHub* events, const Tenants* tenants)
-    : requests_(store), rpcs_(rpcs), attach_(attach), events_(events), tenants_(tenants) {
+                                       EventsHub* events, const ServiceOptions& options)
+    : requests_(store),
+      rpcs_(rpcs),
+      attach_(attach),
+      events_(events),
+      tenants_(options.tenants),
+      tiers_(options.tiers),
+      offload_(kOffloadThreads, options.max_queued_bytes) {
   SetMessageAllocatorFor_Stats(&stats_messages_);
   SetMessageAllocatorFor_Describe(&describe_messages_);
   SetMessageAllocatorFor_ListCaches(&list_messages_);
@@ -105,8 +112,9 @@ absl::StatusOr<Caller> KvCacheServiceImpl::CallerOf(const grpc::ServerContextBas
 }
 
 template <typename Body>
-KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool small, CacheIds caches,
-                                                     Body body) {
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx,
+                                                     const google::protobuf::Message& req,
+                                                     bool small, CacheIds caches, Body body) {
   const auto start = std::chrono::steady_clock::now();
   Unary* reactor = ctx->DefaultReactor();
   if (small && !busy_.Busy(caches)) {
@@ -114,11 +122,17 @@ KvCacheServiceImpl::Unary* KvCacheServiceImpl::Serve(Rpc rpc, Ctx* ctx, bool sma
     return reactor;
   }
   busy_.Hold(caches);
-  offload_.Run([this, rpc, ctx, start, reactor, body, caches = std::move(caches)]() mutable {
-    grpc::Status status = Run(rpc, ctx, start, body);
+  const absl::Status queued = offload_.Run(
+      uint64_t(req.SpaceUsedLong()), [this, rpc, ctx, start, reactor, body, caches]() mutable {
+        grpc::Status status = Run(rpc, ctx, start, body);
+        busy_.Release(caches);
+        reactor->Finish(std::move(status));
+      });
+  if (!queued.ok()) {  // refused before anything ran: the call mutated nothing
     busy_.Release(caches);
-    reactor->Finish(std::move(status));
-  });
+    rpcs_->RecordCall(rpc, queued, absl::FromChrono(std::chrono::steady_clock::now() - start));
+    reactor->Finish(ToGrpcStatus(queued));
+  }
   return reactor;
 }
 
@@ -143,19 +157,19 @@ grpc::Status KvCacheServiceImpl::Run(Rpc rpc, const Ctx* ctx,
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Allocate(Ctx* ctx, const v1::AllocateRequest* req,
                                                         v1::AllocateResponse* resp) {
-  return Serve(Rpc::kAllocate, ctx, RunsInline(*req), {},
+  return Serve(Rpc::kAllocate, ctx, *req, RunsInline(*req, tiers_), {},
                [this, req, resp](const Caller& c) { return requests_.Allocate(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Append(Ctx* ctx, const v1::AppendRequest* req,
                                                       v1::AppendResponse* resp) {
-  return Serve(Rpc::kAppend, ctx, RunsInline(*req), {req->cache_id()},
+  return Serve(Rpc::kAppend, ctx, *req, RunsInline(*req), {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Append(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Attend(Ctx* ctx, const v1::AttendRequest* req,
                                                       v1::AttendResponse* resp) {
-  return Serve(Rpc::kAttend, ctx, RunsInline(*req), {req->cache_id()},
+  return Serve(Rpc::kAttend, ctx, *req, RunsInline(*req), {req->cache_id()},
                [this, ctx, req, resp](const Caller& c) {
                  const StopToken stop = StopTokenOf(ctx);
                  return requests_.Attend(c, *req, resp, &stop);
@@ -164,56 +178,56 @@ KvCacheServiceImpl::Unary* KvCacheServiceImpl::Attend(Ctx* ctx, const v1::Attend
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Popn(Ctx* ctx, const v1::PopnRequest* req,
                                                     v1::PopnResponse* resp) {
-  return Serve(Rpc::kPopn, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kPopn, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Popn(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reset(Ctx* ctx, const v1::ResetRequest* req,
                                                      v1::ResetResponse* resp) {
-  return Serve(Rpc::kReset, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kReset, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Reset(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Release(Ctx* ctx, const v1::ReleaseRequest* req,
                                                        v1::ReleaseResponse* resp) {
-  return Serve(Rpc::kRelease, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kRelease, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Release(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Reserve(Ctx* ctx, const v1::ReserveRequest* req,
                                                        v1::ReserveResponse* resp) {
-  return Serve(Rpc::kReserve, ctx, RunsInline(*req), ItemCaches(*req),
+  return Serve(Rpc::kReserve, ctx, *req, RunsInline(*req), ItemCaches(*req),
                [this, req, resp](const Caller& c) { return requests_.Reserve(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Commit(Ctx* ctx, const v1::CommitRequest* req,
                                                       v1::CommitResponse* resp) {
-  return Serve(Rpc::kCommit, ctx, RunsInline(*req), ItemCaches(*req),
+  return Serve(Rpc::kCommit, ctx, *req, RunsInline(*req), ItemCaches(*req),
                [this, req, resp](const Caller& c) { return requests_.Commit(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::GetKv(Ctx* ctx, const v1::GetKvRequest* req,
                                                      v1::GetKvResponse* resp) {
-  return Serve(Rpc::kGetKv, ctx, false, {req->cache_id()},
+  return Serve(Rpc::kGetKv, ctx, *req, false, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.GetKv(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Describe(Ctx* ctx, const v1::DescribeRequest* req,
                                                         v1::DescribeResponse* resp) {
-  return Serve(Rpc::kDescribe, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kDescribe, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Describe(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Stats(Ctx* ctx, const v1::StatsRequest* req,
                                                      v1::StatsResponse* resp) {
-  return Serve(Rpc::kStats, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kStats, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Stats(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::ListCaches(Ctx* ctx,
                                                           const v1::ListCachesRequest* req,
                                                           v1::ListCachesResponse* resp) {
-  return Serve(Rpc::kListCaches, ctx, false, {},
+  return Serve(Rpc::kListCaches, ctx, *req, false, {},
                [this, req, resp](const Caller& c) { return requests_.ListCaches(c, *req, resp); });
 }
 
@@ -224,13 +238,13 @@ grpc::ServerWriteReactor<v1::AttachEvent>* KvCacheServiceImpl::Attach(
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::SetTokens(Ctx* ctx, const v1::SetTokensRequest* req,
                                                          v1::SetTokensResponse* resp) {
-  return Serve(Rpc::kSetTokens, ctx, RunsInline(*req), {req->cache_id()},
+  return Serve(Rpc::kSetTokens, ctx, *req, RunsInline(*req), {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.SetTokens(c, *req, resp); });
 }
 
 KvCacheServiceImpl::Unary* KvCacheServiceImpl::Fork(Ctx* ctx, const v1::ForkRequest* req,
                                                     v1::ForkResponse* resp) {
-  return Serve(Rpc::kFork, ctx, true, {req->cache_id()},
+  return Serve(Rpc::kFork, ctx, *req, true, {req->cache_id()},
                [this, req, resp](const Caller& c) { return requests_.Fork(c, *req, resp); });
 }
 
@@ -239,9 +253,9 @@ grpc::ServerWriteReactor<v1::WatchEventsResponse>* KvCacheServiceImpl::WatchEven
   return events_->Start(ctx, *req, CallerOf(ctx));
 }
 
-KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest*,
+KvCacheServiceImpl::Unary* KvCacheServiceImpl::Ping(Ctx* ctx, const v1::PingRequest* req,
                                                     v1::PingResponse*) {
-  return Serve(Rpc::kPing, ctx, true, {}, [](const Caller&) { return absl::OkStatus(); });
+  return Serve(Rpc::kPing, ctx, *req, true, {}, [](const Caller&) { return absl::OkStatus(); });
 }
 
 }  // namespace kvarena

@@ -9,10 +9,13 @@
 // another thread, one wake-up more per call); one that may run long — an Append over
 // more than kInlineAppendBytes, an Attend over more than kInlineAttendWork, an Allocate or
 // SetTokens with more than kInlineTokens ids, a Reserve or Commit of more than kInlineItems
-// caches, GetKv, ListCaches — is handed to the Offload pool, so gRPC's few callback
-// threads keep reading; so is any call on a cache a pooled call holds (BusyCaches), which
-// would otherwise wait for that cache's lock on a callback thread. Attach and WatchEvents (a held
-// stream takes no thread): the AttachHub and the EventsHub serve and count them.
+// caches, GetKv, ListCaches, and any Allocate with prompt_tokens when tiers are configured
+// (its lookup may read a disk or a network that hangs) — is handed to the Offload pool, so
+// gRPC's few callback threads keep reading and Health, Ping and Stats keep answering; so
+// is any call on a cache a pooled call holds (BusyCaches), which would otherwise wait for
+// that cache's lock on a callback thread. The pool refuses a call past max_queued_bytes.
+// Attach and WatchEvents (a held stream takes no thread): the AttachHub and the EventsHub
+// serve and count them.
 //
 // Thread-safety: handlers run concurrently on gRPC's callback threads and the pool's.
 #ifndef KVARENA_DAEMON_SERVICE_H_
@@ -46,22 +49,33 @@ inline constexpr uint64_t kInlineAttendWork = uint64_t{1} << 25;
 inline constexpr int kInlineTokens = 16384;
 // A Reserve or Commit of more caches runs on the pool.
 inline constexpr int kInlineItems = 256;
+// The Offload pool's threads, and the default of --max_queued_bytes.
+inline constexpr int kOffloadThreads = 256;
+inline constexpr uint64_t kDefaultMaxQueuedBytes = uint64_t{1} << 30;
 
 // Whether a request is small enough to run on gRPC's callback thread (any shape or
 // value the handler would refuse counts as large; the handler then refuses it).
 bool RunsInline(const v1::AppendRequest& req);
 bool RunsInline(const v1::AttendRequest& req);
-bool RunsInline(const v1::AllocateRequest& req);
+// `tiers`: tiers are configured, so a prompt's lookup may read them.
+bool RunsInline(const v1::AllocateRequest& req, bool tiers);
 bool RunsInline(const v1::SetTokensRequest& req);
 bool RunsInline(const v1::ReserveRequest& req);
 bool RunsInline(const v1::CommitRequest& req);
 
+struct ServiceOptions {
+  const Tenants* tenants = nullptr;  // null: no --tenants_file
+  bool tiers = false;                // the store reads tiers (RunsInline of an Allocate)
+  // --max_queued_bytes: the bytes the requests handed to the Offload pool may hold.
+  uint64_t max_queued_bytes = kDefaultMaxQueuedBytes;
+};
+
 class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
  public:
-  // store, rpcs, attach, events and tenants (null: no --tenants_file) must outlive the
-  // service. The destructor waits for every call handed to the pool.
+  // store, rpcs, attach, events and options.tenants must outlive the service. The
+  // destructor waits for every call handed to the pool.
   KvCacheServiceImpl(KvStore* store, RpcMetrics* rpcs, AttachHub* attach, EventsHub* events,
-                     const Tenants* tenants = nullptr);
+                     const ServiceOptions& options = {});
 
   using Ctx = grpc::CallbackServerContext;
   using Unary = grpc::ServerUnaryReactor;
@@ -92,9 +106,11 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   using CacheIds = absl::InlinedVector<absl::string_view, 1>;
   // Runs body (a Requests call, given the caller) and finishes the call with its status:
   // on this thread when `small` and no pooled call holds one of `caches`, else on the pool
-  // (holding `caches` meanwhile). The call is timed from here.
+  // (holding `caches` and req's bytes meanwhile), or refuses it when the pool is past
+  // max_queued_bytes (Offload::Run). The call is timed from here.
   template <typename Body>
-  Unary* Serve(Rpc rpc, Ctx* ctx, bool small, CacheIds caches, Body body);
+  Unary* Serve(Rpc rpc, Ctx* ctx, const google::protobuf::Message& req, bool small, CacheIds caches,
+               Body body);
   // Authenticates the caller, runs body for it, records its status and how long it took
   // since `start`, and maps the status.
   template <typename Body>
@@ -106,12 +122,13 @@ class KvCacheServiceImpl final : public v1::KvCacheService::CallbackService {
   AttachHub* const attach_;
   EventsHub* const events_;
   const Tenants* const tenants_;
+  const bool tiers_;
   // The replies made of many messages, each call's on one arena.
   ArenaMessages<v1::StatsRequest, v1::StatsResponse> stats_messages_;
   ArenaMessages<v1::DescribeRequest, v1::DescribeResponse> describe_messages_;
   ArenaMessages<v1::ListCachesRequest, v1::ListCachesResponse> list_messages_;
   BusyCaches busy_;
-  Offload offload_{256};  // last: its destructor waits for the calls it runs
+  Offload offload_;  // last: its destructor waits for the calls it runs
 };
 
 }  // namespace kvarena

@@ -1,5 +1,6 @@
 // Offload (daemon/offload.h) and which calls the service runs inline on gRPC's callback
 // threads (daemon/service.h RunsInline). No timing: tasks meet through notifications.
+// Each task holds 1 byte of a pool bounded only by UINT64_MAX, unless a test says so.
 #include "daemon/offload.h"
 
 #include <gtest/gtest.h>
@@ -9,21 +10,26 @@
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
+#include "core/refusal.h"
 #include "daemon/busy_caches.h"
 #include "daemon/service.h"
 
 namespace kvarena {
 namespace {
 
+constexpr uint64_t kNoBound = ~uint64_t{0};
+
 TEST(OffloadTest, RunsTasksConcurrentlyUpToMaxThreads) {
-  Offload pool(2);
+  Offload pool(2, kNoBound);
   absl::Notification release;
   absl::BlockingCounter both_running(2);
   for (int i = 0; i < 2; ++i) {
-    pool.Run([&] {
-      both_running.DecrementCount();
-      release.WaitForNotification();
-    });
+    ASSERT_TRUE(pool.Run(1,
+                         [&] {
+                           both_running.DecrementCount();
+                           release.WaitForNotification();
+                         })
+                    .ok());
   }
   both_running.Wait();  // a second task started while the first still ran
   EXPECT_EQ(pool.TEST_threads(), 2);
@@ -33,10 +39,10 @@ TEST(OffloadTest, RunsTasksConcurrentlyUpToMaxThreads) {
 TEST(OffloadTest, QueuesBeyondMaxThreadsInArrivalOrder) {
   std::vector<int> order;
   {
-    Offload pool(1);
+    Offload pool(1, kNoBound);
     absl::Notification release;
-    pool.Run([&] { release.WaitForNotification(); });
-    for (int i = 0; i < 5; ++i) pool.Run([&order, i] { order.push_back(i); });
+    ASSERT_TRUE(pool.Run(1, [&] { release.WaitForNotification(); }).ok());
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(pool.Run(1, [&order, i] { order.push_back(i); }).ok());
     EXPECT_EQ(pool.TEST_threads(), 1);
     release.Notify();
   }  // the destructor runs every queued task
@@ -46,10 +52,41 @@ TEST(OffloadTest, QueuesBeyondMaxThreadsInArrivalOrder) {
 TEST(OffloadTest, DestructorWaitsForEveryTask) {
   std::atomic<int> ran{0};
   {
-    Offload pool(3);
-    for (int i = 0; i < 50; ++i) pool.Run([&] { ran.fetch_add(1); });
+    Offload pool(3, kNoBound);
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(pool.Run(1, [&] { ran.fetch_add(1); }).ok());
   }
   EXPECT_EQ(ran.load(), 50);
+}
+
+TEST(OffloadTest, RefusesATaskPastMaxBytesWhileItHoldsOthers) {
+  Offload pool(1, 1000);
+  absl::Notification release;
+  ASSERT_TRUE(pool.Run(600, [&] { release.WaitForNotification(); }).ok());
+  ASSERT_TRUE(pool.Run(400, [] {}).ok());  // queued: exactly at the bound
+  bool ran = false;
+  const absl::Status refused = pool.Run(1, [&] { ran = true; });
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(RefusalOf(refused), Refusal::kMaxQueuedBytes);
+  EXPECT_EQ(refused.message(),
+            "the daemon's pool holds 2 calls of 1000 request bytes; this call's 1 would pass "
+            "--max_queued_bytes=1000; retry later");
+  EXPECT_EQ(pool.TEST_held_bytes(), 1000u);
+  release.Notify();
+  absl::Notification done;
+  // Once both ran the pool holds nothing and takes a call larger than the bound.
+  while (!pool.Run(5000, [&] { done.Notify(); }).ok()) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  done.WaitForNotification();
+  EXPECT_FALSE(ran) << "a refused task never runs";
+}
+
+TEST(OffloadTest, TakesACallLargerThanTheBoundWhenItHoldsNothing) {
+  Offload pool(1, 10);
+  absl::Notification release;
+  ASSERT_TRUE(pool.Run(100, [&] { release.WaitForNotification(); }).ok());
+  EXPECT_EQ(RefusalOf(pool.Run(1, [] {})), Refusal::kMaxQueuedBytes);
+  release.Notify();
 }
 
 v1::Tensor Shaped(std::vector<int64_t> shape) {
@@ -101,9 +138,11 @@ TEST(RunsInlineTest, AppendByPayloadBytes) {
 TEST(RunsInlineTest, IdsAndItemsByCount) {
   v1::AllocateRequest alloc;
   for (int i = 0; i < kInlineTokens; ++i) alloc.add_prompt_tokens(i);
-  EXPECT_TRUE(RunsInline(alloc));
+  EXPECT_TRUE(RunsInline(alloc, /*tiers=*/false));
+  EXPECT_FALSE(RunsInline(alloc, /*tiers=*/true)) << "its lookup may read a hung tier";
   alloc.add_prompt_tokens(0);
-  EXPECT_FALSE(RunsInline(alloc));
+  EXPECT_FALSE(RunsInline(alloc, false));
+  EXPECT_TRUE(RunsInline(v1::AllocateRequest(), /*tiers=*/true)) << "no prompt: no lookup";
   v1::SetTokensRequest set;
   for (int i = 0; i <= kInlineTokens; ++i) set.add_token_ids(i);
   EXPECT_FALSE(RunsInline(set));
