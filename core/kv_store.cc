@@ -206,6 +206,9 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
   // prompt hashed and adopted, outside it, so a long prompt stalls no other caller.
   bool created = false;
   std::shared_ptr<PagePool> pool;
+  // An idle pool that gave way to this geometry goes once the map lock is released, so no
+  // other call waits while its memory and cached pages go.
+  std::shared_ptr<PagePool> displaced;
   std::string id = cache_id;
   {
     absl::MutexLock lock(&im.mu);
@@ -224,7 +227,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     }
     if (refused.ok()) {
       absl::StatusOr<std::shared_ptr<PagePool>> p =
-          im.pools.PoolFor(resolved, *pool_owner, &created);
+          im.pools.PoolFor(resolved, *pool_owner, &created, &displaced);
       if (p.ok())
         pool = *std::move(p);
       else
@@ -239,6 +242,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
     im.pending.insert(id);
     im.pools.AddCache(pool->id());
   }
+  displaced = nullptr;
   // Past every other check: cached prefixes may now give metadata back for this cache.
   absl::StatusOr<BudgetCharge> metadata =
       im.FinishCacheMetadata("allocate", resolved, std::move(planned));

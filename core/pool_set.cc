@@ -28,18 +28,22 @@ PoolKey PoolSet::KeyOfLocked(uint64_t id) const {
   return PoolKey{owner_.at(id), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
 }
 
-void PoolSet::EraseLocked(uint64_t id) {
+std::shared_ptr<PagePool> PoolSet::EraseLocked(uint64_t id) {
   by_key_.erase(KeyOfLocked(id));
   caches_.erase(id);
   owner_.erase(id);
-  by_id_.erase(id);
+  auto it = by_id_.find(id);
+  std::shared_ptr<PagePool> pool = std::move(it->second);
+  by_id_.erase(it);
+  return pool;
 }
 
 absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec,
-                                                           const std::string& owner,
-                                                           bool* created) {
+                                                           const std::string& owner, bool* created,
+                                                           std::shared_ptr<PagePool>* displaced) {
   *created = false;
   const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  std::shared_ptr<PagePool> gave_way;  // destroyed after the lock, unless handed out
   absl::MutexLock lock(&mu_);
   auto it = by_key_.find(key);
   if (it != by_key_.end()) return it->second;
@@ -47,7 +51,8 @@ absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec
     // A pool kept only for its cached pages gives way to a geometry in use.
     for (const auto& [id, p] : by_id_) {
       if (CachesLocked(id) > 0) continue;
-      EraseLocked(id);
+      gave_way = EraseLocked(id);
+      if (displaced != nullptr) *displaced = std::move(gave_way);
       break;
     }
   }

@@ -60,9 +60,13 @@ class PoolSet {
 
   // owner's pool of a resolved spec's geometry, created when new (*created set). At max_pools a
   // pool no cache draws from gives way first; RESOURCE_EXHAUSTED (max_pools, naming it)
-  // when none does, or what PagePool::Create refused, prefixed "allocate: ".
+  // when none does, or what PagePool::Create refused, prefixed "allocate: ". The pool that
+  // gave way (its memory, its cached pages going down to the tiers: GBs) is handed to
+  // *displaced, for the caller to let go of once it holds no lock of its own; with
+  // displaced null it goes when PoolFor returns, after the set's lock.
   absl::StatusOr<std::shared_ptr<PagePool>> PoolFor(const CacheSpec& spec, const std::string& owner,
-                                                    bool* created);
+                                                    bool* created,
+                                                    std::shared_ptr<PagePool>* displaced = nullptr);
   // The pool of that id, or null when there is none (any more).
   std::shared_ptr<PagePool> Find(uint64_t id) const;
   // The same, null also when the pool is another owner's.
@@ -132,8 +136,9 @@ class PoolSet {
   // The key pool id is filed under. REQUIRES: it is in the set.
   PoolKey KeyOfLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t CachesLocked(uint64_t id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Takes pool id out of the maps. REQUIRES: it is there.
-  void EraseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes pool id out of the maps and returns it (for the caller to let go of after the
+  // lock). REQUIRES: it is there.
+  std::shared_ptr<PagePool> EraseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DropIfUnusedLocked(const PagePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The pools of the set that are not in `keep`.
   std::vector<std::shared_ptr<PagePool>> AllBut(
