@@ -1,3 +1,4 @@
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -42,6 +43,38 @@ TEST_F(HostRegionTest, TouchCommitsAndDecommitReturnsMemory) {
   ASSERT_TRUE(r->Decommit(0, 8 * chunk).ok());
   EXPECT_EQ(Resident(*r), 0u);
   EXPECT_EQ(r->base()[0], 0);  // punched memory reads back as zeros
+}
+
+// Minor faults this thread took so far.
+long ThreadMinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_minflt;
+}
+
+TEST_F(HostRegionTest, PrefaultMakesARangeResidentKeepingItsBytes) {
+  const size_t chunk = kChunkGranularity;
+  auto r = Reserve(4 * chunk);
+  ASSERT_TRUE(r->Commit(0, 2 * chunk).ok());
+  r->base()[chunk + 5] = 7;  // someone's bytes: a prefault leaves them
+  ASSERT_TRUE(r->Prefault(chunk, chunk).ok());
+  EXPECT_GE(Resident(*r), chunk);
+  EXPECT_EQ(r->base()[chunk + 5], 7);
+  EXPECT_EQ(r->base()[chunk + 6], 0);
+  // Writing the prefaulted range takes (nearly) no fault: it is mapped already.
+  const long before = ThreadMinorFaults();
+  std::memset(r->base() + chunk, 0x33, chunk);
+  EXPECT_LT(ThreadMinorFaults() - before, long(chunk / 4096 / 8));
+  EXPECT_EQ(r->Prefault(4 * chunk, 1).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(HugePagesTest, ReadsTheSelectedShmemMode) {
+  EXPECT_FALSE(ShmemHugePagesAllowed("always within_size advise [never] deny force\n"));
+  EXPECT_FALSE(ShmemHugePagesAllowed("always within_size advise never [deny] force"));
+  EXPECT_TRUE(ShmemHugePagesAllowed("always within_size [advise] never deny force\n"));
+  EXPECT_TRUE(ShmemHugePagesAllowed("[always] within_size advise never deny force"));
+  EXPECT_TRUE(ShmemHugePagesAllowed("always [within_size] advise never deny force"));
+  EXPECT_FALSE(ShmemHugePagesAllowed(""));  // no THP in the kernel: no file
 }
 
 TEST_F(HostRegionTest, UnalignedDecommitKeepsNeighbourBytes) {

@@ -94,6 +94,12 @@ class Region {
   virtual absl::Status Commit(size_t offset, size_t bytes) = 0;
   // Gives [offset, offset + bytes) back to the system; later reads see zeros or garbage.
   virtual absl::Status Decommit(size_t offset, size_t bytes) = 0;
+  // Faults in committed [offset, offset + bytes) ahead of the first write, leaving its
+  // bytes as they are (safe while others write the range). A no-op where commit is
+  // already physical (CUDA). REQUIRES: inside the range, committed.
+  virtual absl::Status Prefault(size_t offset, size_t bytes) {
+    return CheckRegionRange("prefault", offset, bytes, size());
+  }
 
   // Bytes of physical memory the region holds now, as the system reports it.
   virtual absl::StatusOr<size_t> ResidentBytes() const = 0;
@@ -146,10 +152,18 @@ class Backend {
   // Reserves a range of `bytes` (rounded up to kChunkGranularity) with nothing committed.
   virtual absl::StatusOr<std::unique_ptr<Region>> Reserve(size_t bytes,
                                                           const std::string& label) = 0;
+  // Whether the system backs this backend's regions with huge pages (host: shared-memory
+  // transparent huge pages allowed for MADV_HUGEPAGE); false where it does not say.
+  virtual bool huge_pages() const { return false; }
 };
 
 // The host backend: memfd + MAP_NORESERVE, decommit by FALLOC_FL_PUNCH_HOLE.
 std::unique_ptr<Backend> NewHostBackend();
+
+// Whether the mode selected in a /sys/kernel/mm/transparent_hugepage/shmem_enabled text
+// ("always within_size [advise] never deny force") gives a MADV_HUGEPAGE mapping huge
+// pages: always, within_size, advise or force.
+bool ShmemHugePagesAllowed(std::string_view shmem_enabled);
 
 }  // namespace kvarena
 
