@@ -64,6 +64,11 @@ struct StoreOptions {
   // [0, 1s]: longer saves served calls the wake-up, at the cost of a core kept busy.
   absl::Duration cpu_pool_awake = absl::FromChrono(ThreadPool::kDefaultAwake);
   int empty_chunks_kept = 1;  // per pool, kept committed to avoid commit/decommit churn
+  // Empty chunks kept committed and resident (warm) beyond empty_chunks_kept, every pool
+  // together, so that a load or an append writes pages already faulted in; they give way to
+  // any other use of the budget, and keep an idle pool (as cached pages do). 0: none.
+  size_t arena_warm_bytes = 0;
+  bool arena_prefault = false;  // chunks are faulted in when committed (Region::Prefault)
   // Per session, host memory for zero-copy tensors: created when the session first maps
   // it (ExportRegion) and charged to arena_bytes from then while the session lives; a
   // session the budget cannot cover then is refused it (its tensors go inline), and a

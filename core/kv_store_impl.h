@@ -61,6 +61,8 @@ struct KvStore::Impl {
     pool_counters.metadata = &metadata;
     pool_counters.tiers = o.tiers.get();
     pool_counters.kernels = kernels.get();
+    pool_counters.warm_limit = o.arena_warm_bytes;
+    pool_counters.prefault = o.arena_prefault;
     if (o.tiers) o.tiers->SetEvents(&events);
     if (o.on_prefix_events) events.SetListener(o.on_prefix_events);
   }

@@ -1,5 +1,6 @@
 // The zero-copy data plane's side of the store: sessions with scratch regions, the
 // regions a session may map, their export, and shared-slice resolution.
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -27,7 +28,10 @@ RegionInfo PoolRegionInfo(const PagePool& pool) {
 absl::StatusOr<std::shared_ptr<const Region>> KvStore::Impl::CreateScratch(
     const std::string& session, const SessionTable::ScratchView& scratch) {
   if (scratch.region != nullptr) return scratch.region;
-  if (!budget.TryCharge(scratch.size)) {
+  // Warm chunks (StoreOptions::arena_warm_bytes) give way to it, as to a pool's pages.
+  if (!budget.TryCharge(scratch.size) &&
+      !(pools.TrimEmpty(scratch.size - std::min(scratch.size, budget.available())) &&
+        budget.TryCharge(scratch.size))) {
     return RefusedError(
         Refusal::kArenaFull,
         absl::StrCat("export: the session's scratch region (scratch_bytes=", scratch.size,

@@ -33,6 +33,9 @@ ArenaStats KvStore::Stats() const {
   s.event_log_bytes = impl_->events.bytes();
   s.cached_metadata_bytes = impl_->pool_counters.cached_metadata.load();
   s.cached_metadata_limit = impl_->cached_metadata_limit;
+  s.warm_bytes = impl_->pool_counters.warm_bytes.load();
+  s.warm_limit = impl_->pool_counters.warm_limit;
+  s.huge_pages = impl_->backend->huge_pages();
   {
     absl::ReaderMutexLock lock(&impl_->mu);
     s.num_caches = int64_t(impl_->caches.size());

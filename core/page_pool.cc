@@ -92,6 +92,7 @@ PagePool::~PagePool() {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (chunks_[c].committed) (void)region_->Decommit(c * chunk_bytes_, chunk_bytes_);
   }
+  AddEmptyLocked(-empty_committed_);
   budget_->Refund(size_t(chunks_committed_) * chunk_bytes_);
   if (ByteBudget* m = Metadata(); m != nullptr)
     m->Refund(size_t(chunks_committed_) * ChunkMetadataBytes());
@@ -143,6 +144,9 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
       for (auto it = committed.rbegin(); it != committed.rend(); ++it) DecommitChunkLocked(*it);
       return BackendRefusal(s);
     }
+    // Faulted in now, in one call, rather than page by page by the copy that fills it.
+    if (counters_ != nullptr && counters_->prefault)
+      (void)region_->Prefault(size_t(c) * chunk_bytes_, chunk_bytes_);
     committed.push_back(c);
     uncommitted_.pop_back();
     Chunk& chunk = chunks_[c];
@@ -156,7 +160,7 @@ absl::Status PagePool::CommitChunksLocked(int64_t count, std::vector<int32_t>* o
     for (int32_t p = 0; p < pages_per_chunk_; ++p) chunk.free[p] = first + pages_per_chunk_ - 1 - p;
     OpenLocked(c);
     ++chunks_committed_;
-    ++empty_committed_;
+    AddEmptyLocked(1);
   }
   if (out != nullptr) out->insert(out->end(), committed.begin(), committed.end());
   return absl::OkStatus();
@@ -176,7 +180,7 @@ void PagePool::DecommitChunkLocked(int32_t c) {
   (void)region_->Decommit(size_t(c) * chunk_bytes_, chunk_bytes_);
   uncommitted_.push_back(c);
   --chunks_committed_;
-  --empty_committed_;
+  AddEmptyLocked(-1);
   budget_->Refund(chunk_bytes_);
   if (ByteBudget* m = Metadata(); m != nullptr) m->Refund(ChunkMetadataBytes());
 }
@@ -186,7 +190,7 @@ void PagePool::TakeFreeLocked(int64_t n, std::vector<int32_t>* out) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t c = open_chunks_.back();
     Chunk& chunk = chunks_[c];
-    if (chunk.used == 0) --empty_committed_;
+    if (chunk.used == 0) AddEmptyLocked(-1);
     const int32_t id = chunk.free.back();
     out->push_back(id);
     chunk.free.pop_back();
@@ -282,8 +286,8 @@ void PagePool::FreeLocked(absl::Span<const int32_t> ids, bool force_decommit) {
     chunk.taken[size_t(id - c * pages_per_chunk_)] = false;
     chunk.refs[size_t(id - c * pages_per_chunk_)] = 0;
     if (--chunk.used == 0) {
-      ++empty_committed_;
-      if (force_decommit || empty_committed_ > empty_chunks_kept_) DecommitChunkLocked(c);
+      AddEmptyLocked(1);
+      if (force_decommit || !KeepWarmLocked()) DecommitChunkLocked(c);
     }
   }
   pages_used_ -= int64_t(ids.size());

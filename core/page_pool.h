@@ -3,9 +3,12 @@
 // ArenaBudget: the byte budget every pool of the arena commits chunks against.
 //
 // Memory is committed in chunks of whole pages (at least kChunkGranularity bytes) when
-// pages are needed and decommitted when a chunk's pages are all free, keeping at most
-// `empty_chunks_kept` empty chunks per pool to avoid churn. Allocate and Free are O(1)
-// per page (amortised), except the commit/decommit of a chunk.
+// pages are needed (pre-faulted then, with PoolCounters::prefault) and decommitted when a
+// chunk's pages are all free — unless the pool keeps it warm, committed and resident: its
+// first `empty_chunks_kept` empty chunks, and more while the empty chunks of every pool
+// stay within PoolCounters::warm_limit (page_pool_warm.cc). Warm chunks give way to any
+// other use of the budget (TrimCached, TrimEmpty). Allocate and Free are O(1) per page
+// (amortised), except the commit/decommit of a chunk.
 //
 // Pages are reference-counted: a page taken by Allocate has one reference, Ref adds one
 // (a fork sharing it), Free drops one. A page whose last reference drops returns to the
@@ -73,6 +76,12 @@ struct PoolCounters {
       nullptr;                   // charged with index nodes and committed chunks' page bookkeeping
   TierSet* tiers = nullptr;      // the tiers below the arena, if any (core/tier_set.h)
   KvKernels* kernels = nullptr;  // copies chunks' pages out to the tiers (with tiers)
+  // Empty chunks every pool keeps committed and resident (warm) beyond its
+  // empty_chunks_kept, in bytes (StoreOptions::arena_warm_bytes); and what they hold now,
+  // the first empty_chunks_kept of each pool included.
+  size_t warm_limit = 0;
+  std::atomic<size_t> warm_bytes{0};
+  bool prefault = false;  // new chunks are faulted in when committed (Region::Prefault)
 };
 
 // The first block a layer of window `window` (0: global) needs when the next position is
@@ -169,6 +178,11 @@ class PagePool {
   // pages of chunks that hold nothing else, least recently cached first, and decommits
   // those. Returns the bytes freed.
   size_t TrimCached(size_t bytes);
+  // Decommits empty chunks (warm ones included) until `bytes` went back to the budget or
+  // none is left; returns the bytes freed (page_pool_warm.cc).
+  size_t TrimEmpty(size_t bytes);
+  // Bytes of the pool's empty committed chunks (kept warm).
+  size_t empty_bytes() const;
   // Budget bytes that Allocate(n) lacks now, beyond this pool's free and cached pages.
   size_t BudgetShortfall(int64_t n) const;
   // Whether Allocate(n) would find the pages now (free, budget, cached).
@@ -331,6 +345,10 @@ class PagePool {
   // Takes n free pages of committed chunks (REQUIRES: that many are free).
   void TakeFreeLocked(int64_t n, std::vector<int32_t>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DecommitChunkLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // empty_committed_ += delta, and the arena's count of warm bytes with it.
+  void AddEmptyLocked(int64_t delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a chunk that just emptied (counted in empty_committed_) stays committed.
+  bool KeepWarmLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OpenLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseLocked(int32_t c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

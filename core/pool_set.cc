@@ -116,6 +116,9 @@ bool PoolSet::DropIfUnusedLocked(const PagePool* pool) {
   // Cached pages keep an idle pool, for the next cache of its geometry to adopt them; they
   // give way to other pools' allocations (TrimOthers) and to new geometries (PoolFor).
   if (pool->pages_cached() > 0) return false;
+  // So do warm chunks, under an arena that keeps some (PoolCounters::warm_limit): the next
+  // cache of the geometry writes pages already faulted in.
+  if (counters_ != nullptr && counters_->warm_limit > 0 && pool->empty_bytes() > 0) return false;
   EraseLocked(pool->id());
   return true;
 }
@@ -157,6 +160,18 @@ bool PoolSet::TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, s
   size_t freed = 0;
   for (const auto& p : others) {
     if (freed < bytes) freed += p->TrimCached(bytes - freed);
+  }
+  return freed >= bytes;
+}
+
+bool PoolSet::TrimEmpty(size_t bytes) {
+  const std::vector<std::shared_ptr<PagePool>> pools = AllBut({});
+  size_t empty = 0;
+  for (const auto& p : pools) empty += p->empty_bytes();
+  if (empty < bytes) return false;
+  size_t freed = 0;
+  for (const auto& p : pools) {
+    if (freed < bytes) freed += p->TrimEmpty(bytes - freed);
   }
   return freed >= bytes;
 }

@@ -92,6 +92,9 @@ class PoolSet {
   // Reclaims `bytes` from the cached pages of the pools not in `keep`, only if they can
   // give it all; whether they did.
   bool TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, size_t bytes);
+  // Decommits empty (warm) chunks of every pool until `bytes` went back to the budget —
+  // only if they can give it all; whether they did (a scratch region needs the budget).
+  bool TrimEmpty(size_t bytes);
   // pool->Allocate, retried once after TrimOthers when the arena is full, or after
   // ReclaimMetadata when the metadata budget could not cover the page bookkeeping of the
   // chunks it would commit.

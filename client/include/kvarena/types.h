@@ -274,6 +274,12 @@ struct ArenaStats {
   // past idle_ttl.
   uint64_t caches_reaped_grace = 0;
   uint64_t caches_reaped_idle = 0;
+  // Of bytes_committed, the empty chunks pools keep warm (resident), and what they may
+  // keep beyond one per pool (--arena_warm_bytes); whether the system backs the arena with
+  // huge pages (host: shared-memory THP allows MADV_HUGEPAGE). The daemon's metrics only.
+  uint64_t warm_bytes = 0;
+  uint64_t warm_limit = 0;
+  bool huge_pages = false;
   std::vector<TierStats> tiers;  // top (first looked up) to bottom; empty without tiers
 };
 
