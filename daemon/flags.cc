@@ -33,6 +33,17 @@ ABSL_FLAG(std::string, backend, kDefaults.backend,
 ABSL_FLAG(kvarena::ByteSize, arena_bytes, kvarena::ByteSize{kDefaults.store.arena_bytes},
           "Arena budget every pool draws from: bytes, or with a unit K/M/G/T (1000s) or "
           "Ki/Mi/Gi/Ti (1024s), e.g. 512Mi.");
+// The daemon keeps chunks warm where the store's default keeps none
+// (bench/notes/2026-12-05-warm-arena.md): 256 MiB holds a 2k-token prefix of a 32-layer,
+// 8-kv-head, head_dim-128 f16 model.
+ABSL_FLAG(kvarena::ByteSize, arena_warm_bytes, kvarena::ByteSize{size_t{256} << 20},
+          "Empty chunks every pool together keeps committed and resident (beyond one per "
+          "pool) instead of giving them back to the system, so that a load or an append "
+          "writes pages already faulted in; they still give way to any other use of "
+          "--arena_bytes, and keep an idle pool alive. 0: give every other empty chunk back.");
+ABSL_FLAG(bool, arena_prefault, true,
+          "Fault a chunk's pages in when it is committed, in one call (MADV_POPULATE_WRITE on "
+          "the host backend), instead of one page fault per page as caches first write them.");
 ABSL_FLAG(int, page_size, kDefaults.store.default_page_size,
           "Tokens per page for caches whose spec leaves page_size 0.");
 ABSL_FLAG(absl::Duration, session_grace, kDefaults.session_grace,
@@ -220,6 +231,8 @@ DaemonOptions OptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.store.arena_bytes = absl::GetFlag(FLAGS_arena_bytes).bytes;
+  o.store.arena_warm_bytes = absl::GetFlag(FLAGS_arena_warm_bytes).bytes;
+  o.store.arena_prefault = absl::GetFlag(FLAGS_arena_prefault);
   o.store.default_page_size = absl::GetFlag(FLAGS_page_size);
   o.session_grace = absl::GetFlag(FLAGS_session_grace);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);

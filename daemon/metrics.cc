@@ -70,6 +70,14 @@ void AddArenaFamilies(const ArenaStats& s, std::vector<MetricFamily>* out) {
       Scalar("kvarena_bytes_committed",
              "Bytes charged to the budget: pools' committed chunks and sessions' scratch.",
              double(s.bytes_committed)));
+  out->push_back(Scalar("kvarena_arena_warm_bytes",
+                        "Of kvarena_bytes_committed, empty chunks kept resident for the next "
+                        "pages (--arena_warm_bytes).",
+                        double(s.warm_bytes)));
+  out->push_back(Scalar("kvarena_arena_huge_pages",
+                        "1 when the arena's pages are huge pages (host: shared-memory THP "
+                        "allows MADV_HUGEPAGE), else 0.",
+                        s.huge_pages ? 1.0 : 0.0));
   out->push_back(Scalar("kvarena_scratch_bytes", "Bytes of live sessions' scratch regions.",
                         double(s.scratch_bytes)));
   out->push_back(Scalar("kvarena_metadata_bytes", "The bookkeeping budget (--metadata_bytes).",
