@@ -19,15 +19,20 @@
 //
 // Per mode: samples, positions adopted and loaded from tiers (of the last sample; a tier
 // sample that loaded less than the whole prefix fails the run), Allocate p50, TTFT p50 / p99,
-// and for tier hits two read rates: K/V payload bytes loaded / Allocate time (lookup, read,
+// the daemon's minor page faults a sample (/proc/PID/stat; p50, and per MiB loaded), and for
+// tier hits two read rates: K/V payload bytes loaded / Allocate time (lookup, read,
 // verification and the copy into the arena, per sample, p50), and chunk value bytes found /
 // the summed store read time of kvarena_tier_duration_seconds{op="read"} on /metrics (every
 // store's reads, misses in the host tier included; over all samples).
 //
 // Usage: tier_bench [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] [--suffix=N]
-//                   [--layers=N] [--quick]
+//                   [--layers=N] [--quick] [--modes=host,disk,redis,cluster]
+//                   [--kvarenad_flag=FLAG]...
+// --modes: the tier rows to run (the miss and arena rows always run); --kvarenad_flag: one
+// more flag for every daemon (e.g. --kvarenad_flag=--arena_warm_bytes=0, repeatable).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -40,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/child_daemon.h"
 #include "bench/loopback.h"
 #include "bench/prefix_workload.h"
@@ -55,13 +61,18 @@ struct Options {
   Workload w;
   int samples = 80, misses = 10;
   std::string kvarenad, dir;
+  std::vector<std::string> modes = {"host", "disk", "redis", "cluster"};
+  std::vector<std::string> daemon_flags;  // --kvarenad_flag
+  bool Runs(const std::string& mode) const {
+    return std::find(modes.begin(), modes.end(), mode) != modes.end();
+  }
 };
 
 struct Row {
   explicit Row(std::string name_in, std::string baseline_in = "")
       : name(std::move(name_in)), baseline(std::move(baseline_in)) {}
   std::string name, baseline, note;
-  std::vector<double> ttft_ms, allocate_ms, load_gbps;
+  std::vector<double> ttft_ms, allocate_ms, load_gbps, minflt, minflt_per_mib;
   int64_t adopted = 0, loaded = 0;  // of the last sample
   double store_gbps = 0;            // chunk bytes read / summed store read time (/metrics)
 };
@@ -72,11 +83,12 @@ std::string FreshDir(const Options& o, const std::string& name) {
   return dir;
 }
 
-std::vector<std::string> DaemonFlags(const std::string& arena,
+std::vector<std::string> DaemonFlags(const Options& o, const std::string& arena,
                                      std::vector<std::string> tier_flags) {
   std::vector<std::string> flags = {"--arena_bytes=" + arena, "--num_threads=2",
                                     "--tier_timeout=10s"};
   flags.insert(flags.end(), tier_flags.begin(), tier_flags.end());
+  flags.insert(flags.end(), o.daemon_flags.begin(), o.daemon_flags.end());
   return flags;
 }
 
@@ -93,12 +105,15 @@ absl::Status SetStoreRate(Client& client, int metrics_port, const Workload& w,
 
 // One timed request; adds it to the row. `tier_hit`: the whole system prompt must come from
 // the tiers (else the sample is an error: the mode did not measure what it names).
-absl::Status Sample(Client& client, const Options& o, const Noise& noise, int system_id,
+// `pid`: the daemon's, whose minor faults during the request are counted.
+absl::Status Sample(Client& client, pid_t pid, const Options& o, const Noise& noise, int system_id,
                     int request, bool tier_hit, Row& row) {
   const Workload& w = o.w;
+  const int64_t faults = MinorFaults(pid);
   KVARENA_ASSIGN_OR_RETURN(FirstToken t,
                            TimeFirstToken(client, WorkloadSpec(w, "bench"),
                                           WorkloadPrompt(w, system_id, request), w, noise));
+  const int64_t faulted = MinorFaults(pid) - faults;
   KVARENA_RETURN_IF_ERROR(t.cache->release());
   const int64_t chunk_positions = int64_t(ChunkPages(w)) * w.page_size;
   if (tier_hit && t.tier_loaded < w.system / chunk_positions * chunk_positions) {
@@ -108,8 +123,12 @@ absl::Status Sample(Client& client, const Options& o, const Noise& noise, int sy
   }
   row.ttft_ms.push_back(t.ttft_ms);
   row.allocate_ms.push_back(t.allocate_ms);
-  if (t.tier_loaded > 0)
-    row.load_gbps.push_back(double(t.tier_loaded) * PositionBytes(w) / (t.allocate_ms * 1e6));
+  if (faults >= 0) row.minflt.push_back(double(faulted));
+  if (t.tier_loaded > 0) {
+    const double bytes = double(t.tier_loaded) * PositionBytes(w);
+    row.load_gbps.push_back(bytes / (t.allocate_ms * 1e6));
+    if (faults >= 0) row.minflt_per_mib.push_back(double(faulted) / (bytes / double(1 << 20)));
+  }
   row.adopted = t.cached;
   row.loaded = t.tier_loaded;
   return absl::OkStatus();
@@ -117,17 +136,19 @@ absl::Status Sample(Client& client, const Options& o, const Noise& noise, int sy
 
 // The miss and arena-hit rows, on one daemon with a 2 GiB arena and no tiers.
 absl::Status RunArena(const Options& o, const Noise& noise, Row& miss, Row& hit) {
-  ChildDaemon daemon(o.kvarenad, FreshDir(o, "arena"), DaemonFlags("2Gi", {}));
+  ChildDaemon daemon(o.kvarenad, FreshDir(o, "arena"), DaemonFlags(o, "2Gi", {}));
+  const pid_t pid = daemon.pid();
   auto client = ConnectWhenUp(daemon.address(), "tier_bench");
   if (client == nullptr)
     return absl::UnavailableError("kvarenad (arena) never answered; log in " + o.dir);
   for (int i = 0; i < o.misses; ++i)
-    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1000 + i, i, false, miss));
-  KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, 0, false, hit));  // computes the prefix
+    KVARENA_RETURN_IF_ERROR(Sample(*client, pid, o, noise, 1000 + i, i, false, miss));
+  KVARENA_RETURN_IF_ERROR(Sample(*client, pid, o, noise, 1, 0, false, hit));  // the prefix
   hit.ttft_ms.clear();
   hit.allocate_ms.clear();
+  hit.minflt.clear();
   for (int i = 1; i <= o.samples; ++i)
-    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, i, false, hit));
+    KVARENA_RETURN_IF_ERROR(Sample(*client, pid, o, noise, 1, i, false, hit));
   return absl::OkStatus();
 }
 
@@ -138,12 +159,12 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
   const int metrics_port = FreePort();
   std::vector<std::string> flags = tier_flags;
   flags.push_back(absl::StrCat("--metrics_port=", metrics_port));
-  ChildDaemon daemon(o.kvarenad, FreshDir(o, medium), DaemonFlags("64Mi", flags));
+  ChildDaemon daemon(o.kvarenad, FreshDir(o, medium), DaemonFlags(o, "64Mi", flags));
   auto client = ConnectWhenUp(daemon.address(), "tier_bench");
   if (client == nullptr)
     return absl::UnavailableError("kvarenad (" + medium + ") never answered; log in " + o.dir);
   Row warm(medium);
-  KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, 0, false, warm));
+  KVARENA_RETURN_IF_ERROR(Sample(*client, daemon.pid(), o, noise, 1, 0, false, warm));
   const int64_t prefix_chunks = o.w.system / (o.w.page_size * ChunkPages(o.w));
   const int64_t host_chunks = (int64_t{1} << 20) / ChunkValueBytes(o.w);  // the disk mode's
   KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client, metrics_port));
@@ -152,7 +173,7 @@ absl::Status RunTier(const Options& o, const Noise& noise, const std::string& me
     KVARENA_RETURN_IF_ERROR(WaitStored(
         *client, medium, medium == "disk" ? prefix_chunks - host_chunks : prefix_chunks));
     if (!disk_dir.empty()) KVARENA_RETURN_IF_ERROR(DropPageCache(disk_dir));
-    KVARENA_RETURN_IF_ERROR(Sample(*client, o, noise, 1, i, true, row));
+    KVARENA_RETURN_IF_ERROR(Sample(*client, daemon.pid(), o, noise, 1, i, true, row));
   }
   KVARENA_RETURN_IF_ERROR(SetStoreRate(*client, metrics_port, o.w, before, row));
   KVARENA_ASSIGN_OR_RETURN(ArenaStats stats, client->Stats());
@@ -192,23 +213,23 @@ absl::Status RunRedis(const Options& o, const Noise& noise, bool cluster, Row& r
   const std::string seeds = "--tier_redis=" + redis->Seeds();
   const int metrics_port = FreePort();
   const std::string node = cluster ? "cluster_node_" : "node_";
-  ChildDaemon a(o.kvarenad, FreshDir(o, node + "a"), DaemonFlags("2Gi", {seeds}));
+  ChildDaemon a(o.kvarenad, FreshDir(o, node + "a"), DaemonFlags(o, "2Gi", {seeds}));
   ChildDaemon b(o.kvarenad, FreshDir(o, node + "b"),
-                DaemonFlags("64Mi", {seeds, absl::StrCat("--metrics_port=", metrics_port)}));
+                DaemonFlags(o, "64Mi", {seeds, absl::StrCat("--metrics_port=", metrics_port)}));
   auto client_a = ConnectWhenUp(a.address(), "tier_bench");
   auto client_b = ConnectWhenUp(b.address(), "tier_bench");
   if (client_a == nullptr || client_b == nullptr) {
     return absl::UnavailableError("kvarenad (node A or B) never answered; logs in " + o.dir);
   }
   Row warm("redis");
-  KVARENA_RETURN_IF_ERROR(Sample(*client_a, o, noise, 1, 0, false, warm));
+  KVARENA_RETURN_IF_ERROR(Sample(*client_a, a.pid(), o, noise, 1, 0, false, warm));
   KVARENA_RETURN_IF_ERROR(
       WaitStored(*client_a, "redis", o.w.system / (o.w.page_size * ChunkPages(o.w))));
   KVARENA_ASSIGN_OR_RETURN(const ReadTotals before, Reads(*client_b, metrics_port));
   for (int i = 1; i <= o.samples; ++i) {
     if (i > 1) KVARENA_RETURN_IF_ERROR(Pressure(*client_b, o.w, noise));
     KVARENA_RETURN_IF_ERROR(WaitStored(*client_b, "redis", 0));  // B's own write-through settled
-    KVARENA_RETURN_IF_ERROR(Sample(*client_b, o, noise, 1, i, true, row));
+    KVARENA_RETURN_IF_ERROR(Sample(*client_b, b.pid(), o, noise, 1, i, true, row));
   }
   KVARENA_RETURN_IF_ERROR(SetStoreRate(*client_b, metrics_port, o.w, before, row));
   const std::string benchmark = testing::FindProgram("redis-benchmark");
@@ -226,18 +247,21 @@ absl::Status RunRedis(const Options& o, const Noise& noise, bool cluster, Row& r
 
 void Print(const Row& r) {
   if (r.ttft_ms.empty()) {
-    std::printf("| %s | %s | - | - | - | - | - | - | - | %s |\n", r.name.c_str(),
+    std::printf("| %s | %s | - | - | - | - | - | - | - | - | %s |\n", r.name.c_str(),
                 r.baseline.c_str(), r.note.c_str());
     return;
   }
   const std::string gbps =
       r.load_gbps.empty() ? "-" : absl::StrFormat("%.2f", Percentile(r.load_gbps, 50));
   const std::string store = r.store_gbps > 0 ? absl::StrFormat("%.2f", r.store_gbps) : "-";
-  std::printf("| %s | %s | %zu | %lld / %lld | %.2f | %.1f | %.1f | %s | %s | %s |\n",
+  std::string faults = r.minflt.empty() ? "-" : absl::StrFormat("%.0f", Percentile(r.minflt, 50));
+  if (!r.minflt_per_mib.empty())
+    absl::StrAppendFormat(&faults, " (%.2f / MiB)", Percentile(r.minflt_per_mib, 50));
+  std::printf("| %s | %s | %zu | %lld / %lld | %.2f | %.1f | %.1f | %s | %s | %s | %s |\n",
               r.name.c_str(), r.baseline.c_str(), r.ttft_ms.size(),
               static_cast<long long>(r.adopted), static_cast<long long>(r.loaded),
               Percentile(r.allocate_ms, 50), Percentile(r.ttft_ms, 50), Percentile(r.ttft_ms, 99),
-              gbps.c_str(), store.c_str(), r.note.c_str());
+              gbps.c_str(), store.c_str(), faults.c_str(), r.note.c_str());
   std::fflush(stdout);
 }
 
@@ -277,34 +301,39 @@ int Run(Options& o, const std::string& command) {
   std::string ceiling, cluster_ceiling;
   std::printf(
       "| mode | setup | samples | adopted / from tiers | Allocate p50 (ms) | TTFT p50 (ms) | "
-      "TTFT p99 (ms) | load GB/s p50 (payload / Allocate) | store read GB/s (/metrics) | note |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n");
+      "TTFT p99 (ms) | load GB/s p50 (payload / Allocate) | store read GB/s (/metrics) | "
+      "daemon minor faults p50 (per MiB loaded) | note |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   absl::Status s = RunArena(o, noise, miss, arena);
   if (s.ok()) {
     Print(miss);
     Print(arena);
-    s = RunTier(o, noise, "host", {"--tier_host_bytes=256Mi"}, "", host);
   }
-  if (s.ok()) {
-    Print(host);
-    const std::string disk_dir = FreshDir(o, "disk/chunks");
-    s = RunTier(o, noise, "disk",
-                {"--tier_host_bytes=1Mi", "--tier_disk_dir=" + disk_dir, "--tier_disk_bytes=1Gi"},
-                disk_dir, disk);
-  }
-  if (s.ok()) {
-    Print(disk);
-    s = RunRedis(o, noise, /*cluster=*/false, redis, &ceiling);
-  }
-  if (s.ok()) {
-    Print(redis);
-    s = RunRedis(o, noise, /*cluster=*/true, cluster, &cluster_ceiling);
+  for (Row* r : {&host, &disk, &redis, &cluster}) {
+    if (!s.ok()) break;
+    const std::string mode = r == &host    ? "host"
+                             : r == &disk  ? "disk"
+                             : r == &redis ? "redis"
+                                           : "cluster";
+    if (!o.Runs(mode)) {
+      r->note = "not run (--modes)";
+    } else if (r == &host) {
+      s = RunTier(o, noise, "host", {"--tier_host_bytes=256Mi"}, "", host);
+    } else if (r == &disk) {
+      const std::string disk_dir = FreshDir(o, "disk/chunks");
+      s = RunTier(o, noise, "disk",
+                  {"--tier_host_bytes=1Mi", "--tier_disk_dir=" + disk_dir, "--tier_disk_bytes=1Gi"},
+                  disk_dir, disk);
+    } else {
+      s = RunRedis(o, noise, /*cluster=*/r == &cluster, *r,
+                   r == &cluster ? &cluster_ceiling : &ceiling);
+    }
+    if (s.ok()) Print(*r);
   }
   if (!s.ok()) {
     std::fprintf(stderr, "tier_bench: %s\n", s.ToString().c_str());
     return 1;
   }
-  Print(cluster);
   const double m = Percentile(miss.ttft_ms, 50);
   std::printf("TTFT p50 vs a miss, lower by:");
   for (const Row* r : {&arena, &host, &disk, &redis, &cluster}) {
@@ -348,12 +377,17 @@ int main(int argc, char** argv) {
       o.w.system = 512;
     } else if (arg.rfind("--kvarenad=", 0) == 0) {
       o.kvarenad = arg.substr(11);
+    } else if (arg.rfind("--kvarenad_flag=", 0) == 0) {
+      o.daemon_flags.push_back(arg.substr(16));
+    } else if (arg.rfind("--modes=", 0) == 0) {
+      o.modes = absl::StrSplit(arg.substr(8), ',', absl::SkipEmpty());
     } else if (!int_flag(arg, "samples", &o.samples) && !int_flag(arg, "misses", &o.misses) &&
                !int_flag(arg, "system", &o.w.system) && !int_flag(arg, "suffix", &o.w.suffix) &&
                !int_flag(arg, "layers", &o.w.layers)) {
       std::fprintf(stderr,
                    "usage: %s [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] "
-                   "[--suffix=N] [--layers=N] [--quick]\n",
+                   "[--suffix=N] [--layers=N] [--quick] [--modes=host,disk,redis,cluster] "
+                   "[--kvarenad_flag=FLAG]...\n",
                    argv[0]);
       return 2;
     }

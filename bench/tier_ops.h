@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -23,6 +25,21 @@
 #include "bench/prefix_workload.h"
 
 namespace kvarena {
+
+// Minor page faults process pid took so far (/proc/PID/stat, field 10: minflt, every thread
+// of it, live or gone); -1 when unreadable.
+inline int64_t MinorFaults(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t comm_end = stat.rfind(')');  // the command name may hold spaces
+  if (comm_end == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(comm_end + 2));
+  std::string field;
+  for (int i = 3; i <= 10 && fields >> field; ++i) {  // state is field 3
+    if (i == 10) return std::atoll(field.c_str());
+  }
+  return -1;
+}
 
 // Payload bytes of one position over every layer, K and V.
 inline double PositionBytes(const Workload& w) {
