@@ -21,8 +21,8 @@ constexpr size_t kChunk = kChunkGranularity;
 class WarmChunksTest : public ::testing::Test {
  protected:
   std::unique_ptr<PagePool> Make(uint64_t id, ArenaBudget* budget) {
-    auto p = PagePool::Create(id, kLayout, backend_.get(), budget, /*empty_chunks_kept=*/1,
-                              &counters_);
+    auto p =
+        PagePool::Create(id, kLayout, backend_.get(), budget, /*empty_chunks_kept=*/1, &counters_);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
   }
