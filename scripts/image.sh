@@ -91,9 +91,13 @@ APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/a
 Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
 EOF
+  # The man page directories stay, empty: openjdk's postinst (the build stage's
+  # bazel-bootstrap) links a man page into /usr/share/man/man1 and fails without it.
   as_root sh -c "cd '$root' && rm -rf var/lib/apt/lists/* var/cache/apt/*.bin var/cache/apt/archives/*.deb \
-    var/log/* usr/share/man/* usr/share/groff/* usr/share/info/* usr/share/lintian/* \
+    var/log/* usr/share/groff/* usr/share/info/* usr/share/lintian/* \
     usr/share/linda/* usr/share/locale/* \
+    && find usr/share/man -mindepth 1 -not -type d -delete \
+    && mkdir -p usr/share/man/man1 usr/share/man/man5 usr/share/man/man7 usr/share/man/man8 \
     && find usr/share/doc -mindepth 1 -not -name copyright -not -type d -delete \
     && find usr/share/doc -mindepth 1 -type d -empty -delete"
   as_root tar --numeric-owner -C "$root" -cf "$tar.tmp" .
@@ -142,6 +146,10 @@ image_podman_ready() {
   # crun may refuse its cgroups: runc, cgroupfs, and limits no higher than the current
   # ones (nproc: podman's own hard limit is not ours, so try a few).
   conf="$IMAGE_CACHE/containers.conf"
+  if [ -f "$conf" ]; then  # what worked last time
+    export CONTAINERS_CONF="$conf"
+    probe && return 0
+  fi
   for nproc in "" "$(ulimit -Hu)" 32768 4096; do
     {
       echo "# written by scripts/image.sh: podman here cannot use its defaults"
