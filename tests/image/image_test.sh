@@ -97,7 +97,7 @@ tmp=$(mktemp -d)
 name="kvarena-image-test-$$"
 held=""
 cleanup() {
-  [ -z "$held" ] || kill -KILL "$held" 2>/dev/null || true
+  [ -z "$held" ] || as_root kill -KILL "$held" 2>/dev/null || true
   pm rm -f -t 0 "$name" >/dev/null 2>&1 || true
   as_root rm -rf "$tmp"
 }
@@ -128,7 +128,8 @@ if [ -d "$python_dir/kvarena" ] && [ -x /usr/bin/python3 ]; then
 fi
 chmod -R a+rX "$tmp/w"
 chmod 0755 "$tmp"
-# A worker as the manifests' worker container runs: uid 10002 in group 10100, the socket
+# A worker as the manifests' worker container runs (its pid, the same all the way down
+# to the worker: exec, in $tmp/worker.pid): uid 10002 in group 10100, the socket
 # directory mounted read-only at /run/kvarena, the daemon's path (its own mount namespace,
 # /run a fresh tmpfs there). The same path matters: the daemon names its fd socket by its
 # own path (AttachEvent.fd_socket), and a worker that sees the directory elsewhere cannot
@@ -138,7 +139,9 @@ as_worker() {
   as_root unshare --mount --propagation private sh -c '
     mount -t tmpfs -o size=1m,mode=0755 tmpfs /run && mkdir /run/kvarena &&
     mount --bind "$0" /run/kvarena && mount -o remount,bind,ro /run/kvarena &&
-    exec setpriv --reuid=10002 --regid=10002 --groups=10100 --inh-caps=-all "$@"' "$run_dir" "$@"
+    echo $$ >"$1" && shift &&
+    exec setpriv --reuid=10002 --regid=10002 --groups=10100 --inh-caps=-all "$@"' \
+    "$run_dir" "$tmp/worker.pid" "$@"
 }
 
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -232,8 +235,8 @@ step "after the workers: no cache, no session, no page used"
 
 # SIGTERM with a worker holding a cache: kvarenad drains and exits 0 within the grace.
 as_worker "${worker[@]}" --prefix_namespace=image-test-held --hold >"$tmp/held.log" 2>&1 &
-held=$!
 for _ in $(seq 100); do grep -q holding "$tmp/held.log" && break; sleep 0.2; done
+held=$(cat "$tmp/worker.pid")
 grep -q holding "$tmp/held.log" || { cat "$tmp/held.log"; fail "the holding worker"; }
 t0=$(date +%s%N)
 pm stop -t 10 "$name" >/dev/null || fail "podman stop"
@@ -244,9 +247,13 @@ sed 's/^/  /' <<<"$logs"
 [ "$code" = 0 ] || fail "kvarenad exited $code after podman stop -t 10 (137: killed at the grace's end)"
 grep -q "Terminated: draining (health NOT_SERVING)" <<<"$logs" || fail "kvarenad did not log its drain"
 [ "$took_ms" -lt 10000 ] || fail "podman stop took ${took_ms} ms, the grace is 10 s"
-kill -KILL "$held" 2>/dev/null || true
-wait "$held" 2>/dev/null || true
+# The worker, resumed, finds the daemon gone.
+as_root kill -USR1 "$held"
+for _ in $(seq 100); do as_root kill -0 "$held" 2>/dev/null || break; sleep 0.2; done
+as_root kill -KILL "$held" 2>/dev/null || true
+wait 2>/dev/null || true
 held=""
+echo "  the holding worker, resumed: $(tail -1 "$tmp/held.log")"
 step "podman stop -t 10 with a worker holding a cache: drained, exit 0 in ${took_ms} ms"
 
 echo "image_test: image $tag: $size; the whole test took $((SECONDS - t_start))s"
