@@ -234,9 +234,10 @@ done
 step "after the workers: no cache, no session, no page used"
 
 # SIGTERM with a worker holding a cache: kvarenad drains and exits 0 within the grace.
+as_root rm -f "$tmp/worker.pid"  # the earlier workers' pids: gone, maybe reused
 as_worker "${worker[@]}" --prefix_namespace=image-test-held --hold >"$tmp/held.log" 2>&1 &
 for _ in $(seq 100); do grep -q holding "$tmp/held.log" && break; sleep 0.2; done
-held=$(cat "$tmp/worker.pid")
+held=$(cat "$tmp/worker.pid" 2>/dev/null || true)
 grep -q holding "$tmp/held.log" || { cat "$tmp/held.log"; fail "the holding worker"; }
 t0=$(date +%s%N)
 pm stop -t 10 "$name" >/dev/null || fail "podman stop"
@@ -248,6 +249,7 @@ sed 's/^/  /' <<<"$logs"
 grep -q "Terminated: draining (health NOT_SERVING)" <<<"$logs" || fail "kvarenad did not log its drain"
 [ "$took_ms" -lt 10000 ] || fail "podman stop took ${took_ms} ms, the grace is 10 s"
 # The worker, resumed, finds the daemon gone.
+[ -n "$held" ] || fail "the holding worker's pid"
 as_root kill -USR1 "$held"
 for _ in $(seq 100); do as_root kill -0 "$held" 2>/dev/null || break; sleep 0.2; done
 as_root kill -KILL "$held" 2>/dev/null || true
