@@ -84,7 +84,8 @@ if [ -n "${KVARENA_TEST_IMAGE:-}" ]; then  # scripts/long.sh: the image deploy/D
   tag=$KVARENA_TEST_IMAGE
   pm image exists "$tag" || fail "no image $tag (KVARENA_TEST_IMAGE)"
 else
-  tag="localhost/kvarena:$IMAGE_VERSION-test"
+  # One tag per build tree, so that two builds' tests never replace each other's image.
+  tag="localhost/kvarena:$IMAGE_VERSION-test-$(printf '%s' "$(realpath "$kvarenad")" | md5sum | cut -c1-8)"
   old_id=$(pm image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
   image_prebuilt "$kvarenad" "$cli" "$tag" || fail "the image did not build"
   new_id=$(pm image inspect --format '{{.Id}}' "$tag")
