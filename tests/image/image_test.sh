@@ -242,13 +242,17 @@ held=$(cat "$tmp/worker.pid" 2>/dev/null || true)
 grep -q holding "$tmp/held.log" || { cat "$tmp/held.log"; fail "the holding worker"; }
 t0=$(date +%s%N)
 pm stop -t 10 "$name" >/dev/null || fail "podman stop"
-took_ms=$((($(date +%s%N) - t0) / 1000000))
+stop_ms=$((($(date +%s%N) - t0) / 1000000))
+# kvarenad's own exit, as conmon recorded it: podman stop's wall time adds podman's
+# clean-up, which a loaded machine stretches.
+finished=$(pm inspect --format '{{.State.FinishedAt.UnixNano}}' "$name")
+took_ms=$(((finished - t0) / 1000000))
 code=$(pm inspect --format '{{.State.ExitCode}}' "$name")
 logs=$(pm logs "$name" 2>&1)
 sed 's/^/  /' <<<"$logs"
 [ "$code" = 0 ] || fail "kvarenad exited $code after podman stop -t 10 (137: killed at the grace's end)"
 grep -q "Terminated: draining (health NOT_SERVING)" <<<"$logs" || fail "kvarenad did not log its drain"
-[ "$took_ms" -lt 10000 ] || fail "podman stop took ${took_ms} ms, the grace is 10 s"
+[ "$took_ms" -lt 10000 ] || fail "kvarenad exited ${took_ms} ms after podman stop, the grace is 10 s"
 # The worker, resumed, finds the daemon gone.
 [ -n "$held" ] || fail "the holding worker's pid"
 as_root kill -USR1 "$held"
@@ -257,6 +261,7 @@ as_root kill -KILL "$held" 2>/dev/null || true
 wait 2>/dev/null || true
 held=""
 echo "  the holding worker, resumed: $(tail -1 "$tmp/held.log")"
-step "podman stop -t 10 with a worker holding a cache: drained, exit 0 in ${took_ms} ms"
+step "podman stop -t 10 with a worker holding a cache: drained, exit 0 ${took_ms} ms after" \
+     "the SIGTERM (podman stop returned after ${stop_ms} ms)"
 
 echo "image_test: image $tag: $size; the whole test took $((SECONDS - t_start))s"
