@@ -4,7 +4,8 @@
 //
 // Thread-safety: every method is safe to call concurrently. Operations on different
 // caches run in parallel; operations on one cache are serialised by that cache's lock.
-// Lock order: store map lock -> cache lock -> pool lock. Stats read counters only.
+// Lock order: DESIGN.md, "Locks" (map lock -> session table -> cache locks -> pool set ->
+// pool -> tier queue -> events). Stats read counters only.
 //
 // Errors (absl::Status codes, mapped one-to-one to gRPC codes by the daemon):
 //   INVALID_ARGUMENT    bad spec, shape, dtype, layer or pos

@@ -20,9 +20,9 @@
 // write only pages that are Writable (one reference, not registered).
 //
 // Thread-safety: PagePool and ArenaBudget are safe for concurrent use; PagePool guards its
-// state (the PrefixIndex and PageCache included) with an internal mutex (taken after any
-// cache lock), so a prefix lookup and the adoption of what it found are one step no
-// eviction can split.
+// state (the PrefixIndex and PageCache included) with an internal mutex (its place in
+// the lock order: DESIGN.md, "Locks"), so a prefix lookup and the adoption of what it
+// found are one step no eviction can split.
 #ifndef KVARENA_CORE_PAGE_POOL_H_
 #define KVARENA_CORE_PAGE_POOL_H_
 

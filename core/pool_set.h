@@ -8,9 +8,9 @@
 // cache is released and is destroyed (its memory given back) when the last cache object
 // referring to it goes.
 //
-// Thread-safety: safe for concurrent use. Its lock comes after the store's map lock and
-// any cache lock, and before a pool's: TrimOthers runs under cache locks, so it takes no
-// store lock, and it calls the other pools with the set's lock released.
+// Thread-safety: safe for concurrent use; its place in the lock order is DESIGN.md's
+// ("Locks"). TrimOthers runs under cache locks, so it takes no store lock, and it calls
+// the other pools with the set's lock released.
 #ifndef KVARENA_CORE_POOL_SET_H_
 #define KVARENA_CORE_POOL_SET_H_
 

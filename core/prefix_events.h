@@ -7,8 +7,8 @@
 // and resynchronises (treat everything as cleared, then apply what follows).
 //
 // Thread-safety: safe for concurrent use. Pools append under their own lock (the log's
-// lock comes after every pool lock); the listener runs after each append with no log lock
-// held and must not call into the store.
+// lock is last in DESIGN.md's lock order); the listener runs after each append with no
+// log lock held and must not call into the store.
 #ifndef KVARENA_CORE_PREFIX_EVENTS_H_
 #define KVARENA_CORE_PREFIX_EVENTS_H_
 

@@ -236,8 +236,8 @@ class TierSet {
 
   const std::vector<TierEntry> stores_;
   const TierOptions options_;
-  // Where the tiers' events go; appended to only under events_mu_ (taken after a pool's
-  // lock and mu_, before the log's own).
+  // Where the tiers' events go; appended to only under events_mu_ (DESIGN.md's lock
+  // order: after a pool's lock and mu_, before the log's own).
   mutable absl::Mutex events_mu_;
   PrefixEventLog* events_ ABSL_GUARDED_BY(events_mu_);
   const bool takes_evicted_;
