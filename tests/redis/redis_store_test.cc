@@ -176,10 +176,10 @@ TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {
   ASSERT_TRUE(cluster_->Cli(cluster_->ports()[0], {"SET", store->RedisKey(Key(2)), ""}).ok());
   EXPECT_EQ(store->Get(Key(1), Deadline()).value_or("<error>"), "garbage");
   EXPECT_EQ(store->Get(Key(2), Deadline()).value_or("<error>"), "");
-  // A key of another type: an error, not a crash.
+  // A key of another type: DATA_LOSS (the tier erases it), not a crash.
   ASSERT_TRUE(cluster_->Cli(cluster_->ports()[0], {"RPUSH", store->RedisKey(Key(3)), "x"}).ok());
   EXPECT_THAT(store->Get(Key(3), Deadline()),
-              StatusIs(absl::StatusCode::kInternal, HasSubstr("WRONGTYPE")));
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("WRONGTYPE")));
 }
 
 // A TCP server on loopback that answers every command with `reply`, except CLUSTER SLOTS,
