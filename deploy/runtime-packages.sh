@@ -4,7 +4,9 @@
 # image carries exactly the libraries the build linked. Fails, naming it, when a library
 # is not found or belongs to no package — except libraries under a directory listed in
 # $UNPACKAGED_OK (colon-separated; e.g. a CUDA toolkit unpacked from NVIDIA's installer
-# rather than its Debian repository), which are named on stderr and left out.
+# rather than its Debian repository), which are named on stderr and left out — and, with
+# $UNPACKAGED_COPY_TO=DIR, copied there under the name the binaries load them by (the
+# image's runtime stage installs DIR, as lib/, into /usr/local/lib).
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
 
@@ -41,6 +43,10 @@ for lib in "${libs[@]}"; do
     done
     [ -n "$skip" ] || { echo "$0: $lib belongs to no Debian package" >&2; exit 1; }
     echo "$0: $lib belongs to no Debian package; left out (UNPACKAGED_OK)" >&2
+    if [ -n "${UNPACKAGED_COPY_TO:-}" ]; then
+      mkdir -p "$UNPACKAGED_COPY_TO"
+      cp -L "$lib" "$UNPACKAGED_COPY_TO/$(basename "$lib")"
+    fi
     continue
   fi
   echo "${found%%:*}"

@@ -176,7 +176,10 @@ image_prebuilt() {
   mkdir "$ctx/bin"
   install -m 0755 -s "$kvarenad" "$ctx/bin/kvarenad"
   install -m 0755 -s "$cli" "$ctx/bin/kvarena"
-  "$IMAGE_ROOT/deploy/runtime-packages.sh" "$ctx/bin/kvarenad" "$ctx/bin/kvarena" >"$ctx/runtime-packages"
+  # A CUDA build's runtime library, unpacked from NVIDIA's installer here, goes in as lib/.
+  UNPACKAGED_OK=/usr/local/cuda UNPACKAGED_COPY_TO="$ctx/lib" \
+    "$IMAGE_ROOT/deploy/runtime-packages.sh" "$ctx/bin/kvarenad" "$ctx/bin/kvarena" \
+    >"$ctx/runtime-packages"
   chmod -R a+rX "$ctx"
   echo "image.sh: runtime packages: $(tr '\n' ' ' <"$ctx/runtime-packages")"
   if ! pm build -q --network host --pull=never -f "$IMAGE_ROOT/deploy/Dockerfile.runtime" \

@@ -30,7 +30,8 @@
 # is not deploy/Dockerfile's.
 # Skipped (77), saying why, where podman cannot run containers (not installed, no root,
 # the sandbox refuses them), where the Debian base cannot be made, or where kvarenad links
-# a library no Debian package holds (a CUDA build: the image test wants -DKVARENA_CUDA=OFF).
+# a library no Debian package holds outside /usr/local/cuda (a CUDA build: the CUDA runtime
+# unpacked there from NVIDIA's installer goes into the image as lib/, see scripts/image.sh).
 set -euo pipefail
 [ $# -eq 4 ] || { echo "usage: $0 KVARENAD CLI PREFIX_WORKER PYTHON_DIR" >&2; exit 2; }
 kvarenad=$1 cli=$2 prefix_worker=$3 python_dir=$4
@@ -74,7 +75,8 @@ for tool in setpriv unshare; do
 done
 [ -x /usr/bin/python3 ] || skip "/usr/bin/python3 is missing (free ports, JSON)"
 if [ -z "${KVARENA_TEST_IMAGE:-}" ] &&
-   ! packages=$("$root/deploy/runtime-packages.sh" "$kvarenad" "$cli" 2>&1); then
+   ! packages=$(UNPACKAGED_OK=/usr/local/cuda "$root/deploy/runtime-packages.sh" "$kvarenad" \
+                "$cli" 2>&1); then
   skip "the image carries Debian packages only, and $packages"
 fi
 image_podman_ready || skip "$IMAGE_REASON"
