@@ -145,9 +145,10 @@ std::vector<std::shared_ptr<PagePool>> PoolSet::AllBut(
     absl::Span<const std::pair<PagePool*, int64_t>> keep) const {
   std::vector<std::shared_ptr<PagePool>> others;
   absl::ReaderMutexLock lock(&mu_);
-  for (const auto& [id, p] : by_id_) {
-    if (std::none_of(keep.begin(), keep.end(), [&](const auto& k) { return k.first == p.get(); }))
-      others.push_back(p);
+  for (const auto& entry : by_id_) {
+    const PagePool* p = entry.second.get();
+    if (std::none_of(keep.begin(), keep.end(), [p](const auto& k) { return k.first == p; }))
+      others.push_back(entry.second);
   }
   return others;
 }
