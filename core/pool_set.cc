@@ -153,28 +153,35 @@ std::vector<std::shared_ptr<PagePool>> PoolSet::AllBut(
   return others;
 }
 
-bool PoolSet::TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, size_t bytes) {
-  const std::vector<std::shared_ptr<PagePool>> others = AllBut(keep);
-  size_t reclaimable = 0;
-  for (const auto& p : others) reclaimable += p->ReclaimableBytes();
-  if (reclaimable < bytes) return false;
+namespace {
+
+// Takes `bytes` back from pools, all or nothing: only when their `can` sum to that much,
+// then `take` from each in turn until it came back. Whether it did.
+template <typename Can, typename Take>
+bool TakeBack(const std::vector<std::shared_ptr<PagePool>>& pools, size_t bytes, Can can,
+              Take take) {
+  size_t available = 0;
+  for (const auto& p : pools) available += can(*p);
+  if (available < bytes) return false;
   size_t freed = 0;
-  for (const auto& p : others) {
-    if (freed < bytes) freed += p->TrimCached(bytes - freed);
+  for (const auto& p : pools) {
+    if (freed < bytes) freed += take(*p, bytes - freed);
   }
   return freed >= bytes;
 }
 
+}  // namespace
+
+bool PoolSet::TrimAllBut(absl::Span<const std::pair<PagePool*, int64_t>> keep, size_t bytes) {
+  return TakeBack(
+      AllBut(keep), bytes, [](const PagePool& p) { return p.ReclaimableBytes(); },
+      [](PagePool& p, size_t n) { return p.TrimCached(n); });
+}
+
 bool PoolSet::TrimEmpty(size_t bytes) {
-  const std::vector<std::shared_ptr<PagePool>> pools = AllBut({});
-  size_t empty = 0;
-  for (const auto& p : pools) empty += p->empty_bytes();
-  if (empty < bytes) return false;
-  size_t freed = 0;
-  for (const auto& p : pools) {
-    if (freed < bytes) freed += p->TrimEmpty(bytes - freed);
-  }
-  return freed >= bytes;
+  return TakeBack(
+      AllBut({}), bytes, [](const PagePool& p) { return p.empty_bytes(); },
+      [](PagePool& p, size_t n) { return p.TrimEmpty(n); });
 }
 
 absl::Status PoolSet::AllocateTogether(absl::Span<const std::pair<PagePool*, int64_t>> needs,
