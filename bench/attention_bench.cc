@@ -52,7 +52,7 @@ using bench::Workload;
 
 constexpr int64_t kContexts[] = {512, 1024, 4096, 8192, 16384, 32768};
 constexpr int kThreads[] = {1, 2};
-constexpr DType kDTypes[] = {DType::kFloat16, DType::kBFloat16};
+constexpr DType kBenchDTypes[] = {DType::kFloat16, DType::kBFloat16};
 constexpr int64_t kPrefillCtx =
     1024;  // the prefill table: kPrefillN queries ending here (one of kContexts)
 constexpr int64_t kPrefillN = 64;
@@ -213,7 +213,7 @@ void PrintTable(const TableReporter& r) {
   std::printf("%-9s %6s %3s %10s %10s", "dtype", "ctx", "thr", "read_pass", "memcpy");
   for (CpuKernels f : families) std::printf(" %12s %9s", CpuKernelsName(f), "attn/read");
   std::printf("\n");
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kBenchDTypes) {
     for (int64_t ctx : kContexts) {
       for (int threads : kThreads) {
         const double rp = get(r.gbps, Kind::kReadPass, families[0], dtype, ctx, threads);
@@ -237,7 +237,7 @@ void PrintTable(const TableReporter& r) {
   std::printf("%-9s %6s %10s", "dtype", "ctx", "read_pass");
   for (CpuKernels f : families) std::printf(" %12s %9s", CpuKernelsName(f), "attn/read");
   std::printf("\n");
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kBenchDTypes) {
     for (int64_t ctx : kContexts) {
       const double rp = get(r.cpu_gbps, Kind::kReadPass, families[0], dtype, ctx, 1);
       if (rp == 0) continue;
@@ -257,7 +257,7 @@ void PrintTable(const TableReporter& r) {
   std::printf("%-9s %3s", "dtype", "thr");
   for (CpuKernels f : families) std::printf(" %12s", CpuKernelsName(f));
   std::printf("\n");
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kBenchDTypes) {
     for (int threads : kThreads) {
       std::printf("%-9s %3d", DTypeName(dtype), threads);
       for (CpuKernels f : families) {
@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
     }
   }
   // Grouped by workload so each pool is built once.
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kBenchDTypes) {
     for (int64_t ctx : kContexts) {
       for (int threads : kThreads) {
         for (Kind kind : {Kind::kAttention, Kind::kReadPass, Kind::kMemcpy}) {

@@ -15,9 +15,9 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv(int layer) const {
   KVARENA_RETURN_IF_ERROR(CheckUsable("get_kv"));
   KVARENA_RETURN_IF_ERROR(CheckLayer("get_kv", layer));
   const PageLayout l = layout();
-  const size_t row = size_t(l.head_dim) * l.ElemBytes();  // one head of one token
-  const int64_t chunk =
-      std::max<int64_t>(1, int64_t(transport_->get_kv_chunk_bytes() / (2 * l.TokenBytes())));
+  const size_t row = size_t(l.head_dim) * l.ActivationBytes();  // one head of one token
+  const int64_t chunk = std::max<int64_t>(
+      1, int64_t(transport_->get_kv_chunk_bytes() / (2 * size_t(l.num_kv_heads) * row)));
   // A chunk above the arena's reply limit: this client's limit is above the daemon's.
   auto failed = [&](const absl::Status& s) {
     if (!absl::IsResourceExhausted(s)) return Observe(s);

@@ -21,7 +21,8 @@ int64_t SlidingLayers(const CacheSpec& spec) {
 std::string RootKey(const CacheSpec& s) {
   if (s.prefix_namespace.empty()) return "";
   return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/",
-                      s.page_size, "/", s.num_kv_heads, "/", s.head_dim, "/", s.num_layers);
+                      int(s.kv_format), "/", s.page_size, "/", s.num_kv_heads, "/", s.head_dim, "/",
+                      s.num_layers);
 }
 
 }  // namespace

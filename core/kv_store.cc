@@ -174,9 +174,7 @@ absl::StatusOr<CacheInfo> KvStore::Allocate(const std::string& session, const Ca
                            ResolveSpec(spec, im.options.default_page_size, im.limits));
   KVARENA_RETURN_IF_ERROR(
       CheckTokenIds("allocate", "prompt_tokens", options.prompt_tokens, im.limits));
-  if (absl::Status s = im.kernels->CheckLayout(
-          PageLayout{resolved.dtype, resolved.page_size, resolved.num_kv_heads, resolved.head_dim});
-      !s.ok()) {
+  if (absl::Status s = im.kernels->CheckLayout(LayoutOf(resolved)); !s.ok()) {
     return Annotated(s, "allocate: ");
   }
   if (cache_id.size() > kMaxCacheIdBytes) {

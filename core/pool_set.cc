@@ -24,8 +24,7 @@ int64_t PoolSet::CachesLocked(uint64_t id) const {
 }
 
 PoolKey PoolSet::KeyOfLocked(uint64_t id) const {
-  const PageLayout& l = by_id_.at(id)->layout();
-  return PoolKey{owner_.at(id), int(l.dtype), l.page_size, l.num_kv_heads, l.head_dim};
+  return PoolKey(owner_.at(id), by_id_.at(id)->layout());
 }
 
 std::shared_ptr<PagePool> PoolSet::EraseLocked(uint64_t id) {
@@ -42,7 +41,8 @@ absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec
                                                            const std::string& owner, bool* created,
                                                            std::shared_ptr<PagePool>* displaced) {
   *created = false;
-  const PoolKey key{owner, int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim};
+  const PageLayout layout = LayoutOf(spec);
+  const PoolKey key(owner, layout);
   std::shared_ptr<PagePool> gave_way;  // destroyed after the lock, unless handed out
   absl::MutexLock lock(&mu_);
   auto it = by_key_.find(key);
@@ -62,7 +62,6 @@ absl::StatusOr<std::shared_ptr<PagePool>> PoolSet::PoolFor(const CacheSpec& spec
                                      " pools (distinct geometries) are alive; max_pools=",
                                      max_pools_, " (a pool goes when its last cache is released)"));
   }
-  PageLayout layout{spec.dtype, spec.page_size, spec.num_kv_heads, spec.head_dim};
   const uint64_t id = next_id_;
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
       PagePool::Create(id, layout, backend_, budget_, empty_chunks_kept_, counters_, owner);

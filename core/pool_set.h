@@ -43,9 +43,17 @@ struct PoolKey {
   int page_size = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
+  int kv_format = 0;  // resolved
+  PoolKey(std::string o, const PageLayout& l)
+      : owner(std::move(o)),
+        dtype(int(l.dtype)),
+        page_size(l.page_size),
+        num_kv_heads(l.num_kv_heads),
+        head_dim(l.head_dim),
+        kv_format(int(l.format())) {}
   friend bool operator<(const PoolKey& a, const PoolKey& b) {
-    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim) <
-           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim);
+    return std::tie(a.owner, a.dtype, a.page_size, a.num_kv_heads, a.head_dim, a.kv_format) <
+           std::tie(b.owner, b.dtype, b.page_size, b.num_kv_heads, b.head_dim, b.kv_format);
   }
   friend bool operator==(const PoolKey& a, const PoolKey& b) { return !(a < b) && !(b < a); }
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/little_endian.h"
 
@@ -21,11 +22,14 @@ Hash128 Xxh128(const std::string& bytes) {
 std::string Hash128::Hex() const { return absl::StrFormat("%016x%016x", high, low); }
 
 Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec) {
-  std::string b = "kvarena.prefix.v1";
+  std::string b = absl::StrCat("kvarena.prefix.v", kKvLayoutVersion);
   PutU32(&b, uint32_t(prefix_namespace.size()));
   b.append(prefix_namespace.data(), prefix_namespace.size());
-  for (int v :
-       {int(spec.dtype), spec.page_size, spec.num_kv_heads, spec.head_dim, spec.num_layers}) {
+  const KvFormat format = ResolveKvFormat(spec.kv_format, spec.dtype);
+  const KvFormatInfo* info = FindKvFormat(format);
+  const KvScales scales = info != nullptr ? info->scales : KvScales::kNone;
+  for (int v : {int(spec.dtype), int(format), int(scales), spec.page_size, spec.num_kv_heads,
+                spec.head_dim, spec.num_layers}) {
     PutU32(&b, uint32_t(v));
   }
   return Xxh128(b);

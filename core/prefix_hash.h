@@ -2,13 +2,15 @@
 //
 // Every full page of a cache whose token ids are known is named by a chained 128-bit
 // hash: a page's hash covers its parent's hash (the page before it, or the root for the
-// first page) and its own page_size token ids; the root covers the prefix namespace and
-// the geometry (dtype, page_size, num_kv_heads, head_dim, num_layers). The hash is
+// first page) and its own page_size token ids; the root covers the prefix namespace, the
+// representation (activation dtype, KV format, its scale layout) and the geometry
+// (page_size, num_kv_heads, head_dim, num_layers). The hash is
 // XXH3-128 (xxHash 0.8, a fixed, documented algorithm: the same bytes give the same hash
 // in every process, build and version since 0.8.0) over little-endian encodings:
 //
-//   root      = XXH3_128("kvarena.prefix.v1" ‖ u32 len(ns) ‖ ns ‖ u32 dtype ‖ u32 page_size
-//                        ‖ u32 num_kv_heads ‖ u32 head_dim ‖ u32 num_layers)
+//   root      = XXH3_128("kvarena.prefix.v<kKvLayoutVersion>" ‖ u32 len(ns) ‖ ns ‖ u32 dtype
+//                        ‖ u32 kv_format ‖ u32 scales ‖ u32 page_size ‖ u32 num_kv_heads
+//                        ‖ u32 head_dim ‖ u32 num_layers)
 //   page hash = XXH3_128(u64 parent.low ‖ u64 parent.high ‖ i32 token[0] ‖ ... ‖ i32 token[P-1])
 //
 // A hash only finds candidates: a hit is confirmed by comparing token ids and the parent
@@ -25,6 +27,11 @@
 #include "core/types.h"
 
 namespace kvarena {
+
+// The version of how K/V is laid out and named: the prefix hashes' domain and the tier
+// chunks' format version (core/tier_chunk.h) both name it, so a layout change (2: the KV
+// format in the root and the chunk header) misses every page and chunk of the one before.
+inline constexpr uint32_t kKvLayoutVersion = 2;
 
 struct Hash128 {
   uint64_t low = 0;

@@ -19,13 +19,14 @@ TEST(PrefixHashTest, IsXxh3OverTheDocumentedBytes) {
 
   CacheSpec s = PrefixSpec("m");
   s.dtype = DType::kFloat16;
-  std::string root = "kvarena.prefix.v1";
+  std::string root = "kvarena.prefix.v2";
   auto u32 = [](std::string* b, uint32_t v) {
     for (int i = 0; i < 4; ++i) b->push_back(char(v >> (8 * i)));
   };
   u32(&root, 1);
   root += "m";
-  for (uint32_t v : {2u, 4u, 2u, 8u, 2u}) u32(&root, v);  // dtype, page, heads, dim, layers
+  // dtype, kv_format (the dtype's own), scales (none), page, heads, dim, layers
+  for (uint32_t v : {2u, 2u, 0u, 4u, 2u, 8u, 2u}) u32(&root, v);
   const XXH128_hash_t r = XXH3_128bits(root.data(), root.size());
   EXPECT_EQ(PrefixRootHash("m", s), (Hash128{r.low64, r.high64}));
 

@@ -111,9 +111,16 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// The fixed-size part of a chunk: magic, version, six u32 geometry fields, first_block,
+// The fixed-size part of a chunk: magic, version, eight u32 layout fields, first_block,
 // two string lengths, two hashes, the checksum.
-constexpr size_t kFixedBytes = 8 + 4 + 6 * 4 + 8 + 2 * 4 + 2 * 16 + kChecksumBytes;
+constexpr size_t kFixedBytes = 8 + 4 + 8 * 4 + 8 + 2 * 4 + 2 * 16 + kChecksumBytes;
+
+// The scale layout the header states beside the format (KvScales; 0 for a format outside
+// the table, which no check lets through to an encoder).
+KvScales ScalesOf(const PageLayout& l) {
+  const KvFormatInfo* f = FindKvFormat(l.format());
+  return f != nullptr ? f->scales : KvScales::kNone;
+}
 
 // A caller's `want` that no encoder could have written: the caller's bug, not the value's.
 absl::Status CheckWant(const ChunkIdentity& want) {
@@ -163,8 +170,9 @@ std::string EncodeChunk(const ChunkIdentity& id, const std::vector<int32_t>& fir
             4 * first_page.size() + payload.size());
   b.append(kMagic.data(), kMagic.size());
   PutU32(&b, kChunkFormatVersion);
-  for (int v : {int(id.layout.dtype), id.layout.page_size, id.layout.num_kv_heads,
-                id.layout.head_dim, int(id.num_layers), int(id.chunk_pages)}) {
+  for (int v : {int(id.layout.dtype), int(id.layout.format()), int(ScalesOf(id.layout)),
+                id.layout.page_size, id.layout.num_kv_heads, id.layout.head_dim, int(id.num_layers),
+                int(id.chunk_pages)}) {
     PutU32(&b, uint32_t(v));
   }
   PutU64(&b, uint64_t(id.first_block));
@@ -201,6 +209,8 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
   Reader r(value);
   KVARENA_RETURN_IF_ERROR(r.MagicAndVersion());
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("dtype", uint32_t(want.layout.dtype)));
+  KVARENA_RETURN_IF_ERROR(r.ExpectU32("kv_format", uint32_t(want.layout.format())));
+  KVARENA_RETURN_IF_ERROR(r.ExpectU32("scales", uint32_t(ScalesOf(want.layout))));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("page_size", uint32_t(want.layout.page_size)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("num_kv_heads", uint32_t(want.layout.num_kv_heads)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("head_dim", uint32_t(want.layout.head_dim)));
@@ -263,11 +273,11 @@ absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
                        std::vector<int32_t>* first_page) {
   Reader r(value);
   KVARENA_RETURN_IF_ERROR(r.MagicAndVersion());
-  uint32_t f[6] = {};
+  uint32_t f[8] = {};  // dtype, kv_format, scales (implied by kv_format), then as below
   for (uint32_t& x : f) KVARENA_RETURN_IF_ERROR(r.U32("geometry", &x));
-  id->layout = PageLayout{DType(f[0]), int(f[1]), int(f[2]), int(f[3])};
-  id->num_layers = int32_t(f[4]);
-  id->chunk_pages = int32_t(f[5]);
+  id->layout = PageLayout{DType(f[0]), int(f[3]), int(f[4]), int(f[5]), KvFormat(f[1])};
+  id->num_layers = int32_t(f[6]);
+  id->chunk_pages = int32_t(f[7]);
   uint64_t first_block = 0;
   KVARENA_RETURN_IF_ERROR(r.U64("first_block", &first_block));
   id->first_block = int64_t(first_block);
@@ -284,14 +294,14 @@ absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
   }
   // Sizes come from the value: read the bytes (bounded by its size) before allocating.
   absl::string_view tokens, firsts;
-  KVARENA_RETURN_IF_ERROR(r.Bytes("tokens", 4 * uint64_t(f[5]) * uint64_t(f[1]), &tokens));
-  KVARENA_RETURN_IF_ERROR(r.Bytes("first_page", 4 * uint64_t(f[4]), &firsts));
+  KVARENA_RETURN_IF_ERROR(r.Bytes("tokens", 4 * uint64_t(f[7]) * uint64_t(f[3]), &tokens));
+  KVARENA_RETURN_IF_ERROR(r.Bytes("first_page", 4 * uint64_t(f[6]), &firsts));
   id->tokens.resize(tokens.size() / 4);
   for (size_t i = 0; i < id->tokens.size(); ++i)
     id->tokens[i] = int32_t(LoadU32(tokens.data() + 4 * i));
   first_page->resize(firsts.size() / 4);
   for (size_t i = 0; i < first_page->size(); ++i) {
-    (*first_page)[i] = int32_t(std::min<uint32_t>(LoadU32(firsts.data() + 4 * i), f[5]));
+    (*first_page)[i] = int32_t(std::min<uint32_t>(LoadU32(firsts.data() + 4 * i), f[7]));
   }
   return absl::OkStatus();
 }

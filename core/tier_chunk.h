@@ -3,8 +3,9 @@
 // (chunk c holds blocks [c*P, c*P + P)), for every layer, K and V. It is self-describing,
 // so a store can hold it as opaque bytes and a reader can prove it is the K/V it wants:
 //
-//   magic "KVACHNK1"  u32 format version (1)
-//   u32 dtype  u32 page_size  u32 num_kv_heads  u32 head_dim  u32 num_layers  u32 P
+//   magic "KVACHNK1"  u32 format version (kKvLayoutVersion)
+//   u32 dtype  u32 kv_format  u32 scales (KvScales)
+//   u32 page_size  u32 num_kv_heads  u32 head_dim  u32 num_layers  u32 P
 //   u64 first_block                       (c * P)
 //   u32 len(tenant)  tenant  u32 len(namespace)  namespace
 //   parent hash (u64 low, u64 high)       (chained hash of block first_block - 1; the
@@ -15,7 +16,8 @@
 //                                          chunk: a sliding layer whose window dropped its
 //                                          early pages keeps only the tail; P: none)
 //   payload: for each layer in order, its pages first_page[l] .. P-1, each PageBytes()
-//            bytes laid out as the pool's pages ([2][page_size][num_kv_heads][head_dim])
+//            bytes laid out as the pool's pages (kvarena/paged_kv.h: [2][page_size]
+//            token rows, a quantized format's scales in them), never converted
 //   u64 XXH3-64 of every byte before it
 //
 // All integers little-endian. The key a store files it under is ChunkKeyOf(tenant, P,
@@ -37,7 +39,9 @@
 
 namespace kvarena {
 
-inline constexpr uint32_t kChunkFormatVersion = 1;
+// The chunk's version is the layout version the prefix hashes name (core/prefix_hash.h),
+// so the two cannot drift apart.
+inline constexpr uint32_t kChunkFormatVersion = kKvLayoutVersion;
 
 // Everything a chunk's header says, and everything a reader demands of it.
 struct ChunkIdentity {

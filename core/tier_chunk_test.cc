@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "core/little_endian.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -67,7 +68,7 @@ void Reseal(std::string* v) {
 
 // Offset of first_page[0] in an encoded chunk of id.
 size_t FirstPageOffset(const ChunkIdentity& id) {
-  return 8 + 4 + 6 * 4 + 8 + 4 + id.tenant.size() + 4 + id.prefix_namespace.size() + 32 +
+  return 8 + 4 + 8 * 4 + 8 + 4 + id.tenant.size() + 4 + id.prefix_namespace.size() + 32 +
          4 * id.tokens.size();
 }
 
@@ -116,7 +117,7 @@ TEST_F(TierChunkTest, RoundTripsEveryGeometryAndFirstPageMix) {
 }
 
 TEST_F(TierChunkTest, KeyIsXxh3OfTheDocumentedBytes) {
-  std::string b = "kvarena.chunk.v1";
+  std::string b = "kvarena.chunk.v2";
   PutU32(&b, uint32_t(id_.chunk_pages));
   PutU32(&b, 4);
   b += "acme";
@@ -144,6 +145,9 @@ TEST_F(TierChunkTest, EveryIdentityFieldThatDiffersIsNamed) {
   };
   const std::vector<Case> cases = {
       {"dtype", [](ChunkIdentity* w) { w->layout.dtype = DType::kBFloat16; }, {"is 2", "want 3"}},
+      {"kv_format",
+       [](ChunkIdentity* w) { w->layout.kv_format = KvFormat::kBFloat16; },
+       {"is 2", "want 3"}},
       {"page_size",
        [&](ChunkIdentity* w) {
          w->layout.page_size = 8;
@@ -189,11 +193,12 @@ TEST_F(TierChunkTest, MagicAndVersionAreChecked) {
       DecodeChunk(bad_magic, id_, &d),
       StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("magic"), HasSubstr("KVACHNK2"))));
   std::string bad_version = Encode(id_, first_page_);
-  bad_version[8] = 2;
+  bad_version[8] = char(kChunkFormatVersion - 1);
   Reseal(&bad_version);
   EXPECT_THAT(DecodeChunk(bad_version, id_, &d),
               StatusIs(absl::StatusCode::kDataLoss,
-                       AllOf(HasSubstr("format version is 2"), HasSubstr("want 1"))));
+                       AllOf(HasSubstr(absl::StrCat("format version is ", kChunkFormatVersion - 1)),
+                             HasSubstr(absl::StrCat("want ", kChunkFormatVersion)))));
 }
 
 TEST_F(TierChunkTest, EveryTruncationIsDataLoss) {

@@ -42,9 +42,14 @@ absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_si
   KVARENA_RETURN_IF_ERROR(CheckRange("num_layers", s.num_layers, 1, kMaxLayers));
   KVARENA_RETURN_IF_ERROR(CheckRange("num_kv_heads", s.num_kv_heads, 1, kMaxKvHeads));
   KVARENA_RETURN_IF_ERROR(CheckRange("head_dim", s.head_dim, 1, kMaxHeadDim));
-  if (s.dtype != DType::kFloat32 && s.dtype != DType::kFloat16 && s.dtype != DType::kBFloat16) {
+  if (FindDType(s.dtype) == nullptr) {
     return Bad(absl::StrCat("allocate: spec.dtype=", int(s.dtype),
                             " must be FLOAT32, FLOAT16 or BFLOAT16"));
+  }
+  s.kv_format = ResolveKvFormat(s.kv_format, s.dtype);
+  if (FindKvFormat(s.kv_format) == nullptr) {
+    return Bad(absl::StrCat("allocate: spec.kv_format=", int(spec.kv_format),
+                            " is not a KV format (kvarena.proto's KvFormat)"));
   }
   if (s.page_size == 0) s.page_size = default_page_size;
   KVARENA_RETURN_IF_ERROR(CheckRange("page_size", s.page_size, 1, kMaxPageSize));

@@ -145,6 +145,7 @@ void AddPoolFamilies(const std::vector<PoolStats>& pools, std::vector<MetricFami
     for (const PoolStats& p : pools) {
       Add(&f, field.get(p),
           {{"dtype", DTypeName(p.layout.dtype)},
+           {"kv_format", KvFormatName(p.layout.format())},
            {"num_kv_heads", absl::StrCat(p.layout.num_kv_heads)},
            {"head_dim", absl::StrCat(p.layout.head_dim)},
            {"page_size", absl::StrCat(p.layout.page_size)}});

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/attention_params.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/paged_kv.h"
@@ -54,15 +55,26 @@ struct KernelLimits {
   int max_group = 64;                        // q heads per kv head
 };
 
+// OK when layout stores K/V as its activation dtype; else INVALID_ARGUMENT naming both and
+// the kernels (`kernels`, their name()).
+inline absl::Status CheckStoredAsActivation(const std::string& kernels, const PageLayout& layout) {
+  if (layout.format() == NativeKvFormat(layout.dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.kv_format=", KvFormatName(layout.format()),
+                   " with spec.dtype=", DTypeName(layout.dtype), ": the ", kernels,
+                   " kernels store K/V as the activation dtype only"));
+}
+
 class KvKernels {
  public:
   virtual ~KvKernels() = default;
   virtual std::string name() const = 0;  // "cpu", "cuda"
-  // OK when these kernels serve pages of this geometry; else INVALID_ARGUMENT naming the
-  // field and the values they take (checked at Allocate, before anything is written).
+  // OK when these kernels serve pages of this geometry and KV format; else
+  // INVALID_ARGUMENT naming the field and the values they take (checked at Allocate,
+  // before anything is written). The default takes the plain format of the activation
+  // dtype only: K/V stored as they come.
   virtual absl::Status CheckLayout(const PageLayout& layout) const {
-    (void)layout;
-    return absl::OkStatus();
+    return CheckStoredAsActivation(name(), layout);
   }
   virtual KernelLimits limits() const { return KernelLimits{}; }
   // Zeroes pages ids[0..n) of the pool at pool_base ([num_pool_pages][2][page_size][heads]
@@ -109,7 +121,9 @@ class KvKernels {
   // CPU kernels spread the whole batch over their thread pool.
   virtual absl::Status AppendKvBatch(const PagedKvView* views, const int64_t* pos, int batch,
                                      int64_t n, const void* k, const void* v) {
-    const size_t bytes = size_t(n) * (batch > 0 ? views[0].layout.TokenBytes() : 0);
+    const PageLayout* l = batch > 0 ? &views[0].layout : nullptr;
+    const size_t bytes =
+        l != nullptr ? size_t(n) * l->num_kv_heads * l->head_dim * l->ActivationBytes() : 0;
     for (int b = 0; b < batch; ++b) {
       if (auto s = AppendKv(views[b], pos[b], n, static_cast<const uint8_t*>(k) + b * bytes,
                             static_cast<const uint8_t*>(v) + b * bytes);
@@ -124,7 +138,7 @@ class KvKernels {
                                            void* out) {
     if (batch <= 0) return absl::OkStatus();
     const size_t bytes = size_t(params.num_q_heads) * params.n * views[0].layout.head_dim *
-                         views[0].layout.ElemBytes();
+                         views[0].layout.ActivationBytes();
     for (int b = 0; b < batch; ++b) {
       AttentionParams p = params;
       p.q_pos = pos[b];

@@ -10,34 +10,16 @@
 
 namespace kvarena {
 
-// The two enums share their numbering (kernels/paged_kv.h); an unknown wire value
-// decodes to kUnspecified so core rejects it by name.
+// The enums share their numbering with the wire's (kvarena/paged_kv.h); a wire value
+// outside the tables decodes to kUnspecified, so core rejects it by name.
 DType FromProto(v1::DType d) {
-  switch (d) {
-    case v1::FLOAT32:
-      return DType::kFloat32;
-    case v1::FLOAT16:
-      return DType::kFloat16;
-    case v1::BFLOAT16:
-      return DType::kBFloat16;
-    default:
-      return DType::kUnspecified;
-  }
+  return FindDType(DType(d)) != nullptr ? DType(d) : DType::kUnspecified;
 }
-
-v1::DType ToProto(DType d) {
-  switch (d) {
-    case DType::kFloat32:
-      return v1::FLOAT32;
-    case DType::kFloat16:
-      return v1::FLOAT16;
-    case DType::kBFloat16:
-      return v1::BFLOAT16;
-    case DType::kUnspecified:
-      break;
-  }
-  return v1::DTYPE_UNSPECIFIED;
+v1::DType ToProto(DType d) { return v1::DType(FindDType(d) != nullptr ? int(d) : 0); }
+KvFormat FromProto(v1::KvFormat f) {
+  return FindKvFormat(KvFormat(f)) != nullptr ? KvFormat(f) : KvFormat::kUnspecified;
 }
+v1::KvFormat ToProto(KvFormat f) { return v1::KvFormat(FindKvFormat(f) != nullptr ? int(f) : 0); }
 
 CacheSpec FromProto(const v1::CacheSpec& p) {
   CacheSpec s;
@@ -49,6 +31,7 @@ CacheSpec FromProto(const v1::CacheSpec& p) {
   s.layer_windows.assign(p.layer_windows().begin(), p.layer_windows().end());
   s.max_tokens = static_cast<int64_t>(p.max_tokens());
   s.prefix_namespace = p.prefix_namespace();
+  s.kv_format = FromProto(p.kv_format());
   return s;
 }
 
@@ -61,6 +44,7 @@ void ToProto(const CacheSpec& s, v1::CacheSpec* p) {
   p->mutable_layer_windows()->Assign(s.layer_windows.begin(), s.layer_windows.end());
   p->set_max_tokens(static_cast<uint64_t>(s.max_tokens));
   p->set_prefix_namespace(s.prefix_namespace);
+  p->set_kv_format(ToProto(s.kv_format));
 }
 
 CacheInfo FromProto(const v1::CacheInfo& p) {
@@ -208,6 +192,7 @@ PoolStats FromProto(const v1::PoolStats& p) {
   s.layout.head_dim = static_cast<int>(p.head_dim());
   s.layout.dtype = FromProto(p.dtype());
   s.layout.page_size = static_cast<int>(p.page_size());
+  s.layout.kv_format = FromProto(p.kv_format());
   s.owner = p.tenant();
   return s;
 }
@@ -218,6 +203,7 @@ void ToProto(const PoolStats& s, v1::PoolStats* p) {
   p->set_head_dim(static_cast<uint32_t>(s.layout.head_dim));
   p->set_dtype(ToProto(s.layout.dtype));
   p->set_page_size(static_cast<uint32_t>(s.layout.page_size));
+  p->set_kv_format(ToProto(s.layout.format()));
   p->set_tenant(s.owner);
 }
 

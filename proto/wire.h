@@ -25,6 +25,8 @@ inline constexpr char kResumeFromSeqMetadataKey[] = "kvarena-resume-from-seq";
 
 DType FromProto(v1::DType d);
 v1::DType ToProto(DType d);
+KvFormat FromProto(v1::KvFormat f);
+v1::KvFormat ToProto(KvFormat f);
 
 CacheSpec FromProto(const v1::CacheSpec& p);
 void ToProto(const CacheSpec& s, v1::CacheSpec* p);

@@ -62,7 +62,7 @@ struct Call {
   cpu_internal::RowConvert rows{};  // q in, the output out
   const float* qs = nullptr;        // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
   const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
-  void* out = nullptr;                // [num_q_heads][n][head_dim] in the cache dtype
+  void* out = nullptr;                // [num_q_heads][n][head_dim] in the activation dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
   float* partial = nullptr;
 };
@@ -156,7 +156,7 @@ void RunUnit(const Call& call, int64_t unit) {
   const uint8_t* next_k[kTileTokens];  // the tile after this one, for prefetching
   const uint8_t* next_v[kTileTokens];
   AttendTileArgs args;
-  args.dtype = view.layout.dtype;
+  args.kv_format = view.layout.format();
   args.head_dim = dim;
   args.rows = rows;
   args.row_lo = row_lo.data();
@@ -216,8 +216,9 @@ void RunUnit(const Call& call, int64_t unit) {
       const float inv = l[s] > 0 ? 1.0f / l[s] : 0.0f;
       for (int d = 0; d < dim; ++d) a[d] *= inv;
       const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-      call.rows.store(view.layout.dtype, a, dim,
-                      static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
+      call.rows.store(
+          view.layout.dtype, a, dim,
+          static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ActivationBytes());
     }
   }
 }
@@ -249,8 +250,9 @@ void MergeSplits(const Call& call) {
     for (int d = 0; d < dim; ++d) o[d] *= inv;
     const int64_t g = row % plan.group, i = row / plan.group % p.n, h = row / plan.group / p.n;
     const size_t out_row = (size_t(h) * plan.group + g) * p.n + i;
-    call.rows.store(view.layout.dtype, o.data(), dim,
-                    static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ElemBytes());
+    call.rows.store(
+        view.layout.dtype, o.data(), dim,
+        static_cast<uint8_t*>(call.out) + out_row * dim * view.layout.ActivationBytes());
   }
 }
 
@@ -260,7 +262,7 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
                   int h0, int h1, cpu_internal::LoadRowFn load, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
   const float factor = p.scale * std::numbers::log2e_v<float>;
-  const size_t elem = view.layout.ElemBytes();
+  const size_t elem = view.layout.ActivationBytes();
   for (int h = h0; h < h1; ++h) {
     for (int64_t i = 0; i < p.n; ++i) {
       for (int g = 0; g < group; ++g) {
@@ -319,7 +321,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   const int threads_per_seq = int(CeilDiv(threads, batch));
   const PageLayout& layout = views[0].layout;
   const int dim = layout.head_dim;
-  const size_t q_bytes = size_t(params.num_q_heads) * params.n * dim * layout.ElemBytes();
+  const size_t q_bytes = size_t(params.num_q_heads) * params.n * dim * layout.ActivationBytes();
   std::vector<AttentionParams> seq_params(size_t(batch), params);
   std::vector<Call> calls(static_cast<size_t>(batch));
   const int group = params.num_q_heads / layout.num_kv_heads;
@@ -333,7 +335,7 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     call.view = &views[b];
     call.params = &seq_params[b];
     call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
-    call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype);
+    call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype, layout.format());
     call.rows = cpu_internal::SelectRowConvert(layout.dtype);
     call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
     call.qs = qs.data() + size_t(b) * qs_per_seq;
@@ -369,7 +371,7 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   call.view = &view;
   call.params = &params;
   call.plan = MakePlan(view, params, threads);
-  call.tile_fn = cpu_internal::SelectAttendTile(dim, view.layout.dtype);
+  call.tile_fn = cpu_internal::SelectAttendTile(dim, view.layout.dtype, view.layout.format());
   call.rows = cpu_internal::SelectRowConvert(view.layout.dtype);
   call.out = out;
 

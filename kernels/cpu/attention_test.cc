@@ -56,7 +56,8 @@ class PagedAttentionTest : public ::testing::Test {
   // The tile PagedAttention picks for head_dim and dtype with `kernels` forced.
   static cpu_internal::AttendTileFn TileWith(CpuKernels kernels, int head_dim, DType dtype) {
     TEST_ForceCpuKernels(kernels);
-    const cpu_internal::AttendTileFn fn = cpu_internal::SelectAttendTile(head_dim, dtype);
+    const cpu_internal::AttendTileFn fn =
+        cpu_internal::SelectAttendTile(head_dim, dtype, NativeKvFormat(dtype));
     TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
     return fn;
   }

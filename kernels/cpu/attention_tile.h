@@ -33,7 +33,7 @@ inline constexpr float kExp2Taylor[8] = {1.5252733804059841e-05f, 1.540353039338
                                          6.9314718055994531e-01f, 1.0f};
 
 struct AttendTileArgs {
-  DType dtype = DType::kFloat32;  // K/V storage type
+  KvFormat kv_format = KvFormat::kFloat32;  // how the pages store K/V
   int head_dim = 0;
   int rows = 0;              // query rows (GQA heads x queries) of this kv head
   const float* q = nullptr;  // [rows][head_dim], pre-scaled by scale * log2(e)
@@ -67,12 +67,12 @@ void PortableAttendTile(const AttendTileArgs& args);
 void Avx2AttendTile(const AttendTileArgs& args);
 // REQUIRES: CpuKernelsSupported() >= kAvx512 and head_dim % 16 == 0.
 void Avx512AttendTile(const AttendTileArgs& args);
-// REQUIRES: CpuKernelsSupported() == kAvx512Bf16, dtype bf16, head_dim % 32 == 0, q_bf16.
+// REQUIRES: CpuKernelsSupported() == kAvx512Bf16, kv_format bf16, head_dim % 32 == 0, q_bf16.
 void Avx512Bf16AttendTile(const AttendTileArgs& args);
 
-// The tile function PagedAttention uses for this head_dim and dtype: the best of the
-// kernels in use (CpuKernelsInUse()) that handles them.
-AttendTileFn SelectAttendTile(int head_dim, DType dtype);
+// The tile function PagedAttention uses for this head_dim, activation dtype and KV format:
+// the best of the kernels in use (CpuKernelsInUse()) that handles them.
+AttendTileFn SelectAttendTile(int head_dim, DType dtype, KvFormat kv_format);
 
 }  // namespace cpu_internal
 }  // namespace kvarena

@@ -135,14 +135,14 @@ void AttendTile(const AttendTileArgs& args) {
 }  // namespace
 
 void Avx2AttendTile(const AttendTileArgs& args) {
-  switch (args.dtype) {
-    case DType::kFloat32:
+  switch (args.kv_format) {
+    case KvFormat::kFloat32:
       return AttendTile<F32>(args);
-    case DType::kFloat16:
+    case KvFormat::kFloat16:
       return AttendTile<F16>(args);
-    case DType::kBFloat16:
+    case KvFormat::kBFloat16:
       return AttendTile<BF16>(args);
-    case DType::kUnspecified:
+    case KvFormat::kUnspecified:
       return;
   }
 }

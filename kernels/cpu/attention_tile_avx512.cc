@@ -23,14 +23,14 @@
 namespace kvarena::cpu_internal {
 
 void Avx512AttendTile(const AttendTileArgs& args) {
-  switch (args.dtype) {
-    case DType::kFloat32:
+  switch (args.kv_format) {
+    case KvFormat::kFloat32:
       return avx512::AttendTile<avx512::F32>(args);
-    case DType::kFloat16:
+    case KvFormat::kFloat16:
       return avx512::AttendTile<avx512::F16>(args);
-    case DType::kBFloat16:
+    case KvFormat::kBFloat16:
       return avx512::AttendTile<avx512::BF16>(args);
-    case DType::kUnspecified:
+    case KvFormat::kUnspecified:
       return;
   }
 }

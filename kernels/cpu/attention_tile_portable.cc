@@ -40,6 +40,7 @@ void Axpy(float p, const float* __restrict v, int n, float* __restrict acc) {
 void PortableAttendTile(const AttendTileArgs& args) {
   const int rows = args.rows;
   const int dim = args.head_dim;
+  const DType element = FindKvFormat(args.kv_format)->element;  // a plain format's
   float* scores = args.scratch;                             // [rows][kTileTokens]
   float* corr = args.scratch + size_t(rows) * kTileTokens;  // [rows]
   thread_local std::vector<float> row_buf;
@@ -63,7 +64,7 @@ void PortableAttendTile(const AttendTileArgs& args) {
 
   // Scores, each K converted once for all rows.
   for (int t = lo_all; t < hi_all; ++t) {
-    LoadAsFloat(args.dtype, args.k[t] + args.head_offset, dim, kv_row);
+    LoadAsFloat(element, args.k[t] + args.head_offset, dim, kv_row);
     for (int r = 0; r < rows; ++r) {
       if (t >= first[r] && t < last[r]) {
         scores[size_t(r) * kTileTokens + t] = Dot(args.q + size_t(r) * dim, kv_row, dim);
@@ -90,7 +91,7 @@ void PortableAttendTile(const AttendTileArgs& args) {
   }
   // Weighted V, each V converted once for all rows.
   for (int t = lo_all; t < hi_all; ++t) {
-    LoadAsFloat(args.dtype, args.v[t] + args.head_offset, dim, kv_row);
+    LoadAsFloat(element, args.v[t] + args.head_offset, dim, kv_row);
     for (int r = 0; r < rows; ++r) {
       if (t < first[r] || t >= last[r]) continue;
       Axpy(scores[size_t(r) * kTileTokens + t], kv_row, dim, args.acc + size_t(r) * dim);

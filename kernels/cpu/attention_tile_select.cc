@@ -99,9 +99,10 @@ bool CpuKernelsVectorized() { return CpuKernelsInUse() != CpuKernels::kPortable;
 
 namespace cpu_internal {
 
-AttendTileFn SelectAttendTile(int head_dim, DType dtype) {
+AttendTileFn SelectAttendTile(int head_dim, DType dtype, KvFormat kv_format) {
   const CpuKernels use = CpuKernelsInUse();
-  if (use == CpuKernels::kAvx512Bf16 && dtype == DType::kBFloat16 && head_dim % 32 == 0) {
+  if (use == CpuKernels::kAvx512Bf16 && dtype == DType::kBFloat16 &&
+      kv_format == KvFormat::kBFloat16 && head_dim % 32 == 0) {
     return &Avx512Bf16AttendTile;
   }
   if (use >= CpuKernels::kAvx512 && head_dim % 16 == 0) return &Avx512AttendTile;

@@ -83,6 +83,7 @@ class CudaKvKernels final : public KvKernels {
   }
   std::string name() const override { return "cuda"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
+    if (absl::Status s = CheckStoredAsActivation(name(), layout); !s.ok()) return s;
     if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256)
       return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim=", layout.head_dim,
@@ -227,7 +228,7 @@ class CudaKvKernels final : public KvKernels {
 
  private:
   static size_t TensorBytes(const PageLayout& l, int heads, int64_t n) {
-    return size_t(heads) * size_t(n) * size_t(l.head_dim) * l.ElemBytes();
+    return size_t(heads) * size_t(n) * size_t(l.head_dim) * l.ActivationBytes();
   }
 
   const int device_;

@@ -32,7 +32,7 @@ void BindClient(py::module_& m, ClientClass& c) {
           [](py::object self, int num_layers, int num_kv_heads, int head_dim, py::handle dtype,
              int page_size, std::optional<std::vector<int>> layer_windows, int64_t max_tokens,
              const std::string& prefix_namespace, py::handle prompt_tokens,
-             const std::string& cache_id) {
+             const std::string& cache_id, py::handle kv_format) {
             CacheSpec spec;
             spec.num_layers = num_layers;
             spec.num_kv_heads = num_kv_heads;
@@ -42,6 +42,7 @@ void BindClient(py::module_& m, ClientClass& c) {
             if (layer_windows) spec.layer_windows = *layer_windows;
             spec.max_tokens = max_tokens;
             spec.prefix_namespace = prefix_namespace;
+            spec.kv_format = ParseKvFormat(kv_format);
             AllocateOptions options;
             if (!prompt_tokens.is_none())
               options.prompt_tokens = ParseTokenIds(prompt_tokens, "prompt_tokens");
@@ -52,7 +53,8 @@ void BindClient(py::module_& m, ClientClass& c) {
           py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("dtype"),
           py::arg("page_size") = 0, py::arg("layer_windows") = py::none(),
           py::arg("max_tokens") = 0, py::arg("prefix_namespace") = "",
-          py::arg("prompt_tokens") = py::none(), py::arg("cache_id") = "")
+          py::arg("prompt_tokens") = py::none(), py::arg("cache_id") = "",
+          py::arg("kv_format") = py::none())
       .def(
           "open_cache",
           [](py::object self, const std::string& id) {

@@ -22,9 +22,11 @@ namespace py = pybind11;
 namespace {
 
 DType DTypeFromName(const std::string& name) {
-  if (name == "float32" || name == "float") return DType::kFloat32;
-  if (name == "float16" || name == "half") return DType::kFloat16;
-  if (name == "bfloat16") return DType::kBFloat16;
+  if (name == "float") return DType::kFloat32;  // torch's aliases
+  if (name == "half") return DType::kFloat16;
+  for (const DTypeInfo& t : kDTypes) {
+    if (name == t.name) return t.dtype;
+  }
   return DType::kUnspecified;
 }
 
@@ -104,6 +106,18 @@ DType ParseDType(py::handle dtype) {
   return t;
 }
 
+KvFormat ParseKvFormat(py::handle kv_format) {
+  if (kv_format.is_none()) return KvFormat::kUnspecified;
+  if (!py::isinstance<py::str>(kv_format)) ThrowType("kv_format", kv_format, "str or None");
+  const std::string name = kv_format.cast<std::string>();
+  std::string names;
+  for (const KvFormatInfo& f : kKvFormats) {
+    if (name == f.name) return f.format;
+    absl::StrAppend(&names, names.empty() ? "" : ", ", f.name);
+  }
+  ThrowInvalid(absl::StrCat("kv_format=", name, ": not one of ", names));
+}
+
 ClientOptions ParseClientOptions(const py::kwargs& kwargs) {
   ClientOptions o;
   for (auto [key, value] : kwargs) {
@@ -157,6 +171,7 @@ py::dict ToDict(const PoolStats& s) {
   py::dict d;
   KVARENA_POOL_STATS_FIELDS(KVARENA_FIELD_TO_DICT)
   d["dtype"] = DTypeName(s.layout.dtype);
+  d["kv_format"] = KvFormatName(s.layout.format());
   d["page_size"] = s.layout.page_size;
   d["num_kv_heads"] = s.layout.num_kv_heads;
   d["head_dim"] = s.layout.head_dim;
@@ -197,6 +212,7 @@ py::dict ToDict(const CacheInfo& info) {
   d["num_kv_heads"] = info.spec.num_kv_heads;
   d["head_dim"] = info.spec.head_dim;
   d["dtype"] = DTypeName(info.spec.dtype);
+  d["kv_format"] = KvFormatName(info.spec.kv_format);
   d["page_size"] = info.spec.page_size;
   d["layer_windows"] = info.spec.layer_windows;
   d["max_tokens"] = info.spec.max_tokens;

@@ -14,6 +14,9 @@ namespace kvarena::python {
 // "float16" / "bfloat16" / "float32", a torch dtype or a numpy dtype (or its type).
 // InvalidArgument for anything else.
 DType ParseDType(pybind11::handle dtype);
+// A KV format name ("float16", "int8", ... : kvarena/paged_kv.h's table), or None for
+// the activation dtype's own.
+KvFormat ParseKvFormat(pybind11::handle kv_format);
 
 // ClientOptions from keyword arguments named as its fields; durations in seconds.
 // TypeError for an unknown name.

@@ -180,8 +180,11 @@ TEST_F(MetricsFormatTest, PoolsAreLabelledByGeometryAndNoIdIsALabel) {
   EXPECT_THAT(text, Not(HasSubstr("cache-id")));
   EXPECT_THAT(text, Not(HasSubstr(session)));
   const Exposition e = Scrape();
-  const PromLabels geometry = {
-      {"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"}, {"page_size", "4"}};
+  const PromLabels geometry = {{"dtype", "float32"},
+                               {"kv_format", "float32"},
+                               {"num_kv_heads", "2"},
+                               {"head_dim", "8"},
+                               {"page_size", "4"}};
   const uint64_t page_bytes = 2 * 4 * 2 * 8 * 4;
   EXPECT_EQ(e.Series("kvarena_pool_pages_used"), (std::map<PromLabels, double>{{geometry, 3}}));
   EXPECT_EQ(e.Value("kvarena_pool_page_bytes", geometry), page_bytes);

@@ -109,7 +109,7 @@ TEST_F(MetricsTest, PagesUsedFollowsAppends) {
   const std::string after = Scrape(port_);
   EXPECT_EQ(Sample(after, "kvarena_pages_used"), 3);
   EXPECT_EQ(Sample(after, "kvarena_caches"), 1);
-  EXPECT_THAT(after, HasSubstr("kvarena_pool_pages_used{dtype=\"float32\","
+  EXPECT_THAT(after, HasSubstr("kvarena_pool_pages_used{dtype=\"float32\",kv_format=\"float32\","
                                "num_kv_heads=\"1\",head_dim=\"4\",page_size=\"4\"} 3"));
   EXPECT_THAT(after, HasSubstr("kvarena_rpc_total{method=\"Append\",code=\"OK\"} 1"));
 }
@@ -284,8 +284,11 @@ TEST_F(MetricsTrafficTest, ScrapesMoveExactlyAsTheTrafficDid) {
   for (const v1::RegionPiece& p : exported.pieces()) exported_bytes += p.bytes();
 
   const Exposition during = Parse();
-  const PromLabels geometry = {
-      {"dtype", "float32"}, {"num_kv_heads", "2"}, {"head_dim", "8"}, {"page_size", "4"}};
+  const PromLabels geometry = {{"dtype", "float32"},
+                               {"kv_format", "float32"},
+                               {"num_kv_heads", "2"},
+                               {"head_dim", "8"},
+                               {"page_size", "4"}};
   EXPECT_EQ(during.Value("kvarena_pages_used"), 3);
   EXPECT_EQ(during.Value("kvarena_pool_pages_used", geometry), 3);
   EXPECT_EQ(during.Value("kvarena_pool_bytes_used", geometry), 3 * 512);

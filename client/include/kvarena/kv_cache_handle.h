@@ -118,9 +118,11 @@ struct KvPoolView {
 
   uint8_t* k_cache() const { return base; }
   uint8_t* v_cache() const { return base + size_t(layout.page_size) * layout.TokenBytes(); }
-  // Strides in elements, the same for K and V (times layout.ElemBytes() for bytes).
+  // Strides in stored elements, the same for K and V (times layout.ElemBytes() for bytes).
+  // A token's row is num_kv_heads * head_dim values, plus its scales in a format that has
+  // them per token (kvarena/paged_kv.h), which token_stride counts in.
   int64_t page_stride() const { return 2 * int64_t(layout.page_size) * token_stride(); }
-  int64_t token_stride() const { return int64_t(layout.num_kv_heads) * layout.head_dim; }
+  int64_t token_stride() const { return int64_t(layout.TokenBytes() / layout.ElemBytes()); }
   int64_t head_stride() const { return layout.head_dim; }
   // K (kv = 0) or V (kv = 1) of a slot (page_id * page_size + offset, what slot_mapping
   // holds): [num_kv_heads][head_dim]. REQUIRES: slot >= 0.

@@ -6,6 +6,9 @@
 //   pool  = [num_pool_pages][2][page_size][num_kv_heads][head_dim]
 // so the element of token slot s, head h, dim d of page p is at
 //   pool_base + p * PageBytes() + (kv * page_size + s) * TokenBytes() + (h * head_dim + d) * elem.
+// A format with per-token scales (KvFormatInfo) ends each token row with them, so the
+// same addressing holds and the scale of head h is at ValueBytes() + h * scale_bytes
+// within the row; a page still covers everything its tokens need.
 //
 // These are plain value types with no synchronisation of their own. Part of the client's
 // public headers (a worker's kernels address the pool with them); kernels/ and core/ use
@@ -20,35 +23,85 @@
 
 namespace kvarena {
 
-// Storage type of K/V and of attention inputs/outputs. The values match the wire enum;
-// kUnspecified only ever reaches validation, never a kernel.
+// The activation dtype: q, k and v in, attention out, and GetKv's tensors. The values match
+// the wire enum DType; kUnspecified only ever reaches validation, never a kernel.
 enum class DType : uint8_t { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
 
-inline size_t DTypeSize(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return 4;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kUnspecified:
-      break;
+// The KV format: how pages store K and V, apart from the activation dtype (FlashInfer's
+// DTypeQ / DTypeKV / DTypeO split). The values match the wire enum KvFormat; the plain
+// formats share their DType's value. kUnspecified ("the activation dtype's own") is
+// resolved at Allocate (ResolveKvFormat) and never reaches a kernel.
+enum class KvFormat : uint8_t { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
+
+// Where a format keeps its scales.
+enum class KvScales : uint8_t {
+  kNone = 0,      // values as they are
+  kPerToken = 1,  // one float32 per (token, kv head), after the token's values in its row
+};
+
+// DLPack's type codes (dlpack.h's DLDataTypeCode), so this header needs no dlpack.h.
+enum class DLPackCode : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBfloat = 4 };
+
+// The table of activation dtypes, one row each: every switch on a dtype reads it.
+struct DTypeInfo {
+  DType dtype;
+  const char* name;  // as the wire, the metrics and Python name it
+  uint8_t bytes;
+  DLPackCode dlpack_code;
+};
+inline constexpr DTypeInfo kDTypes[] = {
+    {DType::kFloat32, "float32", 4, DLPackCode::kFloat},
+    {DType::kFloat16, "float16", 2, DLPackCode::kFloat},
+    {DType::kBFloat16, "bfloat16", 2, DLPackCode::kBfloat},
+};
+
+// The table of KV formats, one row each: every switch on a format reads it. A page's
+// token row (K or V of one token, all heads) is its values, [num_kv_heads][head_dim] of
+// elem_bytes each, then with kPerToken its scales, [num_kv_heads] float32.
+struct KvFormatInfo {
+  KvFormat format;
+  const char* name;  // as CacheSpec.kv_format, the metrics and Python name it
+  uint8_t elem_bytes;
+  KvScales scales;
+  uint8_t scale_bytes;     // per scale (0 without)
+  DType element;           // the dtype a value is stored as; kUnspecified when quantized
+  DLPackCode dlpack_code;  // DLPack's type of one stored value (elem_bytes * 8 bits)
+};
+inline constexpr KvFormatInfo kKvFormats[] = {
+    {KvFormat::kFloat32, "float32", 4, KvScales::kNone, 0, DType::kFloat32, DLPackCode::kFloat},
+    {KvFormat::kFloat16, "float16", 2, KvScales::kNone, 0, DType::kFloat16, DLPackCode::kFloat},
+    {KvFormat::kBFloat16, "bfloat16", 2, KvScales::kNone, 0, DType::kBFloat16, DLPackCode::kBfloat},
+};
+
+// The table's row for t or f; nullptr for kUnspecified and values outside the table.
+constexpr const DTypeInfo* FindDType(DType t) {
+  for (const DTypeInfo& i : kDTypes) {
+    if (i.dtype == t) return &i;
   }
-  return 0;
+  return nullptr;
 }
-// "float32", "float16", "bfloat16", "unspecified".
-inline const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kUnspecified:
-      break;
+constexpr const KvFormatInfo* FindKvFormat(KvFormat f) {
+  for (const KvFormatInfo& i : kKvFormats) {
+    if (i.format == f) return &i;
   }
-  return "unspecified";
+  return nullptr;
+}
+
+// Bytes of one element of t; 0 for kUnspecified.
+constexpr size_t DTypeSize(DType t) { return FindDType(t) != nullptr ? FindDType(t)->bytes : 0; }
+// "float32", "float16", "bfloat16", "unspecified".
+constexpr const char* DTypeName(DType t) {
+  return FindDType(t) != nullptr ? FindDType(t)->name : "unspecified";
+}
+// "float16", "int8", ...; "unspecified".
+constexpr const char* KvFormatName(KvFormat f) {
+  return FindKvFormat(f) != nullptr ? FindKvFormat(f)->name : "unspecified";
+}
+// The format that stores values as dtype t does.
+constexpr KvFormat NativeKvFormat(DType t) { return KvFormat(uint8_t(t)); }
+// The rule for an unset format, in one place: kUnspecified means the activation dtype's own.
+constexpr KvFormat ResolveKvFormat(KvFormat f, DType t) {
+  return f == KvFormat::kUnspecified ? NativeKvFormat(t) : f;
 }
 
 // ceil(a / b), for a >= 0 and b > 0: pages for a count of tokens, tiles, chunks; and a
@@ -78,17 +131,33 @@ inline float AttentionScale(double scale, int head_dim) {
   return scale > 0 ? float(scale) : DefaultScale(head_dim);
 }
 
-// The geometry shared by every page of one pool.
+// The geometry shared by every page of one pool, and the dtype its caches compute in.
 struct PageLayout {
-  DType dtype = DType::kFloat16;
-  int page_size = 16;  // tokens per page
+  DType dtype = DType::kFloat16;  // the activation dtype
+  int page_size = 16;             // tokens per page
   int num_kv_heads = 0;
   int head_dim = 0;
+  KvFormat kv_format = KvFormat::kUnspecified;  // how pages store K/V (unset: as dtype)
 
-  size_t ElemBytes() const { return DTypeSize(dtype); }
-  // One token of K (or V) for all heads: [num_kv_heads][head_dim].
-  size_t TokenBytes() const { return size_t(num_kv_heads) * head_dim * ElemBytes(); }
-  // One page: [2][page_size][num_kv_heads][head_dim].
+  KvFormat format() const { return ResolveKvFormat(kv_format, dtype); }
+  // One stored value of K or V (0 for a format outside the table).
+  size_t ElemBytes() const {
+    const KvFormatInfo* f = FindKvFormat(format());
+    return f != nullptr ? f->elem_bytes : 0;
+  }
+  // One element of q, k, v or the output as callers pass them.
+  size_t ActivationBytes() const { return DTypeSize(dtype); }
+  // The values of one token of K (or V), all heads: [num_kv_heads][head_dim].
+  size_t ValueBytes() const { return size_t(num_kv_heads) * head_dim * ElemBytes(); }
+  // The scales of one token of K (or V), after its values: [num_kv_heads] (0 without).
+  size_t ScaleBytes() const {
+    const KvFormatInfo* f = FindKvFormat(format());
+    return f != nullptr && f->scales == KvScales::kPerToken ? size_t(num_kv_heads) * f->scale_bytes
+                                                            : 0;
+  }
+  // One token's row of K (or V): its values, then its scales.
+  size_t TokenBytes() const { return ValueBytes() + ScaleBytes(); }
+  // One page: [2][page_size] token rows, K's then V's.
   size_t PageBytes() const { return 2 * size_t(page_size) * TokenBytes(); }
 };
 

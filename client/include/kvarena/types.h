@@ -27,7 +27,15 @@ struct CacheSpec {
   // pages are shared only between caches of one namespace and one geometry. "" shares
   // nothing (docs/prefix-reuse.md).
   std::string prefix_namespace;
+  // How pages store K and V (kvarena/paged_kv.h's table); kUnspecified: as dtype. Part
+  // of what pages are shared by, like the geometry. Allocate resolves it in CacheInfo.
+  KvFormat kv_format = KvFormat::kUnspecified;
 };
+
+// The pages a spec's caches use: its geometry, activation dtype and KV format.
+inline PageLayout LayoutOf(const CacheSpec& s) {
+  return PageLayout{s.dtype, s.page_size, s.num_kv_heads, s.head_dim, s.kv_format};
+}
 
 struct CacheInfo {
   std::string cache_id;
