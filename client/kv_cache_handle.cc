@@ -43,14 +43,7 @@ GenericKvCacheHandle::GenericKvCacheHandle(std::shared_ptr<Transport> transport,
 
 GenericKvCacheHandle::~GenericKvCacheHandle() = default;
 
-PageLayout GenericKvCacheHandle::layout() const {
-  PageLayout l;
-  l.dtype = info_.spec.dtype;
-  l.page_size = info_.spec.page_size;
-  l.num_kv_heads = info_.spec.num_kv_heads;
-  l.head_dim = info_.spec.head_dim;
-  return l;
-}
+PageLayout GenericKvCacheHandle::layout() const { return LayoutOf(info_.spec); }
 
 std::string GenericKvCacheHandle::device() const { return transport_->device(); }
 

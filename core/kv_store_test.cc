@@ -338,3 +338,90 @@ TEST_F(StoreTest, ArenaStatsTotalEveryPool) {
 
 }  // namespace
 }  // namespace kvarena
+
+namespace kvarena {
+namespace {
+
+// An int8 cache through the served path (docs/client.md "KV formats"): its pages hold a
+// token of each head in head_dim bytes and a float32 scale; GetKv reads every value within
+// half a quantization step of what was appended, and Attend matches the float64 reference
+// over those values exactly as a 16-bit cache matches its own (the kernels add nothing
+// beyond the format), and the reference over the values appended within the format's error.
+TEST_F(StoreTest, Int8CacheServesWithinTheFormatsError) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  CacheSpec spec = Spec(2, 2, 16, DType::kFloat32);
+  spec.kv_format = KvFormat::kInt8;
+  const std::string id = Alloc(spec);
+  ASSERT_FALSE(id.empty());
+  auto info = store_->Describe("", id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->info.spec.kv_format, KvFormat::kInt8);
+  EXPECT_EQ(info->info.page_bytes, 2u * 4 * (2 * 16 + 2 * 4));  // vs 2 * 4 * 2 * 16 * 4 = 1024
+  ASSERT_TRUE(AppendRandom(id, 0, 23).ok());
+  ASSERT_TRUE(AppendRandom(id, 0, 2).ok());
+
+  auto kv = store_->GetKv("", id, 0);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  ASSERT_EQ(kv->k.dtype, DType::kFloat32);
+  const std::vector<double> k = testing::DecodeValues(kv->k.data, DType::kFloat32);
+  const std::vector<double> v = testing::DecodeValues(kv->v.data, DType::kFloat32);
+  const RefLayer& appended = refs_[id][0];
+  RefLayer stored;  // what the pages hold, dequantized
+  stored.k.assign(25, std::vector<double>(32));
+  stored.v = stored.k;
+  for (int h = 0; h < 2; ++h) {
+    for (int t = 0; t < 25; ++t) {
+      for (int kvi = 0; kvi < 2; ++kvi) {
+        const std::vector<double>& x = (kvi == 0 ? appended.k : appended.v)[size_t(t)];
+        double amax = 0;
+        for (int d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(x[size_t(h * 16 + d)]));
+        for (int d = 0; d < 16; ++d) {
+          const double got = (kvi == 0 ? k : v)[size_t((h * 25 + t) * 16 + d)];
+          ASSERT_LE(std::fabs(got - x[size_t(h * 16 + d)]), amax / 127 / 2 * (1 + 1e-5))
+              << "kv " << kvi << " head " << h << " token " << t << " dim " << d;
+          (kvi == 0 ? stored.k : stored.v)[size_t(t)][size_t(h * 16 + d)] = got;
+        }
+      }
+    }
+  }
+
+  OwnedTensor q = RandomTensor(rng_, DType::kFloat32, 4, 3, 16);
+  std::vector<uint8_t> out(q.bytes.size());
+  AttendArgs a;
+  a.cache_id = id;
+  a.layer = 0;
+  a.pos = 22;
+  a.q = q.Arg();
+  ASSERT_TRUE(store_->Attend("", a, out.data(), out.size()).ok());
+  const std::vector<double> got =
+      testing::DecodeValues(DType::kFloat32, out.data(), out.size() / 4);
+  const double scale = 1.0 / 4;  // 1 / sqrt(head_dim)
+  const std::vector<double> exact = ReferenceAttention(stored, q, 22, 2, scale, 0);
+  const std::vector<double> original = ReferenceAttention(appended, q, 22, 2, scale, 0);
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], exact[i], 1e-5) << "element " << i;
+    worst = std::max(worst, std::fabs(got[i] - original[i]));
+  }
+  std::printf("int8 attention: largest difference from the unquantized reference %.2e\n", worst);
+  EXPECT_LT(worst, 0.02);  // values in [-1, 1]: a step of at most 1/127 per value
+}
+
+TEST_F(StoreTest, AFormatTheKernelsDoNotServeIsRefusedByName) {
+  CacheSpec f16_pages = Spec(2, 2, 8, DType::kFloat32);
+  f16_pages.kv_format = KvFormat::kFloat16;
+  auto r = store_->Allocate("", f16_pages, "");
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("spec.kv_format=float16 with spec.dtype=float32: the cpu kernels store "
+                        "K/V as the activation dtype or as int8 only"));
+  CacheSpec unknown = Spec(2, 2, 8);
+  unknown.kv_format = KvFormat(200);
+  r = store_->Allocate("", unknown, "");
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("spec.kv_format=200"));
+  EXPECT_EQ(store_->Stats().num_caches, 0);
+}
+
+}  // namespace
+}  // namespace kvarena

@@ -88,6 +88,9 @@ TEST_F(PrefixTest, OnlyOneNamespaceAndGeometryShare) {
   CacheSpec f16 = PrefixSpec("m");
   f16.dtype = DType::kBFloat16;
   EXPECT_EQ(AllocPrompt(f16, prompt)->cached_tokens, 0);
+  CacheSpec int8 = PrefixSpec("m");
+  int8.kv_format = KvFormat::kInt8;  // same dtype, same geometry, another KV format
+  EXPECT_EQ(AllocPrompt(int8, prompt)->cached_tokens, 0);
   EXPECT_EQ(AllocPrompt(PrefixSpec("m"), prompt)->cached_tokens, 8);
   // Without a namespace nothing is registered either.
   auto c = AllocPrompt(PrefixSpec(""), prompt);

@@ -40,13 +40,14 @@ class TierTest : public PrefixTest {
   void SetUp() override { Start(OneStore("host")); }
 
   // A store whose arena holds `arena_pages` pages of the prefix geometry.
-  void Start(std::vector<TierEntry> stores, int chunk_pages = kChunkPages) {
+  void Start(std::vector<TierEntry> stores, int chunk_pages = kChunkPages,
+             size_t arena_bytes = kChunkGranularity) {
     stores_.clear();
     for (const TierEntry& e : stores) stores_.push_back(static_cast<MapStore*>(e.store.get()));
     TierOptions t;
     t.chunk_pages = chunk_pages;
     tiers_ = std::make_shared<TierSet>(std::move(stores), t);
-    StoreOptions o = Options(kChunkGranularity);  // one arena chunk: 4096 pages of 512 bytes
+    StoreOptions o = Options(arena_bytes);  // by default one chunk: 4096 pages of 512 bytes
     o.tiers = tiers_;
     MakeStore(o);
   }
@@ -54,7 +55,7 @@ class TierTest : public PrefixTest {
   // Computes `prompt` in a cache, releases it, then fills the arena with another
   // namespace's pages so that the LRU evicts every page the prompt left cached.
   void ComputeAndEvict(const std::vector<int32_t>& prompt) {
-    auto a = AllocPrompt(PrefixSpec("m", windows_), prompt);
+    auto a = AllocPrompt(ComputeSpec("m"), prompt);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_NO_FATAL_FAILURE(Compute(a->cache_id, prompt, 0));
     for (int l = 0; l < kLayers; ++l) computed_[l] = Kv(a->cache_id, l);
@@ -67,7 +68,15 @@ class TierTest : public PrefixTest {
     ExpectInvariants();
   }
 
+  // The spec of namespace ns the test computes in: windows_ and kv_format_.
+  CacheSpec ComputeSpec(const std::string& ns) const {
+    CacheSpec s = PrefixSpec(ns, windows_);
+    s.kv_format = kv_format_;
+    return s;
+  }
+
   std::vector<int> windows_;
+  KvFormat kv_format_ = KvFormat::kUnspecified;
   std::shared_ptr<TierSet> tiers_;
   std::vector<MapStore*> stores_;
   std::string computed_[kLayers];
@@ -97,6 +106,30 @@ TEST_F(TierTest, APrefixTheArenaEvictedComesBackFromTheTierBitForBit) {
   EXPECT_EQ(c->cached_tokens, 16);
   EXPECT_EQ(c->tier_loaded_tokens, 0);
   EXPECT_EQ(store_->Stats().tiers[0].lookups, 3u);  // the first cache's miss, then 2 hits
+}
+
+// int8 pages (codes and scales) go down and come back unchanged, and only to int8 caches:
+// a cache of the same namespace, dtype and geometry in another format misses the chunks.
+TEST_F(TierTest, AnInt8PrefixComesBackBitForBitAndOnlyToInt8Caches) {
+  // int8 pages of 192 bytes commit in chunks of lcm(192, 2 MiB) = 6 MiB: an arena of one
+  // such chunk, which the filler's float32 chunk evicts whole.
+  Start(OneStore("host"), kChunkPages, 3 * kChunkGranularity);
+  kv_format_ = KvFormat::kInt8;
+  const std::vector<int32_t> prompt = Tokens(17);  // 4 full pages, 2 chunks
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  EXPECT_EQ(stores_[0]->size(), 2u);
+  auto plain = AllocPrompt(PrefixSpec("m"), prompt);  // float32 pages
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->cached_tokens, 0);
+  EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 0u);
+  auto b = AllocPrompt(ComputeSpec("m"), prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->cached_tokens, 16);
+  EXPECT_EQ(b->tier_loaded_tokens, 16);
+  ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 16));
+  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), computed_[l]) << "layer " << l;
+  EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 2u);
+  ExpectInvariants();
 }
 
 TEST_F(TierTest, AnArenaHitIsExtendedByTheTiersPastIt) {

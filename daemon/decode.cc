@@ -32,6 +32,13 @@ absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
   KVARENA_ASSIGN_OR_RETURN(s.head_dim, SpecField("head_dim", p.head_dim(), 1, kMaxHeadDim));
   KVARENA_ASSIGN_OR_RETURN(s.page_size, SpecField("page_size", p.page_size(), 0, kMaxPageSize));
   s.dtype = FromProto(p.dtype());
+  // An unknown format must not read as unset (the dtype's own): refused by its number.
+  if (p.kv_format() != v1::KV_FORMAT_UNSPECIFIED &&
+      FindKvFormat(KvFormat(p.kv_format())) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("allocate: spec.kv_format=", int(p.kv_format()),
+                                                   " is not a KV format (KvFormat)"));
+  }
+  s.kv_format = KvFormat(p.kv_format());
   s.layer_windows.reserve(size_t(p.layer_windows_size()));
   for (int i = 0; i < p.layer_windows_size(); ++i) {
     const uint32_t w = p.layer_windows(i);

@@ -55,14 +55,20 @@ struct KernelLimits {
   int max_group = 64;                        // q heads per kv head
 };
 
-// OK when layout stores K/V as its activation dtype; else INVALID_ARGUMENT naming both and
-// the kernels (`kernels`, their name()).
-inline absl::Status CheckStoredAsActivation(const std::string& kernels, const PageLayout& layout) {
-  if (layout.format() == NativeKvFormat(layout.dtype)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.kv_format=", KvFormatName(layout.format()),
-                   " with spec.dtype=", DTypeName(layout.dtype), ": the ", kernels,
-                   " kernels store K/V as the activation dtype only"));
+// OK when layout stores K/V as its activation dtype or in the quantized format `quantized`
+// (kUnspecified: none) the kernels also take; else INVALID_ARGUMENT naming the format, the
+// dtype, the kernels (`kernels`, their name()) and what they take.
+inline absl::Status CheckKvFormat(const std::string& kernels, const PageLayout& layout,
+                                  KvFormat quantized) {
+  const KvFormat f = layout.format();
+  if (f == NativeKvFormat(layout.dtype) || (f == quantized && f != KvFormat::kUnspecified)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.kv_format=", KvFormatName(f), " with spec.dtype=", DTypeName(layout.dtype), ": the ",
+      kernels, " kernels store K/V as the activation dtype",
+      quantized != KvFormat::kUnspecified ? absl::StrCat(" or as ", KvFormatName(quantized)) : "",
+      " only"));
 }
 
 class KvKernels {
@@ -74,7 +80,7 @@ class KvKernels {
   // before anything is written). The default takes the plain format of the activation
   // dtype only: K/V stored as they come.
   virtual absl::Status CheckLayout(const PageLayout& layout) const {
-    return CheckStoredAsActivation(name(), layout);
+    return CheckKvFormat(name(), layout, KvFormat::kUnspecified);
   }
   virtual KernelLimits limits() const { return KernelLimits{}; }
   // Zeroes pages ids[0..n) of the pool at pool_base ([num_pool_pages][2][page_size][heads]

@@ -1,9 +1,13 @@
 // AppendKv / GatherKv: copies between contiguous [num_kv_heads][n][head_dim] tensors and
-// the NHD pages of a PagedKvView. Both are pure byte copies, so any dtype round-trips
-// bit-exactly.
+// the NHD pages of a PagedKvView. A plain format stores what it is given (pure byte
+// copies: any dtype round-trips bit-exactly); int8 quantizes each (token, head) row at
+// append and dequantizes it at gather (kernels/kv_quant.h).
 #include <cstring>
+#include <vector>
 
+#include "kernels/cpu/dtype_convert.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "kernels/kv_quant.h"
 
 namespace kvarena {
 namespace {
@@ -26,10 +30,53 @@ void ForEachToken(const PagedKvView& view, int64_t pos, int64_t n, Fn&& fn) {
   }
 }
 
+// The int8 halves of AppendKv and GatherKv: the tensors in the activation dtype, each
+// token row of a page its codes then its scales.
+void AppendInt8(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v) {
+  const PageLayout& l = view.layout;
+  const int dim = l.head_dim;
+  const size_t src_row = size_t(dim) * l.ActivationBytes(), values = l.ValueBytes();
+  const uint8_t* src[2] = {static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v)};
+  std::vector<float> x(static_cast<size_t>(dim));
+  ForEachToken(view, pos, n, [&](int64_t i, uint8_t* k_dst, uint8_t* v_dst) {
+    uint8_t* dst[2] = {k_dst, v_dst};
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int h = 0; h < l.num_kv_heads; ++h) {
+        cpu_internal::LoadAsFloat(l.dtype, src[kv] + (size_t(h) * n + i) * src_row, dim, x.data());
+        const float scale = Int8Scale(x.data(), dim);
+        QuantizeInt8(x.data(), dim, scale, reinterpret_cast<int8_t*>(dst[kv] + size_t(h) * dim));
+        std::memcpy(dst[kv] + values + size_t(h) * sizeof(float), &scale, sizeof(float));
+      }
+    }
+  });
+}
+
+void GatherInt8(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out) {
+  const PageLayout& l = view.layout;
+  const int dim = l.head_dim;
+  const size_t dst_row = size_t(dim) * l.ActivationBytes(), values = l.ValueBytes();
+  uint8_t* dst[2] = {static_cast<uint8_t*>(k_out), static_cast<uint8_t*>(v_out)};
+  std::vector<float> x(static_cast<size_t>(dim));
+  ForEachToken(view, pos, n, [&](int64_t i, const uint8_t* k_src, const uint8_t* v_src) {
+    const uint8_t* src[2] = {k_src, v_src};
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int h = 0; h < l.num_kv_heads; ++h) {
+        float scale;
+        std::memcpy(&scale, src[kv] + values + size_t(h) * sizeof(float), sizeof(float));
+        DequantizeInt8(reinterpret_cast<const int8_t*>(src[kv] + size_t(h) * dim), dim, scale,
+                       x.data());
+        cpu_internal::StoreFromFloat(l.dtype, x.data(), dim,
+                                     dst[kv] + (size_t(h) * n + i) * dst_row);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v) {
   const PageLayout& layout = view.layout;
+  if (layout.format() == KvFormat::kInt8) return AppendInt8(view, pos, n, k, v);
   const size_t row = size_t(layout.head_dim) * layout.ElemBytes();  // one head, one token
   const auto* k_src = static_cast<const uint8_t*>(k);
   const auto* v_src = static_cast<const uint8_t*>(v);
@@ -44,6 +91,7 @@ void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, co
 
 void GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out) {
   const PageLayout& layout = view.layout;
+  if (layout.format() == KvFormat::kInt8) return GatherInt8(view, pos, n, k_out, v_out);
   const size_t row = size_t(layout.head_dim) * layout.ElemBytes();
   auto* k_dst = static_cast<uint8_t*>(k_out);
   auto* v_dst = static_cast<uint8_t*>(v_out);

@@ -12,7 +12,10 @@
 namespace kvarena {
 namespace {
 
+using kvarena::testing::DecodeStored;
+using kvarena::testing::DecodeValues;
 using kvarena::testing::RandomStored;
+using kvarena::testing::RoundTo;
 using kvarena::testing::TestPagedLayer;
 
 class AppendGatherTest : public ::testing::Test {
@@ -35,7 +38,7 @@ class AppendGatherTest : public ::testing::Test {
   std::pair<std::vector<uint8_t>, std::vector<uint8_t>> Gather(const PagedKvView& view, int64_t pos,
                                                                int64_t n) {
     const size_t bytes =
-        size_t(view.layout.num_kv_heads) * n * view.layout.head_dim * view.layout.ElemBytes();
+        size_t(view.layout.num_kv_heads) * n * view.layout.head_dim * view.layout.ActivationBytes();
     std::vector<uint8_t> k(bytes, 0xAB), v(bytes, 0xCD);
     GatherKv(view, pos, n, k.data(), v.data());
     return {k, v};
@@ -81,6 +84,56 @@ TEST_F(AppendGatherTest, RoundTripsBitExactInRandomChunks) {
         changed += pool_before[i] != layer.pool_bytes()[i];
       EXPECT_LE(changed, 2 * size_t(n) * layout.TokenBytes());
     }
+  }
+}
+
+// int8 (kernels/kv_quant.h): each (token, head) row gets the scale max|x| / 127 and codes
+// within half a step of x; GatherKv gives code x scale in the activation dtype. A row of
+// zeros and a row holding the dtype's largest finite value are among the rows.
+TEST_F(AppendGatherTest, Int8QuantizesEachTokenAndHeadAndGathersItDequantized) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << "seed=" << seed_ << " dtype=" << DTypeName(dtype));
+    PageLayout layout = Layout(dtype, 8, 3, 64);
+    layout.kv_format = KvFormat::kInt8;
+    ASSERT_EQ(layout.TokenBytes(), 3u * 64 + 3 * 4);
+    const int64_t len = 2 + int64_t(rng_() % 60);
+    TestPagedLayer layer(layout, 0, len, rng_);
+    std::vector<uint8_t> k = Tensor(layout, len), v = Tensor(layout, len);
+    const size_t elem = layout.ActivationBytes(), row = size_t(layout.head_dim) * elem;
+    std::fill(k.begin(), k.begin() + row, 0);  // K of token 0, head 0: all zeros
+    const double largest = dtype == DType::kFloat16    ? 65504.0
+                           : dtype == DType::kBFloat16 ? 0x1.fep127
+                                                       : 0x1.fffffep127;
+    const std::string largest_bytes = testing::EncodeValues({-largest}, dtype);
+    std::memcpy(v.data() + row * len + 5 * elem, largest_bytes.data(), elem);  // V, head 1, token 0
+    AppendKv(layer.view(), 0, len, k.data(), v.data());
+    const auto [k_back, v_back] = Gather(layer.view(), 0, len);
+    size_t checked = 0;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint8_t>& in = kv == 0 ? k : v;
+      const std::vector<uint8_t>& back = kv == 0 ? k_back : v_back;
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        for (int64_t t = 0; t < len; ++t) {
+          const size_t at = (size_t(h) * len + t) * row;
+          const std::vector<double> x = DecodeValues(dtype, in.data() + at, layout.head_dim);
+          double amax = 0;
+          for (double e : x) amax = std::max(amax, std::fabs(e));
+          const float scale = layer.Scale(kv, t, h);
+          ASSERT_EQ(scale, float(amax) / 127.0f) << "kv " << kv << " head " << h << " t " << t;
+          for (int d = 0; d < layout.head_dim; ++d) {
+            const int code = int8_t(*layer.At(kv, t, h, d));
+            ASSERT_GE(code, -127);
+            // Half a step, plus x / scale's float32 rounding (|x / scale| <= 127).
+            ASSERT_LE(std::fabs(double(code) * scale - x[d]), (0.5 + 127 * 0x1p-24) * scale)
+                << "kv " << kv << " head " << h << " t " << t << " d " << d;
+            const double got = DecodeStored(dtype, back.data() + at + size_t(d) * elem);
+            ASSERT_EQ(got, RoundTo(double(float(code) * scale), dtype));
+            ++checked;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(checked, 2 * size_t(len) * 3 * 64);
   }
 }
 

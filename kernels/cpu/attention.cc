@@ -168,6 +168,7 @@ void RunUnit(const Call& call, int64_t unit) {
   args.scratch = scratch.data();
   args.q_scale = p.scale * std::numbers::log2e_v<float>;
   const size_t head_bytes = size_t(dim) * view.layout.ElemBytes();
+  const size_t scale_bytes = view.layout.ScaleBytes() / size_t(view.layout.num_kv_heads);
   auto tile_end = [&](int64_t t0) {
     return std::min(s_end, t0 / kTileTokens * kTileTokens + kTileTokens);
   };
@@ -190,6 +191,7 @@ void RunUnit(const Call& call, int64_t unit) {
       args.q = call.qs + q_at;
       args.q_bf16 = call.qs_bf16 != nullptr ? call.qs_bf16 + q_at : nullptr;
       args.head_offset = off;
+      args.scale_offset = scale_bytes > 0 ? view.layout.ValueBytes() + size_t(h) * scale_bytes : 0;
       args.m = m.data() + s;
       args.l = l.data() + s;
       args.acc = acc.data() + s * dim;

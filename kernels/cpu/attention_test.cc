@@ -54,10 +54,11 @@ class PagedAttentionTest : public ::testing::Test {
   ~PagedAttentionTest() override { TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16); }
 
   // The tile PagedAttention picks for head_dim and dtype with `kernels` forced.
-  static cpu_internal::AttendTileFn TileWith(CpuKernels kernels, int head_dim, DType dtype) {
+  static cpu_internal::AttendTileFn TileWith(CpuKernels kernels, int head_dim, DType dtype,
+                                             KvFormat format = KvFormat::kUnspecified) {
     TEST_ForceCpuKernels(kernels);
     const cpu_internal::AttendTileFn fn =
-        cpu_internal::SelectAttendTile(head_dim, dtype, NativeKvFormat(dtype));
+        cpu_internal::SelectAttendTile(head_dim, dtype, ResolveKvFormat(format, dtype));
     TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
     return fn;
   }
@@ -65,11 +66,12 @@ class PagedAttentionTest : public ::testing::Test {
   // Every kernel family this machine runs (up to KVARENA_CPU_KERNELS), each with and
   // without the pool; a family that picks the same tile as a lower one for this head_dim
   // and dtype (e.g. avx512_bf16 on f16) is left out as a repeat.
-  std::vector<Variant> VariantsFor(int head_dim, DType dtype) const {
+  std::vector<Variant> VariantsFor(int head_dim, DType dtype,
+                                   KvFormat format = KvFormat::kUnspecified) const {
     std::vector<Variant> variants;
     std::vector<cpu_internal::AttendTileFn> seen;
     for (int k = 0; k <= int(default_kernels_); ++k) {
-      const cpu_internal::AttendTileFn fn = TileWith(CpuKernels(k), head_dim, dtype);
+      const cpu_internal::AttendTileFn fn = TileWith(CpuKernels(k), head_dim, dtype, format);
       if (std::find(seen.begin(), seen.end(), fn) != seen.end()) continue;
       seen.push_back(fn);
       variants.push_back({CpuKernels(k), false});
@@ -120,7 +122,8 @@ class PagedAttentionTest : public ::testing::Test {
     const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
                            : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
                                                                  : 0.0;
-    for (const Variant& variant : VariantsFor(pb.layout.head_dim, pb.layout.dtype)) {
+    for (const Variant& variant :
+         VariantsFor(pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format)) {
       SCOPED_TRACE(VariantName(variant));
       const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
       size_t bad = 0;
@@ -138,18 +141,18 @@ class PagedAttentionTest : public ::testing::Test {
 
   static std::string Describe(const Problem& pb) {
     std::ostringstream s;
-    s << DTypeName(pb.layout.dtype) << " head_dim=" << pb.layout.head_dim
-      << " page_size=" << pb.layout.page_size << " kv_heads=" << pb.layout.num_kv_heads
-      << " group=" << pb.group << " window=" << pb.window << " first_block=" << pb.first_block
-      << " q_pos=" << pb.q_pos << " n=" << pb.n << " extra=" << pb.extra
-      << " scale_factor=" << pb.scale_factor;
+    s << DTypeName(pb.layout.dtype) << " kv_format=" << KvFormatName(pb.layout.format())
+      << " head_dim=" << pb.layout.head_dim << " page_size=" << pb.layout.page_size
+      << " kv_heads=" << pb.layout.num_kv_heads << " group=" << pb.group << " window=" << pb.window
+      << " first_block=" << pb.first_block << " q_pos=" << pb.q_pos << " n=" << pb.n
+      << " extra=" << pb.extra << " scale_factor=" << pb.scale_factor;
     return s.str();
   }
 
   // The sweep for one dtype: head_dim x page_size x group x window, each with a random
   // decode and a random prefill problem (random lengths, sometimes an evicted prefix),
   // each run by every kernel family the machine has, with and without the pool.
-  void Sweep(DType dtype) {
+  void Sweep(DType dtype, KvFormat format = KvFormat::kUnspecified) {
     SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
     for (int head_dim : {64, 128, 256}) {
       for (int page_size : {1, 8, 16, 32}) {
@@ -158,6 +161,7 @@ class PagedAttentionTest : public ::testing::Test {
             for (int64_t n : {int64_t(1), Rand(2, 12)}) {
               Problem pb;
               pb.layout.dtype = dtype;
+              pb.layout.kv_format = format;
               pb.layout.head_dim = head_dim;
               pb.layout.page_size = page_size;
               pb.layout.num_kv_heads = 2;
@@ -189,6 +193,14 @@ class PagedAttentionTest : public ::testing::Test {
 TEST_F(PagedAttentionTest, Float32MatchesReferenceAcrossSweep) { Sweep(DType::kFloat32); }
 TEST_F(PagedAttentionTest, Float16MatchesReferenceAcrossSweep) { Sweep(DType::kFloat16); }
 TEST_F(PagedAttentionTest, BFloat16MatchesReferenceAcrossSweep) { Sweep(DType::kBFloat16); }
+// int8 pages (codes and per-token scales) against the float64 reference of the values the
+// format defines (code x scale): the kernels add nothing beyond float32 accumulation.
+TEST_F(PagedAttentionTest, Int8WithFloat16QueriesMatchesReferenceAcrossSweep) {
+  Sweep(DType::kFloat16, KvFormat::kInt8);
+}
+TEST_F(PagedAttentionTest, Int8WithBFloat16QueriesMatchesReferenceAcrossSweep) {
+  Sweep(DType::kBFloat16, KvFormat::kInt8);
+}
 
 // Long contexts: decode splits the keys across units (flash-decoding) and merges them.
 TEST_F(PagedAttentionTest, LongContextDecodeMergesSplits) {

@@ -48,6 +48,9 @@ struct AttendTileArgs {
   const uint8_t* const* k = nullptr;  // [tokens] K of token j, kv head 0
   const uint8_t* const* v = nullptr;  // [tokens] V of token j, kv head 0
   size_t head_offset = 0;             // bytes from head 0 to this kv head within a token
+  // A format with per-token scales: bytes from a token row's start to this kv head's
+  // float32 scale (kvarena/paged_kv.h); 0 for formats without (no row starts with one).
+  size_t scale_offset = 0;
   // The next tile's tokens (same head_offset), which the step may prefetch; 0 if none.
   int next_tokens = 0;
   const uint8_t* const* next_k = nullptr;  // [next_tokens]
@@ -63,7 +66,8 @@ struct AttendTileArgs {
 using AttendTileFn = void (*)(const AttendTileArgs& args);
 
 void PortableAttendTile(const AttendTileArgs& args);
-// REQUIRES: CpuKernelsSupported() >= kAvx2 and head_dim % 8 == 0.
+// The vectorised tiles take every format the KV format table has; int8 scales by token
+// (tile_scales.h). REQUIRES: CpuKernelsSupported() >= kAvx2 and head_dim % 8 == 0.
 void Avx2AttendTile(const AttendTileArgs& args);
 // REQUIRES: CpuKernelsSupported() >= kAvx512 and head_dim % 16 == 0.
 void Avx512AttendTile(const AttendTileArgs& args);

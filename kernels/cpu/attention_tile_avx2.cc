@@ -25,6 +25,7 @@
 #include "kernels/cpu/tile_accumulate.h"
 #include "kernels/cpu/tile_prefetcher.h"
 #include "kernels/cpu/tile_row_ranges.h"
+#include "kernels/cpu/tile_scales.h"
 
 namespace kvarena::cpu_internal {
 namespace {
@@ -99,11 +100,13 @@ void AttendRowBlock(const AttendTileArgs& args, const float* q, int r0, TilePref
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
   ScoreBlock<E, RB>(q + size_t(r0) * dim, dim, args.k, args.head_offset, a, b, scores, prefetch);
+  ScaleByTokens<RB>(args, args.k, a, b, scores);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;
     rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
+  ScaleByTokens<RB>(args, args.v, a, b, scores);
   // As many accumulators as the 16 registers allow beside the CB vectors of V and a
   // weight: 12 for 4 rows (measured faster than 8, which only just covers the latency).
   constexpr int CB = RB == 4 ? 3 : RB == 2 ? 5 : 8;
@@ -142,6 +145,8 @@ void Avx2AttendTile(const AttendTileArgs& args) {
       return AttendTile<F16>(args);
     case KvFormat::kBFloat16:
       return AttendTile<BF16>(args);
+    case KvFormat::kInt8:
+      return AttendTile<I8>(args);
     case KvFormat::kUnspecified:
       return;
   }

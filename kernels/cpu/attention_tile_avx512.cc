@@ -30,6 +30,8 @@ void Avx512AttendTile(const AttendTileArgs& args) {
       return avx512::AttendTile<avx512::F16>(args);
     case KvFormat::kBFloat16:
       return avx512::AttendTile<avx512::BF16>(args);
+    case KvFormat::kInt8:
+      return avx512::AttendTile<avx512::I8>(args);
     case KvFormat::kUnspecified:
       return;
   }

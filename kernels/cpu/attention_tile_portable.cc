@@ -1,11 +1,13 @@
 // Portable C++ implementation of the attention tile step (see attention_tile.h).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "kernels/cpu/attention_tile.h"
 #include "kernels/cpu/dtype_convert.h"
+#include "kernels/kv_quant.h"
 
 namespace kvarena {
 namespace cpu_internal {
@@ -35,14 +37,25 @@ void Axpy(float p, const float* __restrict v, int n, float* __restrict acc) {
   for (; i < n; ++i) acc[i] += p * v[i];
 }
 
+// This kv head's K or V of the token whose row starts at `row`, as floats: converted from
+// a plain format's element type, or an int8 format's codes times its scale.
+void LoadRow(const AttendTileArgs& args, DType element, const uint8_t* row, float* out) {
+  if (args.scale_offset == 0)
+    return LoadAsFloat(element, row + args.head_offset, args.head_dim, out);
+  float scale;
+  std::memcpy(&scale, row + args.scale_offset, sizeof(scale));
+  DequantizeInt8(reinterpret_cast<const int8_t*>(row + args.head_offset), args.head_dim, scale,
+                 out);
+}
+
 }  // namespace
 
 void PortableAttendTile(const AttendTileArgs& args) {
   const int rows = args.rows;
   const int dim = args.head_dim;
-  const DType element = FindKvFormat(args.kv_format)->element;  // a plain format's
-  float* scores = args.scratch;                             // [rows][kTileTokens]
-  float* corr = args.scratch + size_t(rows) * kTileTokens;  // [rows]
+  const DType element = FindKvFormat(args.kv_format)->element;  // kUnspecified for int8
+  float* scores = args.scratch;                                 // [rows][kTileTokens]
+  float* corr = args.scratch + size_t(rows) * kTileTokens;      // [rows]
   thread_local std::vector<float> row_buf;
   thread_local std::vector<int> range_buf;
   row_buf.resize(size_t(dim));
@@ -64,7 +77,7 @@ void PortableAttendTile(const AttendTileArgs& args) {
 
   // Scores, each K converted once for all rows.
   for (int t = lo_all; t < hi_all; ++t) {
-    LoadAsFloat(element, args.k[t] + args.head_offset, dim, kv_row);
+    LoadRow(args, element, args.k[t], kv_row);
     for (int r = 0; r < rows; ++r) {
       if (t >= first[r] && t < last[r]) {
         scores[size_t(r) * kTileTokens + t] = Dot(args.q + size_t(r) * dim, kv_row, dim);
@@ -91,7 +104,7 @@ void PortableAttendTile(const AttendTileArgs& args) {
   }
   // Weighted V, each V converted once for all rows.
   for (int t = lo_all; t < hi_all; ++t) {
-    LoadAsFloat(element, args.v[t] + args.head_offset, dim, kv_row);
+    LoadRow(args, element, args.v[t], kv_row);
     for (int r = 0; r < rows; ++r) {
       if (t < first[r] || t >= last[r]) continue;
       Axpy(scores[size_t(r) * kTileTokens + t], kv_row, dim, args.acc + size_t(r) * dim);

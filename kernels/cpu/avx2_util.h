@@ -55,6 +55,15 @@ struct BF16 {
   }
   static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
+// int8 codes (a quantized format's values; tile_scales.h applies the scales).
+struct I8 {
+  static constexpr size_t kBytes = 1, kVBytes = kBytes;
+  static __m256 Load8(const uint8_t* p) {
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  static __m256 LoadV(const uint8_t* p) { return Load8(p); }
+};
 
 inline int Min(int a, int b) { return a < b ? a : b; }
 inline int Max(int a, int b) { return a > b ? a : b; }

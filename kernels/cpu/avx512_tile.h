@@ -24,6 +24,7 @@
 #include "kernels/cpu/tile_accumulate.h"
 #include "kernels/cpu/tile_prefetcher.h"
 #include "kernels/cpu/tile_row_ranges.h"
+#include "kernels/cpu/tile_scales.h"
 
 namespace kvarena::cpu_internal::avx512 {
 namespace {  // NOLINT(build/namespaces): internal linkage on purpose, see above
@@ -49,6 +50,10 @@ inline __m512 LoadF32(const uint8_t* p) { return _mm512_loadu_ps(p); }
 inline __m512 LoadF16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
+inline __m512 LoadI8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline __m512 LoadBF16(const uint8_t* p) {
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
@@ -70,6 +75,7 @@ struct Converted {
 using F32 = Converted<LoadF32, 4>;
 using F16 = Converted<LoadF16, 2>;
 using BF16 = Converted<LoadBF16, 2>;
+using I8 = Converted<LoadI8, 1>;  // the codes; ScaleByTokens applies the scales
 
 // Lane i of the result = horizontal sum of v[i].
 inline __m512 Sum16(const __m512* v) {
@@ -208,11 +214,13 @@ void AttendRowBlock(const AttendTileArgs& args, int r0, TilePrefetcher& prefetch
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
   ScoreBlock<E, RB>(args, E::Query(args) + size_t(r0) * dim, a, b, scores, prefetch);
+  ScaleByTokens<RB>(args, args.k, a, b, scores);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;
     rows.Mask(r, s);
     corr[r] = SoftmaxRow(s, a, b, args.m + r0 + r, args.l + r0 + r);
   }
+  ScaleByTokens<RB>(args, args.v, a, b, scores);
   constexpr int CB = RB == 4 ? 4 : 8;  // accumulators, V vectors and a weight in 32 registers
   AccumulateBlock<Vec16, E, RB, CB>(scores, corr, dim, args.v, args.head_offset, a, b,
                                     args.acc + size_t(r0) * dim);

@@ -19,6 +19,9 @@ class CpuKvKernels final : public KvKernels {
  public:
   CpuKvKernels(int num_threads, std::chrono::microseconds awake) : pool_(num_threads, awake) {}
   std::string name() const override { return "cpu"; }
+  absl::Status CheckLayout(const PageLayout& layout) const override {
+    return CheckKvFormat(name(), layout, KvFormat::kInt8);
+  }
   absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                           int64_t n) override {
     const size_t page = layout.PageBytes();

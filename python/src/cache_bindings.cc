@@ -93,6 +93,8 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       .def_property_readonly("head_dim", &H::head_dim)
       .def_property_readonly("page_size", &H::page_size)
       .def_property_readonly("dtype", [](const H& h) { return std::string(DTypeName(h.dtype())); })
+      .def_property_readonly(
+          "kv_format", [](const H& h) { return std::string(KvFormatName(h.layout().format())); })
       .def_property_readonly("layer_windows", &H::layer_windows)
       .def_property_readonly("max_tokens", &H::max_tokens)
       .def_property_readonly("pool_id", &H::pool_id)

@@ -216,17 +216,15 @@ int64_t Tensor::numel() const {
 }
 
 DLDataType ToDLDataType(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return {kDLFloat, 32, 1};
-    case DType::kFloat16:
-      return {kDLFloat, 16, 1};
-    case DType::kBFloat16:
-      return {kDLBfloat, 16, 1};
-    case DType::kUnspecified:
-      break;
-  }
-  return {kDLFloat, 0, 1};
+  const DTypeInfo* info = FindDType(t);
+  if (info == nullptr) return {kDLFloat, 0, 1};
+  return {uint8_t(info->dlpack_code), uint8_t(8 * info->bytes), 1};
+}
+
+DLDataType ToDLDataType(KvFormat f) {
+  const KvFormatInfo* info = FindKvFormat(f);
+  if (info == nullptr) return {kDLFloat, 0, 1};
+  return {uint8_t(info->dlpack_code), uint8_t(8 * info->elem_bytes), 1};
 }
 
 Tensor FromTensorOut(TensorOut out) {

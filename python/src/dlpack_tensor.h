@@ -62,6 +62,9 @@ struct Tensor {
 };
 
 DLDataType ToDLDataType(DType t);
+// The type of one stored value of a KV format (int8 for int8: its scales are bytes of the
+// same rows, kvarena/paged_kv.h).
+DLDataType ToDLDataType(KvFormat f);
 // A Tensor owning the bytes of a reply tensor.
 Tensor FromTensorOut(TensorOut out);
 // A 1-D or 2-D tensor owning a copy of int32 / int64 values.

@@ -209,9 +209,13 @@ void BindLocalPath(py::module_& m, ClientClass& client, CacheClass& cache) {
         Tensor t;
         t.owner = h.clone_handle();
         t.data = v.base;
-        t.dtype = ToDLDataType(v.layout.dtype);
+        t.dtype = ToDLDataType(v.layout.format());
         t.device = v.device < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, v.device};
-        t.shape = {pages, 2, v.layout.page_size, v.layout.num_kv_heads, v.layout.head_dim};
+        if (v.layout.ScaleBytes() == 0) {
+          t.shape = {pages, 2, v.layout.page_size, v.layout.num_kv_heads, v.layout.head_dim};
+        } else {  // token rows of codes then scales: [pages, 2, page_size, row bytes]
+          t.shape = {pages, 2, v.layout.page_size, int64_t(v.layout.TokenBytes())};
+        }
         return t;
       });
 

@@ -68,3 +68,42 @@ def test_local_table_and_attention_local(address, seed):
     assert client.call_counts()["commit"] >= 3
     local.release()
     served.release()
+
+
+def test_int8_kv_format_served_and_local(address, seed):
+    """kv_format="int8": pages of codes and per-(token, head) scales, read back dequantized
+    within half a step; the served and the local path agree; another format misses the prefix."""
+    g = torch.Generator().manual_seed(seed)
+    client = kvarena.connect(address)
+    prompt = list(range(100, 109))
+    served = client.allocate(1, 2, 16, "float16", page_size=4, kv_format="int8",
+                             prefix_namespace="int8", prompt_tokens=prompt)
+    local = client.allocate(1, 2, 16, "float16", page_size=4, kv_format="int8")
+    assert served.kv_format == "int8" and served.dtype == "float16"
+    k = torch.randn(1, 2, 9, 16, generator=g).to(torch.float16)
+    v = torch.randn(1, 2, 9, 16, generator=g).to(torch.float16)
+    q = torch.randn(1, 4, 9, 16, generator=g).to(torch.float16)
+    out = served.attention(0, q, k, v)
+    local.reserve(9)
+    out_local = local.attention_local(0, q, k, v)
+    local.commit(9)
+    assert torch.allclose(torch.from_dlpack(out).float(), torch.from_dlpack(out_local).float(),
+                          atol=2e-3)
+    back_k, back_v = (torch.from_dlpack(t) for t in served.get_kv(0))
+    assert back_k.dtype == torch.float16
+    for got, want in ((back_k, k), (back_v, v)):
+        step = want.float().abs().amax(-1, keepdim=True) / 127  # one scale per token and head
+        assert ((got.float() - want.float()).abs() <= step / 2 + 1e-3).all()
+    pool = client.stats()["pools"]
+    assert {"dtype": "float16", "kv_format": "int8"}.items() <= next(
+        p for p in pool if p["kv_format"] == "int8").items()
+    view = torch.from_dlpack(served.pool_view())
+    assert view.dtype == torch.int8 and tuple(view.shape[1:]) == (2, 4, 2 * 16 + 2 * 4)
+    plain = client.allocate(1, 2, 16, "float16", page_size=4, prefix_namespace="int8",
+                            prompt_tokens=prompt)
+    assert plain.cached_tokens == 0  # same namespace and geometry, another KV format
+    again = client.allocate(1, 2, 16, "float16", page_size=4, kv_format="int8",
+                            prefix_namespace="int8", prompt_tokens=prompt)
+    assert again.cached_tokens == 8
+    for c in (served, local, plain, again):
+        c.release()

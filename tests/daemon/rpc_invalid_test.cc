@@ -33,6 +33,14 @@ TEST_F(InvalidArgumentTest, AllocateRejectsBadSpecFields) {
       {"zero kv heads", [](v1::CacheSpec* s) { s->set_num_kv_heads(0); }, "num_kv_heads=0"},
       {"zero head_dim", [](v1::CacheSpec* s) { s->set_head_dim(0); }, "head_dim=0"},
       {"unspecified dtype", [](v1::CacheSpec* s) { s->set_dtype(v1::DTYPE_UNSPECIFIED); }, "dtype"},
+      {"unknown kv_format", [](v1::CacheSpec* s) { s->set_kv_format(v1::KvFormat(99)); },
+       "spec.kv_format=99 is not a KV format"},
+      {"kv_format another dtype's",
+       [](v1::CacheSpec* s) {
+         s->set_dtype(v1::FLOAT32);
+         s->set_kv_format(v1::KV_BFLOAT16);
+       },
+       "spec.kv_format=bfloat16 with spec.dtype=float32"},
       {"windows length", [](v1::CacheSpec* s) { s->add_layer_windows(0); },
        "layer_windows has 1 entries but num_layers=2"},
       {"window 1",

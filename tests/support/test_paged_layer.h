@@ -51,9 +51,12 @@ class TestPagedLayer {
            (size_t(h) * l.head_dim + d) * l.ElemBytes();
   }
 
-  // Writes random K and V for every readable position.
+  // Writes random K and V for every readable position: values of the activation dtype in
+  // [-1, 1] for a plain format; for int8 random codes in [-127, 127] and a scale per
+  // (token, head) in [2^-9, 2^-6] (values up to about 2), as kvarena/paged_kv.h lays them.
   void FillRandom(std::mt19937_64& rng) {
     const PageLayout& l = view_.layout;
+    if (l.ScaleBytes() > 0) return FillRandomInt8(rng);
     const size_t row = size_t(l.head_dim) * l.ElemBytes();
     for (int64_t t = view_.first_pos(); t < view_.len; ++t) {
       for (int kv = 0; kv < 2; ++kv) {
@@ -65,11 +68,37 @@ class TestPagedLayer {
     }
   }
 
+  // The value attention reads at (kv, t, h, d): the stored element, or for int8 the code
+  // times its token's and head's scale (float32 arithmetic, as the format defines it).
   double Value(int kv, int64_t t, int h, int d) {
+    if (view_.layout.ScaleBytes() > 0) {
+      return double(float(int8_t(*At(kv, t, h, d))) * Scale(kv, t, h));
+    }
     return DecodeStored(view_.layout.dtype, At(kv, t, h, d));
+  }
+  // int8: the scale of (kv, t, h), after the token row's values.
+  float Scale(int kv, int64_t t, int h) {
+    float s;
+    std::memcpy(&s, At(kv, t, 0, 0) + view_.layout.ValueBytes() + 4 * size_t(h), 4);
+    return s;
   }
 
  private:
+  void FillRandomInt8(std::mt19937_64& rng) {
+    const PageLayout& l = view_.layout;
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::uniform_real_distribution<float> scale(0x1p-9f, 0x1p-6f);
+    for (int64_t t = view_.first_pos(); t < view_.len; ++t) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int h = 0; h < l.num_kv_heads; ++h) {
+          for (int d = 0; d < l.head_dim; ++d) *At(kv, t, h, d) = uint8_t(int8_t(code(rng)));
+          const float s = scale(rng);
+          std::memcpy(At(kv, t, 0, 0) + l.ValueBytes() + 4 * size_t(h), &s, 4);
+        }
+      }
+    }
+  }
+
   std::vector<uint8_t> pool_;
   std::vector<int32_t> table_;
   PagedKvView view_;

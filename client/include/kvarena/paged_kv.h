@@ -31,7 +31,13 @@ enum class DType : uint8_t { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFlo
 // DTypeQ / DTypeKV / DTypeO split). The values match the wire enum KvFormat; the plain
 // formats share their DType's value. kUnspecified ("the activation dtype's own") is
 // resolved at Allocate (ResolveKvFormat) and never reaches a kernel.
-enum class KvFormat : uint8_t { kUnspecified = 0, kFloat32 = 1, kFloat16 = 2, kBFloat16 = 3 };
+enum class KvFormat : uint8_t {
+  kUnspecified = 0,
+  kFloat32 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt8 = 4,  // symmetric int8, a float32 scale per (token, kv head): kernels/kv_quant.h
+};
 
 // Where a format keeps its scales.
 enum class KvScales : uint8_t {
@@ -71,6 +77,7 @@ inline constexpr KvFormatInfo kKvFormats[] = {
     {KvFormat::kFloat32, "float32", 4, KvScales::kNone, 0, DType::kFloat32, DLPackCode::kFloat},
     {KvFormat::kFloat16, "float16", 2, KvScales::kNone, 0, DType::kFloat16, DLPackCode::kFloat},
     {KvFormat::kBFloat16, "bfloat16", 2, KvScales::kNone, 0, DType::kBFloat16, DLPackCode::kBfloat},
+    {KvFormat::kInt8, "int8", 1, KvScales::kPerToken, 4, DType::kUnspecified, DLPackCode::kInt},
 };
 
 // The table's row for t or f; nullptr for kUnspecified and values outside the table.
