@@ -1,9 +1,11 @@
-// RedisStore while a Redis Cluster fails: a primary SIGKILLed (its replica takes over) and
-// a primary SIGSTOPped (the circuit breaker stops the waiting). Nothing asserts on the
-// wall clock beyond "returned by the deadline plus a generous margin".
+// RedisStore while a Redis Cluster fails: a primary SIGKILLed (its replica takes over; a
+// store that only reads relearns who owns its slots) and a primary SIGSTOPped (the circuit
+// breaker stops the waiting). Nothing asserts on the wall clock beyond "returned by the
+// deadline plus a generous margin".
 #include <signal.h>
 
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -39,6 +41,29 @@ void PutAndPickVictim(const RedisTestCluster& cluster, RedisStore& store, int wh
   }
   ASSERT_GE(victim->keys.size(), 2u);
   ASSERT_FALSE(victim->others.empty());
+}
+
+// `n` chunk ids not stored yet whose slots the node on `port` owns in store's slot map.
+std::vector<uint64_t> NewKeysOn(RedisStore& store, int port, int n) {
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 1000; ids.size() < size_t(n); ++i) {
+    if (RedisStoreTest::PortOf(store, RedisStoreTest::Key(i)) == port) ids.push_back(i);
+  }
+  return ids;
+}
+
+// Puts the chunks through store, each retried until stored (a writer whose slot map is
+// stale may fail until it relearns it) or 30 s have passed.
+void PutUntilStored(RedisStore& store, const std::vector<uint64_t>& ids) {
+  for (uint64_t id : ids) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    absl::Status put = store.Put(RedisStoreTest::Key(id), RedisStoreTest::Value(id), nullptr);
+    while (!put.ok() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+      put = store.Put(RedisStoreTest::Key(id), RedisStoreTest::Value(id), nullptr);
+    }
+    ASSERT_THAT(put, IsOk());
+  }
 }
 
 TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
@@ -81,6 +106,86 @@ TEST_F(RedisStoreTest, PrimaryKilledMissesUntilTheReplicaTakesOver) {
   for (uint64_t id : v.others) {
     EXPECT_EQ(store->Get(Key(id), absl::Now() + kDeadline).value_or(""), Value(id));
   }
+}
+
+// Node A writes, node B only reads. B learned the slot map and holds a connection to a
+// primary that is then killed; B does not watch the failover. Its first Get of each chunk A
+// wrote on the dead primary's slots afterwards finds it: the connection error makes B
+// relearn the map and ask the replica that took over.
+TEST_F(RedisStoreTest, AReaderFindsChunksWrittenAfterAFailoverItDidNotWatch) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  std::unique_ptr<RedisStore> writer = NewStore(StoreOptions());
+  std::unique_ptr<RedisStore> reader = NewStore(StoreOptions());
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  Victim v;
+  ASSERT_NO_FATAL_FAILURE(PutAndPickVictim(*cluster_, *writer, 0, 60, &v));
+  for (uint64_t id : v.keys) ASSERT_EQ(reader->Get(Key(id), Deadline()).value_or(""), Value(id));
+  const std::vector<uint64_t> fresh = NewKeysOn(*reader, v.port, 8);
+  absl::StatusOr<int> replica = cluster_->ReplicaOf(v.port);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  ASSERT_THAT(cluster_->WaitReplicated(v.port, absl::Seconds(10)), IsOk());
+
+  cluster_->Signal(v.port, SIGKILL);
+  ASSERT_THAT(cluster_->WaitPrimary(*replica, absl::Seconds(30)), IsOk());
+  ASSERT_NO_FATAL_FAILURE(PutUntilStored(*writer, fresh));
+
+  const int64_t refreshes = reader->cluster_counters().slot_refreshes;
+  for (uint64_t id : fresh) {
+    absl::StatusOr<std::string> got = reader->Get(Key(id), absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(got.ok() && *got == Value(id)) << "chunk " << id << ": " << got.status();
+  }
+  EXPECT_GT(reader->cluster_counters().slot_refreshes, refreshes);
+  EXPECT_EQ(PortOf(*reader, Key(fresh[0])), *replica);
+  EXPECT_TRUE(reader->Contains(Key(fresh[1])));
+  for (uint64_t id : v.keys) {
+    absl::StatusOr<std::string> got = reader->Get(Key(id), absl::Now() + kDeadline);
+    EXPECT_TRUE(got.ok() && *got == Value(id)) << "chunk " << id << ": " << got.status();
+  }
+}
+
+// As above, but B read the dead primary right after its SIGKILL: B's breaker for it is open
+// (for longer than the test runs), so no command reaches it. B still relearns the map,
+// from the live nodes, and finds every chunk A wrote after the failover.
+TEST_F(RedisStoreTest, AReaderBehindAnOpenBreakerRelearnsWhoOwnsTheDeadPrimarysSlots) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  std::unique_ptr<RedisStore> writer = NewStore(StoreOptions());
+  RedisStoreOptions reader_options = StoreOptions();
+  reader_options.breaker_period = absl::Seconds(60);
+  std::unique_ptr<RedisStore> reader = NewStore(reader_options);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(reader, nullptr);
+  Victim v;
+  ASSERT_NO_FATAL_FAILURE(PutAndPickVictim(*cluster_, *writer, 0, 60, &v));
+  for (uint64_t id : v.keys) ASSERT_EQ(reader->Get(Key(id), Deadline()).value_or(""), Value(id));
+  const std::vector<uint64_t> fresh = NewKeysOn(*reader, v.port, 8);
+  const std::string victim_address = "127.0.0.1:" + std::to_string(v.port);
+  absl::StatusOr<int> replica = cluster_->ReplicaOf(v.port);
+  ASSERT_TRUE(replica.ok()) << replica.status();
+  ASSERT_THAT(cluster_->WaitReplicated(v.port, absl::Seconds(10)), IsOk());
+
+  cluster_->Signal(v.port, SIGKILL);
+  absl::StatusOr<std::string> during = reader->Get(Key(v.keys[0]), absl::Now() + kDeadline);
+  EXPECT_NE(during.status().code(), absl::StatusCode::kNotFound) << "replicated keys";
+  ASSERT_TRUE(reader->TEST_cluster().TEST_BreakerOpen(victim_address)) << during.status();
+  ASSERT_THAT(cluster_->WaitPrimary(*replica, absl::Seconds(30)), IsOk());
+  ASSERT_NO_FATAL_FAILURE(PutUntilStored(*writer, fresh));
+
+  int misses = 0;
+  for (uint64_t id : fresh) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    std::string got = reader->Get(Key(id), absl::Now() + kDeadline).value_or("");
+    while (got != Value(id) && absl::Now() < give_up) {
+      ++misses;
+      absl::SleepFor(absl::Milliseconds(50));
+      got = reader->Get(Key(id), absl::Now() + kDeadline).value_or("");
+    }
+    EXPECT_TRUE(got == Value(id)) << "chunk " << id << ": " << reader->last_error();
+  }
+  std::cout << "the reader missed " << misses << " Gets of chunks written after the failover"
+            << std::endl;
+  EXPECT_TRUE(reader->TEST_cluster().TEST_BreakerOpen(victim_address)) << "never probed";
+  EXPECT_EQ(PortOf(*reader, Key(fresh[0])), *replica);
 }
 
 TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {

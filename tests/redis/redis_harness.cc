@@ -270,6 +270,32 @@ absl::Status RedisTestCluster::WaitReplicated(int primary_port, absl::Duration t
   }
 }
 
+absl::Status RedisTestCluster::WaitPrimary(int port, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < ports_.size(); ++i) {
+    std::string last = "not asked yet";
+    while (!killed_[i]) {
+      absl::StatusOr<std::vector<std::vector<std::string>>> nodes = ClusterNodes(ports_[i]);
+      bool primary = false;
+      if (nodes.ok()) {
+        for (const auto& n : *nodes) {
+          // id addr flags master ping pong epoch link slots...
+          primary = primary || (PortOfNodeField(n[1]) == port &&
+                                absl::StrContains(n[2], "master") && n.size() > 8);
+        }
+      }
+      if (primary) break;
+      last = nodes.ok() ? "it is no primary owning slots" : std::string(nodes.status().message());
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("port ", ports_[i], " does not see port ", port, " as a primary: ", last));
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void RedisTestCluster::Signal(int port, int sig) {
   for (size_t i = 0; i < ports_.size(); ++i) {
     if (ports_[i] != port) continue;

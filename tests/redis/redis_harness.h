@@ -63,6 +63,9 @@ class RedisTestCluster {
   absl::Status WaitClusterOk(absl::Duration timeout) const;
   // Polls until the primary on `port` lists a replica and that replica holds as many keys.
   absl::Status WaitReplicated(int primary_port, absl::Duration timeout) const;
+  // Polls until every live node's CLUSTER NODES names the node on `port` a primary owning
+  // slots (a replica promoted after its primary failed, as the whole cluster sees it).
+  absl::Status WaitPrimary(int port, absl::Duration timeout) const;
   // Sends sig to the node on `port` (SIGKILL: it is then left out of the waits).
   void Signal(int port, int sig);
 

@@ -113,6 +113,16 @@ void RedisCluster::RequestRefresh() {
   refresh_requested_ = true;
 }
 
+void RedisCluster::AwaitRefresh(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  refresh_requested_ = true;
+  const int64_t next = refreshes_started_ + 1;
+  const auto done = [this, next]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || refreshes_finished_ >= next;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+}
+
 void RedisCluster::ApplyMoved(int slot, const RedisAddress& owner) {
   absl::MutexLock lock(&mu_);
   if (map_ == nullptr) return;
@@ -195,11 +205,30 @@ void RedisCluster::RunOnNode(const RedisAddress& address, std::vector<Pending>& 
     if (p.ask.has_value()) argvs.push_back({"ASKING"});
     argvs.push_back(commands[p.index].argv);
   }
-  absl::StatusOr<std::vector<RedisReply>> replies = Node(address)->Run(argvs, deadline);
+  std::shared_ptr<RedisNode> node = Node(address);
+  const bool breaker_open = node->BreakerOpen(absl::Now());  // then Run refuses at once
+  absl::StatusOr<std::vector<RedisReply>> replies = node->Run(argvs, deadline);
   if (!replies.ok()) {
     NoteError(replies.status());
-    RequestRefresh();  // a failed primary may have been replaced
-    for (const Pending& p : batch) results[p.index] = replies.status();
+    // The node may be gone and its slots taken over by a replica. One that failed just now
+    // waits for the map to be reloaded; one behind an open breaker does not wait (the map is
+    // reloaded every interval while a node of it is unhealthy).
+    if (breaker_open) {
+      RequestRefresh();
+    } else {
+      AwaitRefresh(deadline);
+    }
+    const std::shared_ptr<const SlotMap> map = Map();
+    for (Pending& p : batch) {
+      const int owner = map == nullptr ? -1 : map->owner[p.slot];
+      if (owner >= 0 && map->nodes[owner].ToString() != address.ToString() &&
+          ++p.redirects <= options_.max_redirects) {
+        p.ask.reset();  // to the slot's owner now
+        next.push_back(std::move(p));
+      } else {
+        results[p.index] = replies.status();
+      }
+    }
     return;
   }
   size_t r = 0;

@@ -1,14 +1,20 @@
 // RedisCluster: kvarena's own thin Redis Cluster client over hiredis 0.14 (which has no
 // cluster support). It keeps the slot map (CLUSTER SLOTS, loaded from the seed nodes at
-// start and again in the background after a MOVED, a failed node or no map at all, at most
-// once per refresh_interval); a single non-cluster Redis ("cluster support disabled") is
-// one node owning every slot. A command goes to the node owning its key's slot (CRC16 with
-// hash tags, redis_slot.h); commands asked at once are pipelined per node. MOVED is
-// followed (the slot's owner updated at once), ASK answered with ASKING on the named node,
+// start and again in the background, at most once per refresh_interval: after a MOVED, a
+// failed command, a failed refresh, and while there is no map or a node of it is
+// unhealthy; asked of the map's healthy nodes first, then the seeds, never of a node behind
+// an open breaker); a single non-cluster Redis ("cluster support disabled") is one node
+// owning every slot. A command goes to the node owning its key's slot (CRC16 with hash
+// tags, redis_slot.h); commands asked at once are pipelined per node. MOVED is followed
+// (the slot's owner updated at once), ASK answered with ASKING on the named node,
 // TRYAGAIN / CLUSTERDOWN / LOADING backed off (5 ms doubling to 100 ms) and retried until
 // the deadline; MOVED and ASK together at most max_redirects times per command. Each node
 // has a circuit breaker (redis_node.h): a dead or hung node costs one timeout per breaker
-// period, its keys fail at once in between.
+// period, its keys fail at once in between. A failover is learned without a MOVED: when a
+// node fails a command, the command waits (until its deadline) for the next refresh, and
+// is sent again when the reloaded map names another owner of its slot (a replica that
+// took over); one refused by an open breaker goes to the owner the map names now. So a
+// command may reach Redis twice: commands must be safe to repeat (RedisStore's are).
 //
 // Thread-safety: safe for concurrent use. mu_ guards the slot map and the node table and is
 // never held across a network call; a background thread does the refreshes.
@@ -89,10 +95,13 @@ class RedisCluster {
   explicit RedisCluster(RedisClusterOptions options);
   std::shared_ptr<RedisNode> Node(const RedisAddress& address);
   std::shared_ptr<const SlotMap> Map() const;
-  void Refresh();  // loads a slot map from the first node that gives one
+  bool Refresh();  // loads a slot map from the first node that gives one; false if none
   absl::StatusOr<std::shared_ptr<const SlotMap>> LoadMapFrom(const RedisAddress& address);
   void ApplyMoved(int slot, const RedisAddress& owner);
   void RequestRefresh();
+  // Requests a refresh and waits until one begun after this call has finished (loaded a
+  // map or not), the deadline passes, or the client stops.
+  void AwaitRefresh(absl::Time deadline);
   void RefreshLoop();
   // Sends one node's share of the pending commands; fills `results` or re-queues in `next`.
   void RunOnNode(const RedisAddress& address, std::vector<Pending>& batch,
@@ -108,6 +117,8 @@ class RedisCluster {
   absl::flat_hash_map<std::string, std::shared_ptr<RedisNode>> nodes_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool refresh_requested_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t refreshes_started_ ABSL_GUARDED_BY(mu_) = 0;   // numbered by the refresher
+  int64_t refreshes_finished_ ABSL_GUARDED_BY(mu_) = 0;  // the latest that finished
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread refresher_;
 };

@@ -70,7 +70,7 @@ absl::StatusOr<std::shared_ptr<const RedisCluster::SlotMap>> RedisCluster::LoadM
   return map;
 }
 
-void RedisCluster::Refresh() {
+bool RedisCluster::Refresh() {
   // The nodes of the current map, healthy ones first, then the seeds.
   std::vector<RedisAddress> candidates;
   if (std::shared_ptr<const SlotMap> map = Map()) {
@@ -92,13 +92,15 @@ void RedisCluster::Refresh() {
     RedisCounters::Add(counters_.slot_refreshes);
     absl::MutexLock lock(&mu_);
     map_ = *std::move(map);
-    return;
+    return true;
   }
+  return false;
 }
 
 void RedisCluster::RefreshLoop() {
   for (;;) {
     bool want = false;
+    int64_t started = 0;
     {
       absl::MutexLock lock(&mu_);
       const auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -112,9 +114,15 @@ void RedisCluster::RefreshLoop() {
         auto it = nodes_.find(map_->nodes[i].ToString());
         want = it != nodes_.end() && !it->second->healthy();
       }
+      if (want) started = ++refreshes_started_;
     }
-    if (want) Refresh();
-    absl::MutexLock lock(&mu_);  // at most one refresh per interval
+    const bool loaded = want && Refresh();
+    absl::MutexLock lock(&mu_);
+    if (want) {
+      refreshes_finished_ = started;
+      if (!loaded) refresh_requested_ = true;  // tried again after the interval
+    }
+    // At most one refresh per interval.
     mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.refresh_interval);
     if (stop_) return;
   }
