@@ -293,6 +293,8 @@ void TierSet::Record(std::vector<PrefixEvent>& events) {
   events.clear();
 }
 
+// A lookup's deadline is the system clock's, never clock_: it bounds real waits (the stores'
+// socket I/O, another lookup's read), which a fake clock cannot shorten.
 std::vector<std::shared_ptr<const LoadedChunk>> TierSet::Lookup(absl::Span<const ChunkIdentity> ids,
                                                                 absl::Time deadline) {
   std::vector<std::shared_ptr<const LoadedChunk>> found;
@@ -378,6 +380,7 @@ void TierSet::CountLoaded(int tier, int64_t tokens) {
     counters_[size_t(tier)]->loaded_tokens += uint64_t(tokens);
 }
 
+// Latency is of real work: measured on the system clock, as the start was.
 void TierSet::Observe(size_t i, bool write, absl::Time start) {
   if (options_.on_latency)
     options_.on_latency(stores_[i].store->medium(), write, absl::Now() - start);

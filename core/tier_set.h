@@ -70,7 +70,8 @@ struct TierOptions {
   // Chunks handed back to their pools and not yet taken, across pools; past it a chunk
   // is given up (and stays eligible only for its eviction).
   size_t max_returns = 65536;
-  // Where retry times are read; null: the system clock. Must outlive the set.
+  // Where retry times are read; null: the system clock. Must outlive the set. Lookup
+  // deadlines and latencies stay on the system clock (they bound and measure real work).
   Clock* clock = nullptr;
   // A lookup's time in the tiers (--tier_timeout): past it the rest is a miss.
   absl::Duration timeout = absl::Milliseconds(200);

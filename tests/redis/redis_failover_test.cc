@@ -1,7 +1,9 @@
 // RedisStore while a Redis Cluster fails: a primary SIGKILLed (its replica takes over; a
 // store that only reads relearns who owns its slots) and a primary SIGSTOPped (the circuit
 // breaker stops the waiting). Nothing asserts on the wall clock beyond "returned by the
-// deadline plus a generous margin".
+// deadline plus a generous margin". Where a test holds a breaker open, the store reads a
+// FakeClock, so the breaker stays open however slowly the machine runs, and closes when
+// the test advances it.
 #include <signal.h>
 
 #include <iostream>
@@ -145,13 +147,13 @@ TEST_F(RedisStoreTest, AReaderFindsChunksWrittenAfterAFailoverItDidNotWatch) {
 }
 
 // As above, but B read the dead primary right after its SIGKILL: B's breaker for it is open
-// (for longer than the test runs), so no command reaches it. B still relearns the map,
+// (B's clock is a FakeClock that never moves), so no command reaches it. B still relearns the map,
 // from the live nodes, and finds every chunk A wrote after the failover.
 TEST_F(RedisStoreTest, AReaderBehindAnOpenBreakerRelearnsWhoOwnsTheDeadPrimarysSlots) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   std::unique_ptr<RedisStore> writer = NewStore(StoreOptions());
   RedisStoreOptions reader_options = StoreOptions();
-  reader_options.breaker_period = absl::Seconds(60);
+  reader_options.clock = &clock_;  // never advanced: the breaker stays open
   std::unique_ptr<RedisStore> reader = NewStore(reader_options);
   ASSERT_NE(writer, nullptr);
   ASSERT_NE(reader, nullptr);
@@ -191,7 +193,7 @@ TEST_F(RedisStoreTest, AReaderBehindAnOpenBreakerRelearnsWhoOwnsTheDeadPrimarysS
 TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   RedisStoreOptions options = StoreOptions();
-  options.breaker_period = absl::Seconds(5);  // outlasts the checks while it is open, loaded
+  options.clock = &clock_;  // the breaker stays open until the test advances it
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
   Victim v;
@@ -222,14 +224,16 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
   EXPECT_TRUE(store->Usage().up) << "two primaries of three still answer";
   EXPECT_EQ(store->Get(Key(v.others[0]), absl::Now() + kDeadline).value_or(""), Value(v.others[0]));
 
-  // Resumed: after the breaker period one probe goes through, and the keys hit again
-  // (on the old primary, or through a MOVED to the replica that took over).
+  // Resumed: once the breaker period is over one probe goes through, and the keys hit
+  // again (on the old primary, or through a MOVED to the replica that took over). A probe
+  // that fails doubles the period (8x at most): each round waits that out.
   cluster_->Signal(v.port, SIGCONT);
   bool hit = false;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
   while (!hit && absl::Now() < give_up) {
+    clock_.Advance(8 * options.breaker_period);
     hit = store->Get(Key(v.keys[0]), absl::Now() + kDeadline).value_or("") == Value(v.keys[0]);
-    if (!hit) absl::SleepFor(absl::Milliseconds(50));
+    if (!hit) absl::SleepFor(absl::Milliseconds(50));  // the cluster's own failover, if any
   }
   EXPECT_TRUE(hit) << store->last_error();
   EXPECT_FALSE(store->TEST_cluster().TEST_BreakerOpen(victim_address) &&
@@ -240,7 +244,7 @@ TEST_F(RedisStoreTest, PrimaryStoppedOpensTheBreakerAndLaterGetsDoNotWait) {
 TEST_F(RedisStoreTest, EveryNodeBehindAnOpenBreakerIsDownUntilAProbeSucceeds) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
   RedisStoreOptions options = StoreOptions();
-  options.breaker_period = absl::Seconds(5);  // outlasts the checks while it is open, loaded
+  options.clock = &clock_;  // the breaker stays open until the test advances it
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
   ASSERT_THAT(store->Put(Key(1), Value(1), nullptr), IsOk());
@@ -253,12 +257,15 @@ TEST_F(RedisStoreTest, EveryNodeBehindAnOpenBreakerIsDownUntilAProbeSucceeds) {
   EXPECT_TRUE(store->TEST_cluster().TEST_BreakerOpen("127.0.0.1:" + std::to_string(port)));
   EXPECT_FALSE(store->Usage().up) << "the only node's breaker is open";
 
-  // Resumed: the background refresh probes the node once the breaker period is over.
+  // Resumed: still down until the breaker period is over; then up, and the next command
+  // (a Get, or the background refresh) is the probe.
   cluster_->Signal(port, SIGCONT);
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (!store->Usage().up && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  clock_.Advance(options.breaker_period - absl::Nanoseconds(1));
+  EXPECT_FALSE(store->Usage().up) << "a nanosecond before the breaker period is over";
+  clock_.Advance(absl::Nanoseconds(1));
   EXPECT_TRUE(store->Usage().up) << store->last_error();
   EXPECT_EQ(store->Get(Key(1), absl::Now() + kDeadline).value_or(""), Value(1));
+  EXPECT_TRUE(store->Usage().up) << store->last_error();
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Test-only: the fixture of the Redis tier's process tests — a RedisTestCluster started per
-// test, a RedisStore over it with short timeouts, and deterministic chunk keys and values.
+// test, a RedisStore over it with short timeouts, a FakeClock a test may give the store
+// (for its breakers and ttl accounting), and deterministic chunk keys and values.
 #ifndef KVARENA_TESTS_REDIS_REDIS_FIXTURE_H_
 #define KVARENA_TESTS_REDIS_REDIS_FIXTURE_H_
 
@@ -7,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "core/clock.h"
 #include "gtest/gtest.h"
 #include "tests/redis/redis_harness.h"
 #include "tiers/redis/redis_store.h"
@@ -60,6 +62,7 @@ class RedisStoreTest : public ::testing::Test {
 
  protected:
   std::unique_ptr<RedisTestCluster> cluster_;
+  FakeClock clock_;  // the store's, where a test sets options.clock = &clock_
 };
 
 }  // namespace kvarena::testing

@@ -57,13 +57,15 @@ TEST(RedisStoreOptionsTest, InvalidOptionsAreRefusedByName) {
   RedisStoreOptions base;
   base.seeds = "127.0.0.1:1";
   std::vector<Case> cases = {{"seeds", base},      {"seeds", base}, {"key_prefix", base},
-                             {"key_prefix", base}, {"ttl", base},   {"command_timeout", base}};
+                             {"key_prefix", base}, {"ttl", base},   {"command_timeout", base},
+                             {"clock", base}};
   cases[0].options.seeds = "";
   cases[1].options.seeds = "127.0.0.1:1,nohost";
   cases[2].options.key_prefix = "";
   cases[3].options.key_prefix = "a{b";
   cases[4].options.ttl = absl::Seconds(-1);
   cases[5].options.command_timeout = absl::ZeroDuration();
+  cases[6].options.clock = nullptr;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);
     EXPECT_THAT(RedisStore::Create(c.options),

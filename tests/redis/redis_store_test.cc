@@ -1,19 +1,13 @@
 // RedisStore against real redis-server processes: a 3+3 Redis Cluster and a plain server.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
+#include <algorithm>
 #include <random>
 #include <set>
-#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
+#include "tests/redis/garbage_server.h"
 #include "tests/redis/redis_fixture.h"
 #include "tests/support/status_matchers.h"
 #include "tests/support/test_seed.h"
@@ -140,28 +134,43 @@ TEST_F(RedisStoreTest, ANewChunkIsOneSetAndAWrongTypeKeyIsDataLoss) {
   EXPECT_EQ(store->Get(Key(42), Deadline()).value_or("<error>"), Value(42));
 }
 
-// What the ttl expired leaves Usage's figures without a Get of it.
+// What the ttl expired leaves Usage's figures without a Get of it, as the store's clock
+// passes the ttl: Redis, on its own clock, still holds the chunks (the ttl is long), but
+// the store never counts one past its expiry. A Get renews the expiry, as it renews it
+// in Redis.
 TEST_F(RedisStoreTest, UsageForgetsWhatTheTtlExpired) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(PlainRedis()));
   RedisStoreOptions options = StoreOptions();
-  options.ttl = absl::Milliseconds(300);
+  options.ttl = absl::Seconds(600);
+  options.clock = &clock_;
   std::unique_ptr<RedisStore> store = NewStore(options);
   ASSERT_NE(store, nullptr);
   for (uint64_t i = 0; i < 20; ++i) ASSERT_THAT(store->Put(Key(i), Value(i), nullptr), IsOk());
   EXPECT_EQ(store->Usage().chunks, 20);
+  EXPECT_EQ(store->Usage().bytes_used, 20 * Value(0).size());
+
+  clock_.Advance(absl::Seconds(300));
+  ASSERT_EQ(store->Get(Key(0), Deadline()).value_or("<error>"), Value(0));  // renewed
+  clock_.Advance(absl::Seconds(300) - absl::Nanoseconds(1));
+  EXPECT_EQ(store->Usage().chunks, 20) << "a nanosecond before the ttl";
+  clock_.Advance(absl::Nanoseconds(1));
+  EXPECT_EQ(store->Usage().chunks, 1) << "the ttl is over for all but the renewed one";
+  EXPECT_EQ(store->Usage().bytes_used, Value(0).size());
+
   const int port = cluster_->ports()[0];
   std::vector<std::string> exists = {"EXISTS"};
   for (uint64_t i = 0; i < 20; ++i) exists.push_back(store->RedisKey(Key(i)));
-  // Waits (bounded) for Redis to expire them, then for the store's own expiry times.
-  auto held = [&] {
-    return std::string(absl::StripAsciiWhitespace(cluster_->Cli(port, exists).value_or("?")));
-  };
-  for (int i = 0; i < 100 && held() != "0"; ++i) absl::SleepFor(absl::Milliseconds(50));
-  ASSERT_EQ(held(), "0");
-  for (int i = 0; i < 500 && store->Usage().chunks != 0; ++i)
-    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(absl::StripAsciiWhitespace(cluster_->Cli(port, exists).value_or("?")), "20")
+      << "Redis expires on its own clock, which has not moved";
+
+  clock_.Advance(absl::Seconds(300));
   EXPECT_EQ(store->Usage().chunks, 0);
   EXPECT_EQ(store->Usage().bytes_used, 0u);
+  // A chunk read again is counted again, until its renewed ttl.
+  ASSERT_EQ(store->Get(Key(5), Deadline()).value_or("<error>"), Value(5));
+  EXPECT_EQ(store->Usage().chunks, 1);
+  clock_.Advance(options.ttl);
+  EXPECT_EQ(store->Usage().chunks, 0);
 }
 
 TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {
@@ -181,70 +190,6 @@ TEST_F(RedisStoreTest, GarbageValuesAreReturnedAsBytes) {
   EXPECT_THAT(store->Get(Key(3), Deadline()),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("WRONGTYPE")));
 }
-
-// A TCP server on loopback that answers every command with `reply`, except CLUSTER SLOTS,
-// which it answers as a non-cluster Redis does, and ASKING (+OK).
-class GarbageServer {
- public:
-  explicit GarbageServer(std::string reply) : reply_(std::move(reply)) { Listen(); }
-  ~GarbageServer() {
-    stop_ = true;
-    shutdown(fd_, SHUT_RDWR);
-    close(fd_);
-    thread_.join();
-  }
-  int port() const { return port_; }
-  void set_reply(std::string reply) {
-    absl::MutexLock lock(&mu_);
-    reply_ = std::move(reply);
-  }
-
- private:
-  void Listen() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    listen(fd_, 8);
-    thread_ = std::thread([this] { Serve(); });
-  }
-  void Serve() {
-    while (!stop_) {
-      const int conn = accept(fd_, nullptr, nullptr);
-      if (conn < 0) return;
-      char buf[4096];
-      for (ssize_t n; (n = read(conn, buf, sizeof buf)) > 0;) {
-        // One answer per command of the read (each starts "*<argc>\r\n"; the tests'
-        // arguments hold no '*').
-        std::string out;
-        for (absl::string_view command :
-             absl::StrSplit(absl::string_view(buf, size_t(n)), '*', absl::SkipEmpty())) {
-          if (absl::StrContains(command, "SLOTS")) {
-            out += "-ERR This instance has cluster support disabled\r\n";
-          } else if (absl::StrContains(command, "ASKING")) {
-            out += "+OK\r\n";
-          } else {
-            absl::MutexLock lock(&mu_);
-            out += reply_;
-          }
-        }
-        if (write(conn, out.data(), out.size()) < 0) break;
-      }
-      close(conn);
-    }
-  }
-
-  absl::Mutex mu_;
-  std::string reply_ ABSL_GUARDED_BY(mu_);
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 // Against GarbageServer: no redis-server needed.
 class ScriptedRedisTest : public RedisStoreTest {

@@ -72,6 +72,9 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(RedisClusterO
     return absl::InvalidArgumentError(
         absl::StrCat("redis max_redirects=", options.max_redirects, ": must be at least 1"));
   }
+  if (options.connect.clock == nullptr) {
+    return absl::InvalidArgumentError("redis clock: null (RealClock() is the system's)");
+  }
   std::unique_ptr<RedisCluster> cluster(new RedisCluster(std::move(options)));
   cluster->Refresh();
   cluster->refresher_ = std::thread([c = cluster.get()] { c->RefreshLoop(); });
@@ -206,7 +209,8 @@ void RedisCluster::RunOnNode(const RedisAddress& address, std::vector<Pending>& 
     argvs.push_back(commands[p.index].argv);
   }
   std::shared_ptr<RedisNode> node = Node(address);
-  const bool breaker_open = node->BreakerOpen(absl::Now());  // then Run refuses at once
+  // Behind an open breaker, Run refuses at once.
+  const bool breaker_open = node->BreakerOpen(options_.connect.clock->Now());
   absl::StatusOr<std::vector<RedisReply>> replies = node->Run(argvs, deadline);
   if (!replies.ok()) {
     NoteError(replies.status());

@@ -42,7 +42,9 @@ namespace kvarena {
 struct RedisClusterOptions {
   std::vector<RedisAddress> seeds;  // at least one
   RedisConnectOptions connect;
-  absl::Duration refresh_interval = absl::Milliseconds(200);  // the least between refreshes
+  // The least between refreshes, in real time (a wait of the refresher thread); the
+  // breakers read connect.clock.
+  absl::Duration refresh_interval = absl::Milliseconds(200);
   int max_redirects = 5;
 };
 
@@ -54,10 +56,10 @@ struct RedisCommand {
 
 class RedisCluster {
  public:
-  // INVALID_ARGUMENT without seeds. Asks the seeds for a slot map before it returns (each
-  // seed once, bounded by the connect and command timeouts). An unreachable cluster is not
-  // an error: the client starts without a slot map (up() false, commands UNAVAILABLE) and
-  // the background refresher loads one when the cluster answers.
+  // INVALID_ARGUMENT without seeds or without a clock. Asks the seeds for a slot map before
+  // it returns (each seed once, bounded by the connect and command timeouts). An unreachable
+  // cluster is not an error: the client starts without a slot map (up() false, commands
+  // UNAVAILABLE) and the background refresher loads one when the cluster answers.
   static absl::StatusOr<std::unique_ptr<RedisCluster>> Create(RedisClusterOptions options);
   ~RedisCluster();
   RedisCluster(const RedisCluster&) = delete;

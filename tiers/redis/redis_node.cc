@@ -135,13 +135,14 @@ absl::StatusOr<std::vector<RedisReply>> RedisNode::Run(const std::vector<RedisAr
                                                        absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
-    absl::Status breaker = BreakerStatus(absl::Now());
+    // The breaker's time is options_.clock's; the deadline is the system clock's.
+    absl::Status breaker = BreakerStatus(options_.clock->Now());
     const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
     if (breaker.ok() && !mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat("redis node ", address_.ToString(),
                                                       ": connection still busy at the deadline"));
     }
-    if (breaker.ok()) breaker = BreakerStatus(absl::Now());  // a failure while we waited
+    if (breaker.ok()) breaker = BreakerStatus(options_.clock->Now());  // failed while we waited
     if (!breaker.ok()) {
       RedisCounters::Add(counters_->breaker_skips);
       return breaker;
@@ -156,7 +157,7 @@ absl::StatusOr<std::vector<RedisReply>> RedisNode::Run(const std::vector<RedisAr
     failures_ = 0;
   } else if (transport_failed_) {
     failures_ = std::min(failures_ + 1, 4);
-    open_until_ = absl::Now() + options_.breaker_period * (1 << (failures_ - 1));
+    open_until_ = options_.clock->Now() + options_.breaker_period * (1 << (failures_ - 1));
     last_error_ = std::string(replies.status().message());
     RedisCounters::Add(counters_->breaker_opens);
   }
@@ -179,6 +180,7 @@ absl::Status RedisNode::TransportError(absl::string_view what, int saved_errno) 
   return timeout ? absl::DeadlineExceededError(message) : absl::UnavailableError(message);
 }
 
+// Connect and Exchange bound socket waits: real time (absl::Now), never options_.clock.
 absl::Status RedisNode::Connect(absl::Time deadline) {
   const timeval tv = TimeoutOf(std::min(options_.connect_timeout, deadline - absl::Now()));
   ctx_ = redisConnectWithTimeout(address_.host.c_str(), address_.port, tv);

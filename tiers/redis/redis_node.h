@@ -4,6 +4,8 @@
 // cannot parse, a timeout) closes the connection and opens the breaker: for breaker_period
 // (doubling with each failed probe, up to 8x) every command to the node fails at once with
 // UNAVAILABLE; then the next command is the probe, and its success closes the breaker.
+// The breaker's period is measured on options.clock; socket timeouts and deadlines are
+// real time (a fake clock cannot make a socket time out).
 //
 // Thread-safety: safe for concurrent use. The connection is used by one caller at a time
 // (a `busy_` flag claimed under mu_, waited for until the caller's deadline); no mutex is
@@ -18,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "tiers/redis/redis_reply.h"
 #include "tiers/redis/redis_slot.h"
 
@@ -31,6 +34,10 @@ struct RedisConnectOptions {
   absl::Duration connect_timeout = absl::Milliseconds(200);
   absl::Duration command_timeout = absl::Milliseconds(500);  // each read and write
   absl::Duration breaker_period = absl::Seconds(1);
+  // Where the breaker reads the time: when it opened and when its period is over. Not
+  // for the timeouts above nor for deadlines, which stay on the system clock because they
+  // bound real socket waits. Outlives the node; tests pass a FakeClock.
+  Clock* clock = RealClock();
 };
 
 class RedisNode {
@@ -48,7 +55,8 @@ class RedisNode {
   // UNAUTHENTICATED for a refused AUTH) on a transport failure, naming the node.
   absl::StatusOr<std::vector<RedisReply>> Run(const std::vector<RedisArgv>& commands,
                                               absl::Time deadline);
-  // Whether commands are being refused now (the breaker is open and its period not over).
+  // Whether commands are being refused at `now`, a time of options.clock (the breaker is
+  // open and its period not over).
   bool BreakerOpen(absl::Time now) const;
   // False from a transport failure until the next success.
   bool healthy() const;

@@ -83,7 +83,7 @@ bool RedisCluster::Refresh() {
   }
   candidates.insert(candidates.end(), options_.seeds.begin(), options_.seeds.end());
   for (const RedisAddress& address : candidates) {
-    if (Node(address)->BreakerOpen(absl::Now())) continue;
+    if (Node(address)->BreakerOpen(options_.connect.clock->Now())) continue;
     absl::StatusOr<std::shared_ptr<const SlotMap>> map = LoadMapFrom(address);
     if (!map.ok()) {
       NoteError(map.status());
@@ -97,6 +97,9 @@ bool RedisCluster::Refresh() {
   return false;
 }
 
+// The pacing is a timed wait of this thread, on the system clock: a FakeClock cannot wake
+// it, and the interval bounds the load put on a real cluster. What it decides by the
+// breaker (Refresh skips a node behind an open one) reads options_.connect.clock.
 void RedisCluster::RefreshLoop() {
   for (;;) {
     bool want = false;
@@ -129,7 +132,7 @@ void RedisCluster::RefreshLoop() {
 }
 
 bool RedisCluster::up() const {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.connect.clock->Now();
   absl::MutexLock lock(&mu_);
   if (map_ == nullptr) return false;
   for (const RedisAddress& a : map_->nodes) {
@@ -154,7 +157,7 @@ std::string RedisCluster::TEST_NodeForKey(absl::string_view key) const {
 bool RedisCluster::TEST_BreakerOpen(const std::string& address) const {
   absl::MutexLock lock(&mu_);
   auto it = nodes_.find(address);
-  return it != nodes_.end() && it->second->BreakerOpen(absl::Now());
+  return it != nodes_.end() && it->second->BreakerOpen(options_.connect.clock->Now());
 }
 
 }  // namespace kvarena

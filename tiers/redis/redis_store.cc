@@ -68,8 +68,15 @@ absl::StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(const RedisStoreO
   KVARENA_RETURN_IF_ERROR(CheckPositive("connect_timeout", options.connect_timeout));
   KVARENA_RETURN_IF_ERROR(CheckPositive("command_timeout", options.command_timeout));
   KVARENA_RETURN_IF_ERROR(CheckPositive("breaker_period", options.breaker_period));
-  cluster.connect = {options.user, options.password, options.connect_timeout,
-                     options.command_timeout, options.breaker_period};
+  if (options.clock == nullptr) {
+    return absl::InvalidArgumentError("redis clock: null (RealClock() is the system's)");
+  }
+  cluster.connect.user = options.user;
+  cluster.connect.password = options.password;
+  cluster.connect.connect_timeout = options.connect_timeout;
+  cluster.connect.command_timeout = options.command_timeout;
+  cluster.connect.breaker_period = options.breaker_period;
+  cluster.connect.clock = options.clock;
   KVARENA_ASSIGN_OR_RETURN(std::unique_ptr<RedisCluster> client,
                            RedisCluster::Create(std::move(cluster)));
   return std::unique_ptr<RedisStore>(new RedisStore(options, std::move(client)));
@@ -83,7 +90,7 @@ std::string RedisStore::RedisKey(const ChunkKey& key) const {
 }
 
 void RedisStore::Remember(const ChunkKey& key, uint64_t size) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   // Redis set or renewed the expiry before this, so it expires no later than this says.
   const absl::Time expires =
       options_.ttl > absl::ZeroDuration() ? now + options_.ttl : absl::InfiniteFuture();
@@ -160,6 +167,7 @@ absl::StatusOr<std::string> RedisStore::Get(const ChunkKey& key, absl::Time dead
   return std::move(GetMany({key}, deadline)[0]);
 }
 
+// The deadlines below bound real socket waits: the system clock, never options_.clock.
 bool RedisStore::Contains(const ChunkKey& key) {
   const std::string k = RedisKey(key);
   absl::StatusOr<RedisReply> reply =
@@ -207,7 +215,7 @@ TierUsage RedisStore::Usage() const {
   TierUsage usage;
   usage.up = cluster_->up();
   absl::MutexLock lock(&mu_);
-  ForgetExpiredLocked(absl::Now());
+  ForgetExpiredLocked(options_.clock->Now());
   usage.bytes_used = bytes_;
   usage.chunks = int64_t(sizes_.size());
   return usage;

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/clock.h"
 #include "core/tier_store.h"
 #include "tiers/redis/redis_cluster.h"
 
@@ -42,12 +43,17 @@ struct RedisStoreOptions {
   // Each read or write; also the deadline of Put, Contains and Erase.
   absl::Duration command_timeout = absl::Milliseconds(500);
   absl::Duration breaker_period = absl::Seconds(1);
+  // Where the store reads the time for what it decides by it: the breakers' periods and
+  // when the ttl expires a chunk it remembers (Usage). Deadlines and timeouts are real
+  // time. Outlives the store; tests pass a FakeClock.
+  Clock* clock = RealClock();
 };
 
 class RedisStore : public TierStore {
  public:
   // INVALID_ARGUMENT for options that cannot work (no seeds, a seed not HOST:PORT, a
-  // key_prefix empty or holding '{' or '}', a negative ttl, a timeout not positive). An
+  // key_prefix empty or holding '{' or '}', a negative ttl, a timeout not positive, no
+  // clock). An
   // unreachable cluster is not an error: the store starts down and comes up by itself.
   static absl::StatusOr<std::unique_ptr<RedisStore>> Create(const RedisStoreOptions& options);
 
@@ -82,7 +88,7 @@ class RedisStore : public TierStore {
   std::string TtlMillis() const;
   void Remember(const ChunkKey& key, uint64_t size);
   void Forget(const ChunkKey& key);
-  // Drops what the ttl has expired by now.
+  // Drops what the ttl has expired by `now` (options_.clock's).
   void ForgetExpiredLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RedisStoreOptions options_;
@@ -92,7 +98,9 @@ class RedisStore : public TierStore {
   // The chunks this store wrote or read and has not seen gone, with when the ttl expires
   // them: Usage's figures. Other writers' chunks are not in them; what the ttl expired is
   // dropped as its time passes, so they never count a chunk past its expiry; without a
-  // ttl, what maxmemory evicted leaves them at the next Get of it.
+  // ttl, what maxmemory evicted leaves them at the next Get of it. Expiry is read on
+  // options_.clock: a chunk leaves them when that clock passes its ttl, even if Redis,
+  // on its own clock, still holds it.
   struct Known {
     uint64_t size = 0;
     absl::Time expires;  // InfiniteFuture without a ttl
