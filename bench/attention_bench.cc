@@ -190,6 +190,68 @@ void BM_Decode(benchmark::State& state, Kind kind, CpuKernels kernels, DType dty
   state.counters["layers"] = w.num_layers;
 }
 
+// The KV formats table: decode over pages of each format with the kernels in use, beside
+// the 16-bit pages, at a short and a long context.
+struct FormatRow {
+  DType dtype;
+  KvFormat format;  // kUnspecified: as dtype
+};
+constexpr FormatRow kFormatRows[] = {{DType::kFloat16, KvFormat::kUnspecified},
+                                     {DType::kBFloat16, KvFormat::kUnspecified},
+                                     {DType::kFloat16, KvFormat::kInt8},
+                                     {DType::kBFloat16, KvFormat::kInt8}};
+constexpr int64_t kFormatContexts[] = {4096, 32768};
+
+void BM_DecodeFormat(benchmark::State& state, FormatRow row, int64_t ctx, int threads) {
+  const Workload& w = GetWorkload(row.dtype, ctx, row.format);
+  const std::unique_ptr<ThreadPool> pool = MakePool(threads);
+  const AttentionParams params = LastQueries(ctx, 1);
+  int layer = 0;
+  for (auto _ : state) {
+    PagedAttention(w.View(layer), params, w.q.data(), w.out.data(), pool.get());
+    benchmark::DoNotOptimize(w.out.data());
+    layer = (layer + 1) % w.num_layers;
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(w.LayerBytes()));
+}
+
+std::string FormatName(FormatRow row, int64_t ctx, int threads) {
+  return std::string("format/") + DTypeName(row.dtype) +
+         "/kv:" + KvFormatName(ResolveKvFormat(row.format, row.dtype)) +
+         "/ctx:" + std::to_string(ctx) + "/threads:" + std::to_string(threads);
+}
+
+void PrintFormatTable(const TableReporter& r) {
+  const PageLayout f16{DType::kFloat16, bench::kPageSize, bench::kNumKvHeads, kHeadDim};
+  std::printf(
+      "\nKV formats: decode attention per call with the kernels in use (%s), us, median of %d;\n"
+      "pages/GiB vs f16 = capacity against float16 pages; time/bf16 = this row's time over the\n"
+      "bfloat16 pages' at the same ctx and threads\n",
+      CpuKernelsName(CpuKernelsInUse()), std::max(1, r.repetitions));
+  std::printf("%-9s %-9s %10s %9s %6s %3s %10s %9s\n", "dtype", "kv_format", "page_bytes",
+              "pages/GiB", "ctx", "thr", "us", "time/bf16");
+  for (const FormatRow& row : kFormatRows) {
+    const PageLayout l{row.dtype, bench::kPageSize, bench::kNumKvHeads, kHeadDim, row.format};
+    for (int64_t ctx : kFormatContexts) {
+      for (int threads : kThreads) {
+        const double us = 1e3 * Median(r.ms, FormatName(row, ctx, threads) + "/real_time");
+        const double bf16 =
+            1e3 *
+            Median(r.ms, FormatName({DType::kBFloat16, KvFormat::kUnspecified}, ctx, threads) +
+                             "/real_time");
+        if (us == 0) continue;
+        std::printf("%-9s %-9s %10zu %8.2fx %6lld %3d", DTypeName(row.dtype),
+                    KvFormatName(l.format()), l.PageBytes(),
+                    double(f16.PageBytes()) / double(l.PageBytes()), static_cast<long long>(ctx),
+                    threads);
+        Cell(" %10.1f", 10, us);
+        Cell(" %8.2fx", 9, bf16 > 0 ? us / bf16 : 0.0);
+        std::printf("\n");
+      }
+    }
+  }
+}
+
 // kernels names the family of attention and prefill rows; the baselines have none.
 std::string Name(Kind kind, CpuKernels kernels, DType dtype, int64_t ctx, int threads) {
   std::string name = KindName(kind);
@@ -355,6 +417,16 @@ int main(int argc, char** argv) {
       }
     }
   }
+  for (const FormatRow& row : kFormatRows) {
+    for (int64_t ctx : kFormatContexts) {
+      for (int threads : kThreads) {
+        benchmark::RegisterBenchmark(FormatName(row, ctx, threads).c_str(), BM_DecodeFormat, row,
+                                     ctx, threads)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::printf(
@@ -365,6 +437,7 @@ int main(int argc, char** argv) {
   TableReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   PrintTable(reporter);
+  PrintFormatTable(reporter);
   benchmark::Shutdown();
   return 0;
 }

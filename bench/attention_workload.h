@@ -15,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,7 @@ inline Buffer AllocBuffer(size_t bytes) {
 
 // Layers of ctx tokens each, their pages shuffled across one pool.
 struct Workload {
-  DType dtype;
+  DType dtype;  // of q and the output
   int64_t ctx;
   PageLayout layout;
   int64_t pages_per_layer = 0;
@@ -90,16 +91,32 @@ inline uint16_t RandomElem(DType dtype, std::mt19937& rng) {
   return uint16_t(u >> 16);
 }
 
+// One page of random int8 K/V: codes in [-127, 127], every scale 2^-7 (values within
+// [-1, 1], as the 16-bit pages hold).
+inline std::vector<uint8_t> RandomInt8Page(const PageLayout& layout, std::mt19937& rng) {
+  std::vector<uint8_t> page(layout.PageBytes());
+  const float scale = 0x1p-7f;
+  for (size_t row = 0; row < 2 * size_t(layout.page_size); ++row) {
+    uint8_t* r = page.data() + row * layout.TokenBytes();
+    for (size_t i = 0; i < layout.ValueBytes(); ++i) r[i] = uint8_t(int8_t(int(rng() % 255) - 127));
+    for (int h = 0; h < layout.num_kv_heads; ++h)
+      std::memcpy(r + layout.ValueBytes() + 4 * size_t(h), &scale, 4);
+  }
+  return page;
+}
+
 // Built on first use and kept, so that interleaved repetitions do not rebuild them
-// (12 workloads of min_working_set_bytes: about 3 GiB in all by default).
-inline const Workload& GetWorkload(DType dtype, int64_t ctx) {
-  static std::map<std::pair<DType, int64_t>, std::unique_ptr<Workload>> cache;
-  std::unique_ptr<Workload>& cached = cache[{dtype, ctx}];
+// (12 workloads of min_working_set_bytes: about 3 GiB in all by default). The pages store
+// K/V in `format` (kUnspecified: as dtype); q and the output are dtype.
+inline const Workload& GetWorkload(DType dtype, int64_t ctx,
+                                   KvFormat format = KvFormat::kUnspecified) {
+  static std::map<std::tuple<DType, KvFormat, int64_t>, std::unique_ptr<Workload>> cache;
+  std::unique_ptr<Workload>& cached = cache[{dtype, ResolveKvFormat(format, dtype), ctx}];
   if (cached) return *cached;
   auto w = std::make_unique<Workload>();
   w->dtype = dtype;
   w->ctx = ctx;
-  w->layout = PageLayout{dtype, kPageSize, kNumKvHeads, kHeadDim};
+  w->layout = PageLayout{dtype, kPageSize, kNumKvHeads, kHeadDim, format};
   w->pages_per_layer = (ctx + kPageSize - 1) / kPageSize;
   w->num_layers =
       int(std::max<size_t>(2, (min_working_set_bytes + w->LayerBytes() - 1) / w->LayerBytes()));
@@ -110,7 +127,10 @@ inline const Workload& GetWorkload(DType dtype, int64_t ctx) {
   std::vector<uint16_t> page(page_bytes / 2);  // values do not change the speed: 4 random
                                                // pages, the last one repeated
   for (size_t p = 0; p < pages; ++p) {
-    if (p < 4) {
+    if (p < 4 && w->layout.format() == KvFormat::kInt8) {
+      const std::vector<uint8_t> q8 = RandomInt8Page(w->layout, rng);
+      std::memcpy(page.data(), q8.data(), page_bytes);
+    } else if (p < 4) {
       for (uint16_t& e : page) e = RandomElem(dtype, rng);
     }
     std::memcpy(w->pool.get() + p * page_bytes, page.data(), page_bytes);
