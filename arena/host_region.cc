@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/piece_page.h"
 #include "arena/region.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/paged_kv.h"
 
 // Linux 5.14; older headers lack the name.

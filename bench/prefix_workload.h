@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "bench/half_tensor.h"
-#include "core/status_macros.h"
 #include "kvarena/client.h"
 
 namespace kvarena {

@@ -6,9 +6,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/small_file.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/small_file.h"
-#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 namespace {

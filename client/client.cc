@@ -5,11 +5,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/cache_state.h"
 #include "client/channel_credentials.h"
 #include "client/transport.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 
 namespace kvarena {
 

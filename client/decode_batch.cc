@@ -12,10 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "client/cache_state.h"
 #include "client/decode_batch_impl.h"
-#include "core/checked.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kernels/kv_kernels.h"
 

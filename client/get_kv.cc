@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/transport.h"
-#include "core/status_macros.h"
 #include "kvarena/kv_cache_handle.h"
 
 namespace kvarena {

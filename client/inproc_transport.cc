@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/region.h"
+#include "base/status_macros.h"
 #include "client/transport.h"
 #include "core/kv_store.h"
-#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 namespace {

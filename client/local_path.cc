@@ -9,11 +9,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/cache_state.h"
 #include "client/transport.h"
-#include "core/checked.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kvarena/client.h"
 #include "kvarena/kv_cache_handle.h"

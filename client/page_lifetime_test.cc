@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "client/client_test_peer.h"
-#include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/kv_kernels.h"

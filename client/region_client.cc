@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/fd_passing.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "kvarena/v1/kvarena.pb.h"
 
 namespace kvarena {

@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "arena/fd_passing.h"
 #include "arena/region.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena {
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/remote_transport.h"
-#include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "client/region_client.h"
 #include "client/remote_transport.h"
-#include "core/status_macros.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"
 

@@ -13,10 +13,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/remote_transport.h"
 #include "client/scratch_lanes.h"
 #include "client/zero_copy.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "proto/wire.h"

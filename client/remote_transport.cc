@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/region.h"
+#include "base/status_macros.h"
 #include "client/channel_credentials.h"
-#include "core/status_macros.h"
 
 namespace kvarena::client_internal {
 

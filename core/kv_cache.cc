@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
+#include "base/checked.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 
 namespace kvarena {

@@ -5,10 +5,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
+#include "base/status_macros.h"
 #include "core/kv_cache.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 #include "kernels/stop_token.h"
 

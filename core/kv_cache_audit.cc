@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
+#include "base/checked.h"
 #include "core/kv_cache.h"
 #include "core/validate.h"
 

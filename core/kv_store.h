@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "arena/region.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/prefix_events.h"
 #include "core/session_table.h"
 #include "core/types.h"

@@ -24,7 +24,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/kv_cache.h"
 #include "core/kv_store.h"
 #include "core/page_pool.h"

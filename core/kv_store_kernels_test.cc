@@ -1,8 +1,8 @@
 // KvStore over fault injectors wrapping the real KvKernels and Backend: what core does
 // when the kernels refuse a geometry or fail on the device, and when committing memory
 // fails midway. Every failure gives back what the call took.
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "core/store_fixture.h"
 #include "tests/support/forwarding_kernels.h"
 

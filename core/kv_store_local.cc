@@ -4,11 +4,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
+#include "base/checked.h"
+#include "base/status_macros.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {

@@ -5,11 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "arena/region.h"
-#include "core/checked.h"
+#include "base/checked.h"
+#include "base/status_macros.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "core/validate.h"
 
 namespace kvarena {

@@ -5,10 +5,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {

@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "core/kv_store.h"
 #include "core/kv_store_impl.h"
-#include "core/status_macros.h"
 
 namespace kvarena {
 

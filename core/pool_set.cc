@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "kvarena/paged_kv.h"
 
 namespace kvarena {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/little_endian.h"
+#include "base/little_endian.h"
 
 namespace kvarena {
 namespace {

@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "core/checked.h"
-#include "core/little_endian.h"
-#include "core/status_macros.h"
+#include "base/checked.h"
+#include "base/little_endian.h"
+#include "base/status_macros.h"
 
 namespace kvarena {
 namespace {

@@ -12,7 +12,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "core/little_endian.h"
+#include "base/little_endian.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/status_matchers.h"

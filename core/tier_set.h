@@ -49,7 +49,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/prefix_events.h"
 #include "core/tier_chunk.h"
 #include "core/tier_store.h"

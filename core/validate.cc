@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/checked.h"
+#include "base/checked.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 
 namespace kvarena {
 namespace {
@@ -27,6 +27,16 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+std::optional<uint64_t> TensorBytes(DType dtype, int64_t heads, int64_t tokens, int64_t head_dim) {
+  const int64_t elem = int64_t(DTypeSize(dtype));
+  if (heads < 0 || tokens < 0 || head_dim < 0 || elem == 0) return std::nullopt;
+  std::optional<int64_t> n = CheckedMul(heads, tokens);
+  if (n) n = CheckedMul(*n, head_dim);
+  if (n) n = CheckedMul(*n, elem);
+  if (!n) return std::nullopt;
+  return uint64_t(*n);
+}
 
 RequestLimits LimitsFor(const KernelLimits& k, int64_t max_request_tokens) {
   RequestLimits l;

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +37,11 @@ struct RequestLimits {
   // queries x keys x q heads of one served Attend (StoreOptions::max_attend_work)
   int64_t max_attend_work = int64_t{1} << 37;
 };
+
+// Bytes of a [heads, tokens, head_dim] tensor of dtype; nullopt when a count is negative,
+// the dtype has no size, or the product does not fit in 63 bits.
+std::optional<uint64_t> TensorBytes(DType dtype, int64_t heads, int64_t tokens, int64_t head_dim);
+
 // The limits for kernels `k` with the store's per-request token bound.
 RequestLimits LimitsFor(const KernelLimits& k, int64_t max_request_tokens);
 

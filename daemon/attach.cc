@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/status_macros.h"
 #include "daemon/status.h"
 #include "daemon/write_stream.h"
 #include "proto/wire.h"

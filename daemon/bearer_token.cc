@@ -3,8 +3,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/small_file.h"
 #include "core/refusal.h"
-#include "core/small_file.h"
 
 namespace kvarena {
 

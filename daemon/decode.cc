@@ -6,7 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "core/validate.h"
 #include "proto/wire.h"
 

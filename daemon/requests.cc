@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "daemon/call_tensors.h"
 #include "daemon/decode.h"
 #include "proto/wire.h"

@@ -10,7 +10,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "daemon/bearer_token.h"
 #include "daemon/status.h"
 #include "kernels/stop_token.h"

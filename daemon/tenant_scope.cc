@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
-#include "core/checked.h"
+#include "base/checked.h"
 
 namespace kvarena {
 namespace {

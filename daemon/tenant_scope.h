@@ -65,7 +65,7 @@ class TenantScope {
   std::string Out(absl::string_view core_name) const;
   // Info's cache id and namespace as the caller names them.
   void Out(CacheInfo* info) const;
-  // A status whose message names core ids (core quotes them: core/checked.h Quoted), as
+  // A status whose message names core ids (core quotes them: base/checked.h Quoted), as
   // the caller names them.
   absl::Status Out(const absl::Status& status) const;
 

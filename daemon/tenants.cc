@@ -12,9 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/small_file.h"
+#include "base/status_macros.h"
 #include "core/refusal.h"
-#include "core/small_file.h"
-#include "core/status_macros.h"
 #include "daemon/bearer_token.h"
 #include "daemon/byte_size.h"
 

@@ -6,8 +6,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/small_file.h"
-#include "core/status_macros.h"
+#include "base/small_file.h"
+#include "base/status_macros.h"
 #include "tiers/disk_store.h"
 #include "tiers/host_store.h"
 

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "arena/fd_passing.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "daemon/listen.h"
 
 namespace kvarena {

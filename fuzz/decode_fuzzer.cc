@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <string>
 
-#include "core/checked.h"
 #include "core/validate.h"
 #include "daemon/decode.h"
 #include "kvarena/v1/kvarena.pb.h"

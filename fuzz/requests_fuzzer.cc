@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/kv_store.h"
 #include "daemon/requests.h"
 #include "fuzz/fuzz_program.h"

@@ -27,8 +27,8 @@ esac
 cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVARENA_CUDA=OFF "${extra[@]}" >/dev/null
 # The tests, the binaries they start, and nothing else (no benches, no fuzzers here).
-targets=(core_test arena_test client_test daemon_test mp_test zerocopy_test fd_socket_test
-         fd_limits_test remote_client_test tiers_test redis_test redis_nodes_test
+targets=(base_test core_test arena_test client_test daemon_test mp_test zerocopy_test
+         fd_socket_test fd_limits_test remote_client_test tiers_test redis_test redis_nodes_test
          kvarenad kvarena_worker kvarena)
 [ "${SANITIZE_ALL:-0}" = 1 ] && targets+=(kernels_test)
 # Without libFuzzer (the thread build) the fuzz targets replay their corpora in ctest.

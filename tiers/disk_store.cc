@@ -21,7 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "tiers/chunk_files.h"
 #include "tiers/lru_index.h"
 

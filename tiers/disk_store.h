@@ -28,7 +28,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/tier_store.h"
 
 namespace kvarena {

@@ -3,7 +3,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena::cuda_internal {
 namespace {

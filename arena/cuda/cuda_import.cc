@@ -18,7 +18,7 @@
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_region.h"
 #include "arena/cuda/cuda_regions.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena {
 namespace cuda_internal {

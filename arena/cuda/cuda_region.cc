@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/paged_kv.h"
 
 namespace kvarena {

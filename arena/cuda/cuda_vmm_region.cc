@@ -20,7 +20,7 @@
 #include "arena/cuda/cuda_driver.h"
 #include "arena/cuda/cuda_regions.h"
 #include "arena/piece_page.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/paged_kv.h"
 
 namespace kvarena::cuda_internal {

@@ -19,7 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
 

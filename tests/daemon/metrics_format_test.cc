@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/kv_store.h"
 #include "core/refusal.h"
 #include "daemon/metrics.h"

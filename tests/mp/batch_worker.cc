@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/client.h"
 #include "kvarena/decode_batch.h"
 #include "tests/support/batch_reference.h"

@@ -28,7 +28,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/support/kv_history.h"
 #include "tests/support/worker_main.h"

@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena::testing {
 namespace {

@@ -18,7 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/client.h"
 
 ABSL_FLAG(std::string, address, kvarena::kDefaultAddress, "unix:PATH or HOST:PORT");

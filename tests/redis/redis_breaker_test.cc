@@ -2,7 +2,7 @@
 // opens on a transport failure, refuses until its period is over on the node's clock (to
 // the nanosecond), doubles the period with each failed probe up to 8x, and a successful
 // probe closes it. Nothing sleeps.
-#include "core/clock.h"
+#include "base/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/redis/garbage_server.h"

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "core/clock.h"
+#include "base/clock.h"
 #include "gtest/gtest.h"
 #include "tests/redis/redis_harness.h"
 #include "tiers/redis/redis_store.h"

@@ -34,7 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/client.h"
 #include "tests/stress/actor.h"
 #include "tests/support/worker_main.h"

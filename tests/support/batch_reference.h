@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 #include "kvarena/decode_batch.h"
 #include "tests/support/kv_history.h"
 

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "arena/piece_page.h"
 #include "arena/region.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena::testing {
 

@@ -29,8 +29,8 @@
 
 #include "absl/time/clock.h"
 #include "arena/fd_passing.h"
+#include "base/status_macros.h"
 #include "client/region_client.h"
-#include "core/status_macros.h"
 #include "gtest/gtest.h"
 #include "kvarena/v1/kvarena.grpc.pb.h"
 #include "kvarena/v1/kvarena.pb.h"

@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "tiers/redis/redis_reply.h"
 #include "tiers/redis/redis_slot.h"
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "core/status_macros.h"
+#include "base/status_macros.h"
 
 namespace kvarena {
 namespace {

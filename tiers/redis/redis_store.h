@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/clock.h"
+#include "base/clock.h"
 #include "core/tier_store.h"
 #include "tiers/redis/redis_cluster.h"
 

@@ -3,8 +3,8 @@
 //   KVARENA_RETURN_IF_ERROR(expr): returns the absl::Status expr evaluates to, unless OK.
 //   KVARENA_ASSIGN_OR_RETURN(lhs, expr): evaluates expr (an absl::StatusOr<T>); returns its
 //     status unless OK, else moves its value into lhs (`T x`, `auto x` or an lvalue).
-#ifndef KVARENA_CORE_STATUS_MACROS_H_
-#define KVARENA_CORE_STATUS_MACROS_H_
+#ifndef KVARENA_BASE_STATUS_MACROS_H_
+#define KVARENA_BASE_STATUS_MACROS_H_
 
 #include <utility>
 
@@ -26,4 +26,4 @@
   if (!statusor.ok()) return std::move(statusor).status();  \
   lhs = std::move(statusor).value()
 
-#endif  // KVARENA_CORE_STATUS_MACROS_H_
+#endif  // KVARENA_BASE_STATUS_MACROS_H_

@@ -1,8 +1,8 @@
 // Little-endian encodings of fixed-width integers, for the byte formats core hashes and
 // stores (the prefix hash's input, core/prefix_hash.h; the tier chunk, core/tier_chunk.h).
 // Pure functions; thread-safe.
-#ifndef KVARENA_CORE_LITTLE_ENDIAN_H_
-#define KVARENA_CORE_LITTLE_ENDIAN_H_
+#ifndef KVARENA_BASE_LITTLE_ENDIAN_H_
+#define KVARENA_BASE_LITTLE_ENDIAN_H_
 
 #include <cstdint>
 #include <string>
@@ -30,4 +30,4 @@ inline uint64_t LoadU64(const char* p) {
 
 }  // namespace kvarena
 
-#endif  // KVARENA_CORE_LITTLE_ENDIAN_H_
+#endif  // KVARENA_BASE_LITTLE_ENDIAN_H_

@@ -1,8 +1,9 @@
 // Arithmetic on values that came off the wire, in one place: sums and products that
-// report overflow instead of wrapping, the byte size of a tensor, and the short echo of a
-// caller's string that messages may quote. Pure functions; thread-safe.
-#ifndef KVARENA_CORE_CHECKED_H_
-#define KVARENA_CORE_CHECKED_H_
+// report overflow instead of wrapping, and the short echo of a caller's string that
+// messages may quote. Pure functions; thread-safe. (The byte size of a tensor, which
+// needs the dtypes, is core/validate.h TensorBytes.)
+#ifndef KVARENA_BASE_CHECKED_H_
+#define KVARENA_BASE_CHECKED_H_
 
 #include <cstdint>
 #include <limits>
@@ -11,7 +12,6 @@
 #include <type_traits>
 
 #include "absl/strings/string_view.h"
-#include "kernels/paged_kv.h"
 
 namespace kvarena {
 
@@ -39,10 +39,6 @@ template <class T>
   return CheckedAdd(a, b).value_or(std::numeric_limits<T>::max());
 }
 
-// Bytes of a [heads, tokens, head_dim] tensor of dtype; nullopt when a count is negative,
-// the dtype has no size, or the product does not fit in 63 bits.
-std::optional<uint64_t> TensorBytes(DType dtype, int64_t heads, int64_t tokens, int64_t head_dim);
-
 // A caller-supplied string as messages quote it: 'id' when at most 48 bytes, else its
 // first 48 bytes and how long it was ('abc...'... (8192 bytes)). Bytes outside printable
 // ASCII are escaped.
@@ -50,4 +46,4 @@ std::string Quoted(absl::string_view s);
 
 }  // namespace kvarena
 
-#endif  // KVARENA_CORE_CHECKED_H_
+#endif  // KVARENA_BASE_CHECKED_H_

@@ -1,4 +1,4 @@
-#include "core/small_file.h"
+#include "base/small_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,9 +1,10 @@
-// Clock: where core reads the time (session grace, idle TTL), a seam tests replace so
-// that expiry is tested without sleeping (leveldb's Env::NowMicros).
+// Clock: where core and the tiers read the time (session grace, idle TTL, the disk
+// store's file stamps), a seam tests replace so that expiry is tested without sleeping (leveldb's
+// Env::NowMicros).
 //
 // Thread-safety: every Clock is safe for concurrent use.
-#ifndef KVARENA_CORE_CLOCK_H_
-#define KVARENA_CORE_CLOCK_H_
+#ifndef KVARENA_BASE_CLOCK_H_
+#define KVARENA_BASE_CLOCK_H_
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -41,4 +42,4 @@ class FakeClock final : public Clock {
 
 }  // namespace kvarena
 
-#endif  // KVARENA_CORE_CLOCK_H_
+#endif  // KVARENA_BASE_CLOCK_H_

@@ -2,8 +2,8 @@
 // token), refusing one past max_bytes rather than reading it.
 //
 // Thread-safety: a pure function.
-#ifndef KVARENA_CORE_SMALL_FILE_H_
-#define KVARENA_CORE_SMALL_FILE_H_
+#ifndef KVARENA_BASE_SMALL_FILE_H_
+#define KVARENA_BASE_SMALL_FILE_H_
 
 #include <cstddef>
 #include <string>
@@ -18,4 +18,4 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path, size_t max_by
 
 }  // namespace kvarena
 
-#endif  // KVARENA_CORE_SMALL_FILE_H_
+#endif  // KVARENA_BASE_SMALL_FILE_H_
