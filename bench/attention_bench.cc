@@ -196,10 +196,10 @@ struct FormatRow {
   DType dtype;
   KvFormat format;  // kUnspecified: as dtype
 };
-constexpr FormatRow kFormatRows[] = {{DType::kFloat16, KvFormat::kUnspecified},
-                                     {DType::kBFloat16, KvFormat::kUnspecified},
-                                     {DType::kFloat16, KvFormat::kInt8},
-                                     {DType::kBFloat16, KvFormat::kInt8}};
+constexpr FormatRow kFormatRows[] = {
+    {DType::kFloat16, KvFormat::kUnspecified}, {DType::kBFloat16, KvFormat::kUnspecified},
+    {DType::kFloat16, KvFormat::kInt8},        {DType::kBFloat16, KvFormat::kInt8},
+    {DType::kFloat16, KvFormat::kFp8E4M3},     {DType::kBFloat16, KvFormat::kFp8E4M3}};
 constexpr int64_t kFormatContexts[] = {4096, 32768};
 
 void BM_DecodeFormat(benchmark::State& state, FormatRow row, int64_t ctx, int threads) {

@@ -130,6 +130,9 @@ inline const Workload& GetWorkload(DType dtype, int64_t ctx,
     if (p < 4 && w->layout.format() == KvFormat::kInt8) {
       const std::vector<uint8_t> q8 = RandomInt8Page(w->layout, rng);
       std::memcpy(page.data(), q8.data(), page_bytes);
+    } else if (p < 4 && w->layout.format() == KvFormat::kFp8E4M3) {
+      auto* codes = reinterpret_cast<uint8_t*>(page.data());  // below 2, either sign (no NaN)
+      for (size_t i = 0; i < page_bytes; ++i) codes[i] = uint8_t(rng() & 0xBF);
     } else if (p < 4) {
       for (uint16_t& e : page) e = RandomElem(dtype, rng);
     }

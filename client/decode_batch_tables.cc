@@ -109,6 +109,7 @@ void DecodeBatch::Impl::UpdateTables() {
       view.first_block = first;
       view.num_blocks = count;
       view.len = pos + n;
+      SetStaticScales(caches[size_t(b)]->info_.spec, int(li), &view);
     }
     l.ran = false;
   }

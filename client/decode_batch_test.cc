@@ -4,6 +4,7 @@
 #include "kvarena/decode_batch.h"
 
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kvarena/client.h"
 #include "tests/support/batch_reference.h"
+#include "tests/support/dtype_codec.h"
 #include "tests/support/forwarding_kernels.h"
 #include "tests/support/inproc_fixture.h"
 #include "tests/support/status_matchers.h"
@@ -90,6 +92,47 @@ TEST_F(DecodeBatchTest, EverySequenceMatchesTheReferenceAndStoresItsKv) {
     ExpectKv(caches, history);
     for (size_t b = 0; b < caches.size(); ++b) {
       EXPECT_EQ(caches[b]->num_tokens(), history[b][0].len());
+    }
+  }
+}
+
+// fp8 caches of one pool with different static scales: each sequence of a batch reads with
+// its own cache's scales, as attention_local on a twin cache of the same spec computes it.
+TEST_F(DecodeBatchTest, Fp8SequencesAttendWithTheirOwnStaticScales) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  std::vector<std::shared_ptr<GenericKvCacheHandle>> batched, twins;
+  for (float s : {0.5f, 2.0f}) {
+    CacheSpec spec = Spec({0});
+    spec.kv_format = KvFormat::kFp8E4M3;
+    spec.k_scales.assign(kKvHeads, s);
+    spec.v_scales.assign(kKvHeads, 1 / s);
+    spec.v_scales[0] = s;  // the heads differ too
+    batched.push_back(NewCache(spec));
+    twins.push_back(NewCache(spec));
+  }
+  auto batch = DecodeBatch::Create(batched);
+  ASSERT_THAT(batch, IsOk());
+  for (int step = 0; step < 20; ++step) {  // past a page boundary
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ASSERT_THAT((*batch)->Plan(), IsOk());
+    const BatchTensor q = Random(kQHeads, 2, 1), k = Random(kKvHeads, 2, 1),
+                      v = Random(kKvHeads, 2, 1);
+    std::string out(q.bytes.size(), '\xff');
+    ASSERT_THAT((*batch)->Run(0, q.arg(), k.arg(), v.arg(), {out.data(), out.size()}), IsOk());
+    ASSERT_THAT((*batch)->Commit(), IsOk());
+    for (size_t b = 0; b < 2; ++b) {
+      ASSERT_THAT(twins[b]->reserve(1), IsOk());
+      auto want = twins[b]->attention_local(0, q.rows[b].arg(), k.rows[b].arg(), v.rows[b].arg());
+      ASSERT_THAT(want, IsOk());
+      ASSERT_THAT(twins[b]->commit(1), IsOk());
+      const std::vector<double> got =
+          testing::DecodeValues(out.substr(b * out.size() / 2, out.size() / 2), DType::kFloat16);
+      const std::vector<double> ref = testing::DecodeValues(want->data, DType::kFloat16);
+      ASSERT_EQ(got.size(), ref.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], ref[i], 1e-3 + 1e-3 * std::fabs(ref[i]))
+            << "sequence " << b << " " << i;
+      }
     }
   }
 }

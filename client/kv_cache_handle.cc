@@ -31,6 +31,8 @@ PagedKvView KvCacheRef::view() const {
   v.first_block = first_pos / layout.page_size;
   v.num_blocks = int64_t(page_ids.size());
   v.len = len;
+  v.k_scales = k_scales.empty() ? nullptr : k_scales.data();
+  v.v_scales = v_scales.empty() ? nullptr : v_scales.data();
   return v;
 }
 
@@ -144,6 +146,12 @@ absl::StatusOr<KvCacheRef> GenericKvCacheHandle::View(KvCacheRef::Part part, int
   ref.layout = layout();
   ref.first_pos = lp.first_pos;
   ref.len = lp.len;
+  PagedKvView scales;
+  SetStaticScales(info_.spec, layer, &scales);
+  for (auto [from, to] :
+       {std::pair{scales.k_scales, &ref.k_scales}, std::pair{scales.v_scales, &ref.v_scales}}) {
+    if (from != nullptr) to->assign(from, from + num_kv_heads());
+  }
   // Only the blocks holding tokens: a layer may keep more in reserve past len.
   const int64_t ps = ref.layout.page_size;
   const int64_t blocks = PagesCovering(ref.first_pos, ref.len, ps);

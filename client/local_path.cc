@@ -298,6 +298,7 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   view.first_block = first_pos / page_size();
   view.num_blocks = int64_t(blocks.size());
   view.len = pos + n;
+  SetStaticScales(info_.spec, layer, &view);
   if (auto s = kernels->AppendKv(view, pos, n, k.data, v.data); !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
   }
@@ -346,6 +347,7 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   view.first_block = lp->first_pos / page_size();
   view.num_blocks = int64_t(lp->page_ids.size());
   view.len = lp->len;
+  SetStaticScales(info_.spec, layer, &view);
   if (auto s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data());
       !s.ok()) {
     return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));

@@ -22,7 +22,7 @@ std::string RootKey(const CacheSpec& s) {
   if (s.prefix_namespace.empty()) return "";
   return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/",
                       int(s.kv_format), "/", s.page_size, "/", s.num_kv_heads, "/", s.head_dim, "/",
-                      s.num_layers);
+                      s.num_layers, "/", StaticScalesDigest(s));
 }
 
 }  // namespace
@@ -33,7 +33,8 @@ size_t KvCache::FixedMetadataBytes(const CacheSpec& spec, const std::string& id)
   const size_t per_layer =
       sizeof(LayerTable) + sizeof(int64_t) + sizeof(int);  // table, prefix_.reg_next, window
   return sizeof(KvCache) + kMapEntries + 3 * id.size() + 2 * spec.prefix_namespace.size() + 64 +
-         size_t(spec.num_layers) * per_layer;
+         size_t(spec.num_layers) * per_layer +
+         sizeof(float) * (spec.k_scales.size() + spec.v_scales.size());
 }
 
 KvCache::KvCache(std::string id, CacheSpec spec, std::string owner, CacheContext ctx,
@@ -139,7 +140,9 @@ void KvCache::ReturnPagesLocked(std::vector<int32_t>& ids) {
 }
 
 PagedKvView KvCache::ViewLocked(int layer) const {
-  return layers_[size_t(layer)].View(ctx_.pool->layout(), ctx_.pool->base());
+  PagedKvView v = layers_[size_t(layer)].View(ctx_.pool->layout(), ctx_.pool->base());
+  SetStaticScales(spec_, layer, &v);
+  return v;
 }
 
 void KvCache::EvictLocked(int layer, int64_t block_start) {

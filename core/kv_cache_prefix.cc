@@ -18,6 +18,7 @@ PrefixQuery KvCache::QueryLocked() const {
   q.root_key = prefix_.root_key;
   q.prefix_namespace = spec_.prefix_namespace;
   q.root_hash = prefix_.root_hash;
+  q.scales_digest = StaticScalesDigest(spec_);
   q.num_layers = spec_.num_layers;
   q.page_size = spec_.page_size;
   q.layer_windows = spec_.layer_windows;

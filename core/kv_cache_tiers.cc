@@ -17,6 +17,7 @@ std::vector<ChunkIdentity> KvCache::TierChunksLocked(int64_t blocks, int64_t max
   const PageLayout& layout = ctx_.pool->layout();
   const int32_t pages = ctx_.tiers->ChunkPagesFor(layout, spec_.num_layers);
   const int64_t page = spec_.page_size;
+  const uint64_t scales_digest = StaticScalesDigest(spec_);
   const int64_t declared =
       std::min<int64_t>(int64_t(prefix_.keys.size()), int64_t(prefix_.chain.nodes.size()));
   for (int64_t c = blocks / pages; c * pages < max_adopt && (c + 1) * pages <= declared; ++c) {
@@ -24,6 +25,7 @@ std::vector<ChunkIdentity> KvCache::TierChunksLocked(int64_t blocks, int64_t max
     id.tenant = ctx_.pool->owner();
     id.prefix_namespace = spec_.prefix_namespace;
     id.layout = layout;
+    id.scales_digest = scales_digest;
     id.num_layers = spec_.num_layers;
     id.chunk_pages = pages;
     id.first_block = c * pages;

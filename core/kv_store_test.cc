@@ -414,7 +414,7 @@ TEST_F(StoreTest, AFormatTheKernelsDoNotServeIsRefusedByName) {
   EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("spec.kv_format=float16 with spec.dtype=float32: the cpu kernels store "
-                        "K/V as the activation dtype or as int8 only"));
+                        "K/V as the activation dtype or as int8, fp8_e4m3 only"));
   CacheSpec unknown = Spec(2, 2, 8);
   unknown.kv_format = KvFormat(200);
   r = store_->Allocate("", unknown, "");

@@ -96,6 +96,7 @@ struct PrefixQuery {
   std::string root_key;  // namespace and geometry, exactly (ResolvedRootKey)
   std::string prefix_namespace;
   Hash128 root_hash;
+  uint64_t scales_digest = 0;  // StaticScalesDigest: what the tiers' chunks state
   int num_layers = 0;
   int page_size = 0;
   std::vector<int> layer_windows;   // per layer

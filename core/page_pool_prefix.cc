@@ -30,7 +30,8 @@ void PagePool::ExtendChain(const PrefixQuery& q, PrefixChain* chain) {
 void PagePool::ExtendChainLocked(const PrefixQuery& q, PrefixChain* chain) {
   if (chain->blocked || q.num_blocks <= int64_t(chain->nodes.size())) return;
   if (chain->root == PrefixIndex::kNoNode) {
-    chain->root = index_.HoldRoot(q.root_key, q.prefix_namespace, q.root_hash, q.num_layers);
+    chain->root =
+        index_.HoldRoot(q.root_key, q.prefix_namespace, q.scales_digest, q.root_hash, q.num_layers);
     if (chain->root == PrefixIndex::kNoNode) {
       chain->blocked = true;  // the metadata budget is spent: nothing of it is indexed
       return;

@@ -117,6 +117,7 @@ void PagePool::CaptureChunkLocked(uint64_t last, uint8_t flag, std::vector<Prefi
   id.tenant = owner_;
   id.prefix_namespace = index_.NamespaceOf(last);
   id.layout = layout_;
+  id.scales_digest = index_.ScalesDigestOf(last);
   id.num_layers = num_layers;
   id.chunk_pages = chunk_pages;
   id.first_block = index_.BlockOf(nodes[0]);

@@ -21,17 +21,30 @@ Hash128 Xxh128(const std::string& bytes) {
 
 std::string Hash128::Hex() const { return absl::StrFormat("%016x%016x", high, low); }
 
+uint64_t StaticScalesDigest(const CacheSpec& spec) {
+  if (ScalesOf(ResolveKvFormat(spec.kv_format, spec.dtype)) != KvScales::kPerHead) return 0;
+  std::string b;
+  b.reserve(4 * (spec.k_scales.size() + spec.v_scales.size()));
+  for (const std::vector<float>* scales : {&spec.k_scales, &spec.v_scales}) {
+    for (float x : *scales) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof(bits));
+      PutU32(&b, bits);
+    }
+  }
+  return XXH3_64bits(b.data(), b.size());
+}
+
 Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec) {
   std::string b = absl::StrCat("kvarena.prefix.v", kKvLayoutVersion);
   PutU32(&b, uint32_t(prefix_namespace.size()));
   b.append(prefix_namespace.data(), prefix_namespace.size());
   const KvFormat format = ResolveKvFormat(spec.kv_format, spec.dtype);
-  const KvFormatInfo* info = FindKvFormat(format);
-  const KvScales scales = info != nullptr ? info->scales : KvScales::kNone;
-  for (int v : {int(spec.dtype), int(format), int(scales), spec.page_size, spec.num_kv_heads,
-                spec.head_dim, spec.num_layers}) {
+  for (int v : {int(spec.dtype), int(format), int(ScalesOf(format)), spec.page_size,
+                spec.num_kv_heads, spec.head_dim, spec.num_layers}) {
     PutU32(&b, uint32_t(v));
   }
+  PutU64(&b, StaticScalesDigest(spec));
   return Xxh128(b);
 }
 

@@ -44,7 +44,7 @@ bool PrefixIndex::ChargeNode(int num_layers, int page_size) {
 }
 
 uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix_namespace,
-                               const Hash128& hash, int num_layers) {
+                               uint64_t scales_digest, const Hash128& hash, int num_layers) {
   auto it = roots_.find(key);
   if (it != roots_.end()) {
     HoldNode(At(it->second));
@@ -57,6 +57,7 @@ uint64_t PrefixIndex::HoldRoot(const std::string& key, const std::string& prefix
   n.root = serial;
   n.root_key = key;
   n.prefix_namespace = prefix_namespace;
+  n.scales_digest = scales_digest;
   n.pages.assign(size_t(num_layers), -1);
   n.holds = 1;
   roots_.emplace(key, serial);
@@ -135,6 +136,10 @@ const Hash128& PrefixIndex::ParentHashOf(uint64_t node) const {
 
 const std::string& PrefixIndex::NamespaceOf(uint64_t node) const {
   return nodes_.at(nodes_.at(node).root).prefix_namespace;
+}
+
+uint64_t PrefixIndex::ScalesDigestOf(uint64_t node) const {
+  return nodes_.at(nodes_.at(node).root).scales_digest;
 }
 
 std::pair<Hash128, int> PrefixIndex::KeyOfPage(int32_t page) const {

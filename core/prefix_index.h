@@ -62,7 +62,7 @@ class PrefixIndex {
   // Holds the root of `key` (an exact encoding of namespace and geometry), created when
   // new. kNoNode, holding nothing, when the metadata budget cannot cover a new root.
   uint64_t HoldRoot(const std::string& key, const std::string& prefix_namespace,
-                    const Hash128& hash, int num_layers);
+                    uint64_t scales_digest, const Hash128& hash, int num_layers);
   // Holds the child of `parent` (a held node) for page hash h and tokens[0..n), created
   // when new. kNoNode, holding nothing, when h names another node (a collision) or the
   // metadata budget cannot cover a new node.
@@ -80,6 +80,8 @@ class PrefixIndex {
   const std::vector<int32_t>& TokensOf(uint64_t node) const { return nodes_.at(node).tokens; }
   // The namespace of the root node descends from.
   const std::string& NamespaceOf(uint64_t node) const;
+  // The static scales' digest of node's root.
+  uint64_t ScalesDigestOf(uint64_t node) const;
   // The node's block index in its chain (0: the first page's node; -1: a root), its
   // parent (kNoNode for a root) and how many layers its chain's caches have.
   int64_t BlockOf(uint64_t node) const { return nodes_.at(node).block; }
@@ -146,6 +148,7 @@ class PrefixIndex {
     std::vector<int32_t> pages;    // per layer; -1 none
     std::string root_key;          // roots only
     std::string prefix_namespace;  // roots only
+    uint64_t scales_digest = 0;    // roots only (core/prefix_hash.h)
     int64_t holds = 0;
     int64_t block = -1;  // position in the chain; -1 for a root
     int32_t children = 0;

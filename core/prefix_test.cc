@@ -19,7 +19,7 @@ TEST(PrefixHashTest, IsXxh3OverTheDocumentedBytes) {
 
   CacheSpec s = PrefixSpec("m");
   s.dtype = DType::kFloat16;
-  std::string root = "kvarena.prefix.v2";
+  std::string root = "kvarena.prefix.v3";
   auto u32 = [](std::string* b, uint32_t v) {
     for (int i = 0; i < 4; ++i) b->push_back(char(v >> (8 * i)));
   };
@@ -27,6 +27,8 @@ TEST(PrefixHashTest, IsXxh3OverTheDocumentedBytes) {
   root += "m";
   // dtype, kv_format (the dtype's own), scales (none), page, heads, dim, layers
   for (uint32_t v : {2u, 2u, 0u, 4u, 2u, 8u, 2u}) u32(&root, v);
+  u32(&root, 0);  // scales_digest, u64: 0 without static scales
+  u32(&root, 0);
   const XXH128_hash_t r = XXH3_128bits(root.data(), root.size());
   EXPECT_EQ(PrefixRootHash("m", s), (Hash128{r.low64, r.high64}));
 
@@ -96,6 +98,36 @@ TEST_F(PrefixTest, OnlyOneNamespaceAndGeometryShare) {
   auto c = AllocPrompt(PrefixSpec(""), prompt);
   Compute(c->cache_id, prompt, 0);
   EXPECT_EQ(AllocPrompt(PrefixSpec(""), prompt)->cached_tokens, 0);
+  ExpectInvariants();
+}
+
+// fp8's static scales are part of the identity: a cache one of whose K or V scales differs
+// adopts nothing, unset scales and explicit 1s are one identity, and Allocate states them.
+TEST_F(PrefixTest, Fp8PagesAreSharedOnlyUnderTheSameStaticScales) {
+  const std::vector<int32_t> prompt = Tokens(9);
+  CacheSpec fp8 = PrefixSpec("m");
+  fp8.kv_format = KvFormat::kFp8E4M3;
+  auto a = AllocPrompt(fp8, prompt);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::vector<float> ones(size_t(kLayers * kHeads), 1.0f);
+  EXPECT_EQ(a->spec.k_scales, ones);
+  EXPECT_EQ(a->spec.v_scales, ones);
+  Compute(a->cache_id, prompt, 0);
+  CacheSpec explicit_ones = fp8;
+  explicit_ones.k_scales = ones;
+  explicit_ones.v_scales = ones;
+  EXPECT_EQ(AllocPrompt(explicit_ones, prompt)->cached_tokens, 8);
+  for (std::vector<float> CacheSpec::*scales : {&CacheSpec::k_scales, &CacheSpec::v_scales}) {
+    for (size_t i : {size_t(0), ones.size() - 1}) {
+      CacheSpec other = explicit_ones;
+      (other.*scales)[i] = 0.5f;
+      SCOPED_TRACE(::testing::Message()
+                   << (scales == &CacheSpec::k_scales ? "k" : "v") << "_scales[" << i << "]");
+      EXPECT_EQ(AllocPrompt(other, prompt)->cached_tokens, 0);
+    }
+  }
+  EXPECT_EQ(AllocPrompt(PrefixSpec("m"), prompt)->cached_tokens, 0);  // float32 pages
+  EXPECT_EQ(AllocPrompt(fp8, prompt)->cached_tokens, 8);
   ExpectInvariants();
 }
 

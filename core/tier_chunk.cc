@@ -111,16 +111,9 @@ class Reader {
   size_t pos_ = 0;
 };
 
-// The fixed-size part of a chunk: magic, version, eight u32 layout fields, first_block,
-// two string lengths, two hashes, the checksum.
-constexpr size_t kFixedBytes = 8 + 4 + 8 * 4 + 8 + 2 * 4 + 2 * 16 + kChecksumBytes;
-
-// The scale layout the header states beside the format (KvScales; 0 for a format outside
-// the table, which no check lets through to an encoder).
-KvScales ScalesOf(const PageLayout& l) {
-  const KvFormatInfo* f = FindKvFormat(l.format());
-  return f != nullptr ? f->scales : KvScales::kNone;
-}
+// The fixed-size part of a chunk: magic, version, eight u32 layout fields, the scales
+// digest, first_block, two string lengths, two hashes, the checksum.
+constexpr size_t kFixedBytes = 8 + 4 + 8 * 4 + 8 + 8 + 2 * 4 + 2 * 16 + kChecksumBytes;
 
 // A caller's `want` that no encoder could have written: the caller's bug, not the value's.
 absl::Status CheckWant(const ChunkIdentity& want) {
@@ -170,11 +163,12 @@ std::string EncodeChunk(const ChunkIdentity& id, const std::vector<int32_t>& fir
             4 * first_page.size() + payload.size());
   b.append(kMagic.data(), kMagic.size());
   PutU32(&b, kChunkFormatVersion);
-  for (int v : {int(id.layout.dtype), int(id.layout.format()), int(ScalesOf(id.layout)),
+  for (int v : {int(id.layout.dtype), int(id.layout.format()), int(ScalesOf(id.layout.format())),
                 id.layout.page_size, id.layout.num_kv_heads, id.layout.head_dim, int(id.num_layers),
                 int(id.chunk_pages)}) {
     PutU32(&b, uint32_t(v));
   }
+  PutU64(&b, id.scales_digest);
   PutU64(&b, uint64_t(id.first_block));
   for (const std::string* s : {&id.tenant, &id.prefix_namespace}) {
     PutU32(&b, uint32_t(s->size()));
@@ -210,12 +204,17 @@ absl::Status DecodeChunk(absl::string_view value, const ChunkIdentity& want, Dec
   KVARENA_RETURN_IF_ERROR(r.MagicAndVersion());
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("dtype", uint32_t(want.layout.dtype)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("kv_format", uint32_t(want.layout.format())));
-  KVARENA_RETURN_IF_ERROR(r.ExpectU32("scales", uint32_t(ScalesOf(want.layout))));
+  KVARENA_RETURN_IF_ERROR(r.ExpectU32("scales", uint32_t(ScalesOf(want.layout.format()))));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("page_size", uint32_t(want.layout.page_size)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("num_kv_heads", uint32_t(want.layout.num_kv_heads)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("head_dim", uint32_t(want.layout.head_dim)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("num_layers", uint32_t(want.num_layers)));
   KVARENA_RETURN_IF_ERROR(r.ExpectU32("chunk_pages", uint32_t(want.chunk_pages)));
+  uint64_t scales_digest = 0;
+  KVARENA_RETURN_IF_ERROR(r.U64("scales_digest", &scales_digest));
+  if (scales_digest != want.scales_digest) {
+    return Mismatch("scales_digest", scales_digest, want.scales_digest);
+  }
   uint64_t first_block = 0;
   KVARENA_RETURN_IF_ERROR(r.U64("first_block", &first_block));
   if (first_block != uint64_t(want.first_block)) {
@@ -278,6 +277,7 @@ absl::Status PeekChunk(absl::string_view value, ChunkIdentity* id,
   id->layout = PageLayout{DType(f[0]), int(f[3]), int(f[4]), int(f[5]), KvFormat(f[1])};
   id->num_layers = int32_t(f[6]);
   id->chunk_pages = int32_t(f[7]);
+  KVARENA_RETURN_IF_ERROR(r.U64("scales_digest", &id->scales_digest));
   uint64_t first_block = 0;
   KVARENA_RETURN_IF_ERROR(r.U64("first_block", &first_block));
   id->first_block = int64_t(first_block);

@@ -6,6 +6,7 @@
 //   magic "KVACHNK1"  u32 format version (kKvLayoutVersion)
 //   u32 dtype  u32 kv_format  u32 scales (KvScales)
 //   u32 page_size  u32 num_kv_heads  u32 head_dim  u32 num_layers  u32 P
+//   u64 scales_digest                     (StaticScalesDigest: 0 without static scales)
 //   u64 first_block                       (c * P)
 //   u32 len(tenant)  tenant  u32 len(namespace)  namespace
 //   parent hash (u64 low, u64 high)       (chained hash of block first_block - 1; the
@@ -48,6 +49,7 @@ struct ChunkIdentity {
   std::string tenant;  // the pool's owner (--tenants_file); "" without tenants
   std::string prefix_namespace;
   PageLayout layout;
+  uint64_t scales_digest = 0;  // StaticScalesDigest of the writer's cache (core/prefix_hash.h)
   int32_t num_layers = 0;
   int32_t chunk_pages = 0;  // P
   int64_t first_block = 0;  // a multiple of P

@@ -68,7 +68,7 @@ void Reseal(std::string* v) {
 
 // Offset of first_page[0] in an encoded chunk of id.
 size_t FirstPageOffset(const ChunkIdentity& id) {
-  return 8 + 4 + 8 * 4 + 8 + 4 + id.tenant.size() + 4 + id.prefix_namespace.size() + 32 +
+  return 8 + 4 + 8 * 4 + 8 + 8 + 4 + id.tenant.size() + 4 + id.prefix_namespace.size() + 32 +
          4 * id.tokens.size();
 }
 
@@ -117,7 +117,7 @@ TEST_F(TierChunkTest, RoundTripsEveryGeometryAndFirstPageMix) {
 }
 
 TEST_F(TierChunkTest, KeyIsXxh3OfTheDocumentedBytes) {
-  std::string b = "kvarena.chunk.v2";
+  std::string b = "kvarena.chunk.v3";
   PutU32(&b, uint32_t(id_.chunk_pages));
   PutU32(&b, 4);
   b += "acme";
@@ -163,6 +163,7 @@ TEST_F(TierChunkTest, EveryIdentityFieldThatDiffersIsNamed) {
          retoken(w);
        },
        {"is 2", "want 4"}},
+      {"scales_digest", [](ChunkIdentity* w) { w->scales_digest = 5; }, {"is 0", "want 5"}},
       {"first_block", [](ChunkIdentity* w) { w->first_block = 8; }, {"is 6", "want 8"}},
       {"tenant", [](ChunkIdentity* w) { w->tenant = "acme2"; }, {"'acme'", "'acme2'"}},
       {"namespace", [](ChunkIdentity* w) { w->prefix_namespace = "m"; }, {"'llama-3-8b'", "'m'"}},

@@ -68,15 +68,38 @@ class TierTest : public PrefixTest {
     ExpectInvariants();
   }
 
-  // The spec of namespace ns the test computes in: windows_ and kv_format_.
+  // After ComputeAndEvict(prompt) into a host store of its 2 chunks: caches of the
+  // `others` specs load none of them, then one of ComputeSpec("m") loads all 16 tokens and
+  // holds what the first cache computed, bit for bit.
+  void ExpectOnlyTheSameIdentityLoads(const std::vector<int32_t>& prompt,
+                                      const std::vector<CacheSpec>& others) {
+    for (const CacheSpec& s : others) {
+      auto miss = AllocPrompt(s, prompt);
+      ASSERT_TRUE(miss.ok()) << miss.status();
+      EXPECT_EQ(miss->cached_tokens, 0);
+    }
+    EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 0u);
+    auto b = AllocPrompt(ComputeSpec("m"), prompt);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->cached_tokens, 16);
+    EXPECT_EQ(b->tier_loaded_tokens, 16);
+    ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 16));
+    for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), computed_[l]) << "layer " << l;
+    EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 2u);
+    ExpectInvariants();
+  }
+
+  // The spec of namespace ns the test computes in: windows_, kv_format_ and k_scales_.
   CacheSpec ComputeSpec(const std::string& ns) const {
     CacheSpec s = PrefixSpec(ns, windows_);
     s.kv_format = kv_format_;
+    s.k_scales = k_scales_;
     return s;
   }
 
   std::vector<int> windows_;
   KvFormat kv_format_ = KvFormat::kUnspecified;
+  std::vector<float> k_scales_;
   std::shared_ptr<TierSet> tiers_;
   std::vector<MapStore*> stores_;
   std::string computed_[kLayers];
@@ -118,18 +141,23 @@ TEST_F(TierTest, AnInt8PrefixComesBackBitForBitAndOnlyToInt8Caches) {
   const std::vector<int32_t> prompt = Tokens(17);  // 4 full pages, 2 chunks
   ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
   EXPECT_EQ(stores_[0]->size(), 2u);
-  auto plain = AllocPrompt(PrefixSpec("m"), prompt);  // float32 pages
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->cached_tokens, 0);
-  EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 0u);
-  auto b = AllocPrompt(ComputeSpec("m"), prompt);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(b->cached_tokens, 16);
-  EXPECT_EQ(b->tier_loaded_tokens, 16);
-  ASSERT_NO_FATAL_FAILURE(Compute(b->cache_id, prompt, 16));
-  for (int l = 0; l < kLayers; ++l) EXPECT_EQ(Kv(b->cache_id, l), computed_[l]) << "layer " << l;
-  EXPECT_EQ(store_->Stats().tiers[0].hit_chunks, 2u);
-  ExpectInvariants();
+  ASSERT_NO_FATAL_FAILURE(ExpectOnlyTheSameIdentityLoads(prompt, {PrefixSpec("m")}));
+}
+
+// fp8 pages (128 bytes, one 2 MiB arena chunk) come back bit for bit to a cache of the
+// same static scales; one whose single K scale differs, or unset scales where the writer
+// set them, misses the chunks: their header carries the scales' digest and the hashes too.
+TEST_F(TierTest, AnFp8PrefixComesBackOnlyUnderTheSameStaticScales) {
+  kv_format_ = KvFormat::kFp8E4M3;
+  for (int i = 0; i < kLayers * kHeads; ++i) k_scales_.push_back(0.25f + 0.125f * float(i));
+  const std::vector<int32_t> prompt = Tokens(17);  // 4 full pages, 2 chunks
+  ASSERT_NO_FATAL_FAILURE(ComputeAndEvict(prompt));
+  EXPECT_EQ(stores_[0]->size(), 2u);
+  CacheSpec other = ComputeSpec("m");
+  other.k_scales.back() *= 2;
+  CacheSpec unset = ComputeSpec("m");
+  unset.k_scales.clear();
+  ASSERT_NO_FATAL_FAILURE(ExpectOnlyTheSameIdentityLoads(prompt, {other, unset}));
 }
 
 TEST_F(TierTest, AnArenaHitIsExtendedByTheTiersPastIt) {
@@ -326,7 +354,7 @@ TEST_F(TierTest, TheAuditCatchesAWriteQueueThatMiscountsItsBytes) {
 class TierFlagsAuditTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = index_.HoldRoot("root", "m", Hash128{1, 2}, 1);
+    root_ = index_.HoldRoot("root", "m", 0, Hash128{1, 2}, 1);
     const int32_t tokens[kPage] = {1, 2, 3, 4};
     node_ = index_.HoldChild(root_, Hash128{3, 4}, tokens, kPage);
     ASSERT_NE(node_, PrefixIndex::kNoNode);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +25,36 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo, int6
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// k_scales and v_scales: with static scales (KvScales::kPerHead) empty, filled with 1, or
+// [num_layers][num_kv_heads] of finite values > 0; without, empty.
+absl::Status ResolveStaticScales(CacheSpec* s) {
+  const bool takes = ScalesOf(s->kv_format) == KvScales::kPerHead;
+  const size_t want = size_t(s->num_layers) * size_t(s->num_kv_heads);  // both checked above
+  for (auto [field, scales] :
+       {std::pair{"k_scales", &s->k_scales}, std::pair{"v_scales", &s->v_scales}}) {
+    if (!takes) {
+      if (scales->empty()) continue;
+      return Bad(absl::StrCat("allocate: spec.", field, " has ", scales->size(),
+                              " entries but spec.kv_format=", KvFormatName(s->kv_format),
+                              " takes no static scales (only fp8_e4m3 does)"));
+    }
+    if (scales->empty()) scales->assign(want, 1.0f);
+    if (scales->size() != want) {
+      return Bad(absl::StrCat("allocate: spec.", field, " has ", scales->size(),
+                              " entries; want 0 or num_layers * num_kv_heads = ", s->num_layers,
+                              " * ", s->num_kv_heads, " = ", want));
+    }
+    for (size_t i = 0; i < scales->size(); ++i) {
+      const float x = (*scales)[i];
+      if (!(std::isnormal(x) && x > 0)) {
+        return Bad(absl::StrCat("allocate: spec.", field, "[", i, "]=", x,
+                                " must be a finite, normal float32 > 0"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -75,6 +106,7 @@ absl::StatusOr<CacheSpec> ResolveSpec(const CacheSpec& spec, int default_page_si
                               " must be 0 (global) or in [2, ", limits.max_positions, "]"));
     }
   }
+  KVARENA_RETURN_IF_ERROR(ResolveStaticScales(&s));
   KVARENA_RETURN_IF_ERROR(CheckRange("max_tokens", s.max_tokens, 0, limits.max_positions));
   if (s.prefix_namespace.size() > kMaxPrefixNamespaceBytes) {
     return Bad(absl::StrCat("allocate: spec.prefix_namespace has ", s.prefix_namespace.size(),

@@ -51,7 +51,9 @@ absl::StatusOr<CacheSpec> DecodeSpec(const v1::CacheSpec& p) {
   }
   KVARENA_ASSIGN_OR_RETURN(s.max_tokens,
                            DecodeInt64("allocate", "spec.max_tokens", p.max_tokens()));
-  s.prefix_namespace = p.prefix_namespace();  // core bounds its length
+  s.prefix_namespace = p.prefix_namespace();                    // core bounds its length
+  s.k_scales.assign(p.k_scales().begin(), p.k_scales().end());  // core checks count and values
+  s.v_scales.assign(p.v_scales().begin(), p.v_scales().end());
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -55,20 +56,21 @@ struct KernelLimits {
   int max_group = 64;                        // q heads per kv head
 };
 
-// OK when layout stores K/V as its activation dtype or in the quantized format `quantized`
-// (kUnspecified: none) the kernels also take; else INVALID_ARGUMENT naming the format, the
-// dtype, the kernels (`kernels`, their name()) and what they take.
+// OK when layout stores K/V as its activation dtype or in one of the quantized formats
+// `quantized` the kernels also take; else INVALID_ARGUMENT naming the format, the dtype,
+// the kernels (`kernels`, their name()) and what they take.
 inline absl::Status CheckKvFormat(const std::string& kernels, const PageLayout& layout,
-                                  KvFormat quantized) {
+                                  std::initializer_list<KvFormat> quantized) {
   const KvFormat f = layout.format();
-  if (f == NativeKvFormat(layout.dtype) || (f == quantized && f != KvFormat::kUnspecified)) {
-    return absl::OkStatus();
+  std::string also;
+  for (KvFormat q : quantized) {
+    if (f == q) return absl::OkStatus();
+    absl::StrAppend(&also, also.empty() ? " or as " : ", ", KvFormatName(q));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "spec.kv_format=", KvFormatName(f), " with spec.dtype=", DTypeName(layout.dtype), ": the ",
-      kernels, " kernels store K/V as the activation dtype",
-      quantized != KvFormat::kUnspecified ? absl::StrCat(" or as ", KvFormatName(quantized)) : "",
-      " only"));
+  if (f == NativeKvFormat(layout.dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.kv_format=", KvFormatName(f), " with spec.dtype=", DTypeName(layout.dtype),
+                   ": the ", kernels, " kernels store K/V as the activation dtype", also, " only"));
 }
 
 class KvKernels {
@@ -80,7 +82,7 @@ class KvKernels {
   // before anything is written). The default takes the plain format of the activation
   // dtype only: K/V stored as they come.
   virtual absl::Status CheckLayout(const PageLayout& layout) const {
-    return CheckKvFormat(name(), layout, KvFormat::kUnspecified);
+    return CheckKvFormat(name(), layout, {});
   }
   virtual KernelLimits limits() const { return KernelLimits{}; }
   // Zeroes pages ids[0..n) of the pool at pool_base ([num_pool_pages][2][page_size][heads]

@@ -32,6 +32,8 @@ CacheSpec FromProto(const v1::CacheSpec& p) {
   s.max_tokens = static_cast<int64_t>(p.max_tokens());
   s.prefix_namespace = p.prefix_namespace();
   s.kv_format = FromProto(p.kv_format());
+  s.k_scales.assign(p.k_scales().begin(), p.k_scales().end());
+  s.v_scales.assign(p.v_scales().begin(), p.v_scales().end());
   return s;
 }
 
@@ -45,6 +47,8 @@ void ToProto(const CacheSpec& s, v1::CacheSpec* p) {
   p->set_max_tokens(static_cast<uint64_t>(s.max_tokens));
   p->set_prefix_namespace(s.prefix_namespace);
   p->set_kv_format(ToProto(s.kv_format));
+  p->mutable_k_scales()->Assign(s.k_scales.begin(), s.k_scales.end());
+  p->mutable_v_scales()->Assign(s.v_scales.begin(), s.v_scales.end());
 }
 
 CacheInfo FromProto(const v1::CacheInfo& p) {

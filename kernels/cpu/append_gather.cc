@@ -1,7 +1,7 @@
 // AppendKv / GatherKv: copies between contiguous [num_kv_heads][n][head_dim] tensors and
 // the NHD pages of a PagedKvView. A plain format stores what it is given (pure byte
-// copies: any dtype round-trips bit-exactly); int8 quantizes each (token, head) row at
-// append and dequantizes it at gather (kernels/kv_quant.h).
+// copies: any dtype round-trips bit-exactly); a quantized one (int8, fp8_e4m3) quantizes
+// each (token, head) row at append and dequantizes it at gather (kernels/kv_quant.h).
 #include <cstring>
 #include <vector>
 
@@ -30,10 +30,13 @@ void ForEachToken(const PagedKvView& view, int64_t pos, int64_t n, Fn&& fn) {
   }
 }
 
-// The int8 halves of AppendKv and GatherKv: the tensors in the activation dtype, each
-// token row of a page its codes then its scales.
-void AppendInt8(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v) {
+// The quantized formats' halves of AppendKv and GatherKv: the tensors in the activation
+// dtype, each (token, kv head) row through kernels/kv_quant.h; int8 keeps its scale after
+// the token's codes, fp8 reads the view's static scale of the head.
+void AppendQuantized(const PagedKvView& view, int64_t pos, int64_t n, const void* k,
+                     const void* v) {
   const PageLayout& l = view.layout;
+  const bool int8 = l.format() == KvFormat::kInt8;
   const int dim = l.head_dim;
   const size_t src_row = size_t(dim) * l.ActivationBytes(), values = l.ValueBytes();
   const uint8_t* src[2] = {static_cast<const uint8_t*>(k), static_cast<const uint8_t*>(v)};
@@ -43,16 +46,22 @@ void AppendInt8(const PagedKvView& view, int64_t pos, int64_t n, const void* k, 
     for (int kv = 0; kv < 2; ++kv) {
       for (int h = 0; h < l.num_kv_heads; ++h) {
         cpu_internal::LoadAsFloat(l.dtype, src[kv] + (size_t(h) * n + i) * src_row, dim, x.data());
+        uint8_t* codes = dst[kv] + size_t(h) * dim;
+        if (!int8) {
+          QuantizeFp8E4M3(x.data(), dim, view.StaticScale(kv, h), codes);
+          continue;
+        }
         const float scale = Int8Scale(x.data(), dim);
-        QuantizeInt8(x.data(), dim, scale, reinterpret_cast<int8_t*>(dst[kv] + size_t(h) * dim));
+        QuantizeInt8(x.data(), dim, scale, reinterpret_cast<int8_t*>(codes));
         std::memcpy(dst[kv] + values + size_t(h) * sizeof(float), &scale, sizeof(float));
       }
     }
   });
 }
 
-void GatherInt8(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out) {
+void GatherQuantized(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out) {
   const PageLayout& l = view.layout;
+  const bool int8 = l.format() == KvFormat::kInt8;
   const int dim = l.head_dim;
   const size_t dst_row = size_t(dim) * l.ActivationBytes(), values = l.ValueBytes();
   uint8_t* dst[2] = {static_cast<uint8_t*>(k_out), static_cast<uint8_t*>(v_out)};
@@ -61,10 +70,14 @@ void GatherInt8(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, vo
     const uint8_t* src[2] = {k_src, v_src};
     for (int kv = 0; kv < 2; ++kv) {
       for (int h = 0; h < l.num_kv_heads; ++h) {
-        float scale;
-        std::memcpy(&scale, src[kv] + values + size_t(h) * sizeof(float), sizeof(float));
-        DequantizeInt8(reinterpret_cast<const int8_t*>(src[kv] + size_t(h) * dim), dim, scale,
-                       x.data());
+        const uint8_t* codes = src[kv] + size_t(h) * dim;
+        if (int8) {
+          float scale;
+          std::memcpy(&scale, src[kv] + values + size_t(h) * sizeof(float), sizeof(float));
+          DequantizeInt8(reinterpret_cast<const int8_t*>(codes), dim, scale, x.data());
+        } else {
+          DequantizeFp8E4M3(codes, dim, view.StaticScale(kv, h), x.data());
+        }
         cpu_internal::StoreFromFloat(l.dtype, x.data(), dim,
                                      dst[kv] + (size_t(h) * n + i) * dst_row);
       }
@@ -76,7 +89,9 @@ void GatherInt8(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, vo
 
 void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, const void* v) {
   const PageLayout& layout = view.layout;
-  if (layout.format() == KvFormat::kInt8) return AppendInt8(view, pos, n, k, v);
+  if (FindKvFormat(layout.format())->element == DType::kUnspecified) {
+    return AppendQuantized(view, pos, n, k, v);
+  }
   const size_t row = size_t(layout.head_dim) * layout.ElemBytes();  // one head, one token
   const auto* k_src = static_cast<const uint8_t*>(k);
   const auto* v_src = static_cast<const uint8_t*>(v);
@@ -91,7 +106,9 @@ void AppendKv(const PagedKvView& view, int64_t pos, int64_t n, const void* k, co
 
 void GatherKv(const PagedKvView& view, int64_t pos, int64_t n, void* k_out, void* v_out) {
   const PageLayout& layout = view.layout;
-  if (layout.format() == KvFormat::kInt8) return GatherInt8(view, pos, n, k_out, v_out);
+  if (FindKvFormat(layout.format())->element == DType::kUnspecified) {
+    return GatherQuantized(view, pos, n, k_out, v_out);
+  }
   const size_t row = size_t(layout.head_dim) * layout.ElemBytes();
   auto* k_dst = static_cast<uint8_t*>(k_out);
   auto* v_dst = static_cast<uint8_t*>(v_out);

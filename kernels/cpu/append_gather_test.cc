@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -6,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/kv_kernels.h"
+#include "kernels/kv_quant.h"
 #include "tests/support/test_paged_layer.h"
 #include "tests/support/test_seed.h"
 
@@ -134,6 +136,122 @@ TEST_F(AppendGatherTest, Int8QuantizesEachTokenAndHeadAndGathersItDequantized) {
       }
     }
     EXPECT_EQ(checked, 2 * size_t(len) * 3 * 64);
+  }
+}
+
+// Every finite fp8 e4m3 value, ascending with its code (the test decoder's, not the kernels').
+std::vector<std::pair<double, uint8_t>> Fp8Values() {
+  std::vector<std::pair<double, uint8_t>> all;
+  for (int c = 0; c < 256; ++c) {
+    const double x = kvarena::testing::Fp8E4M3Value(uint8_t(c));
+    if (!std::isnan(x)) all.emplace_back(x, uint8_t(c));
+  }
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+// The codes of the finite values nearest x (two at a tie; +0 and -0 both for 0), x clamped
+// to [-448, 448] first as the format saturates.
+std::vector<uint8_t> NearestFp8(double x) {
+  static const std::vector<std::pair<double, uint8_t>> all = Fp8Values();
+  x = std::clamp(x, -448.0, 448.0);
+  double best = INFINITY;
+  for (const auto& [value, code] : all) best = std::min(best, std::fabs(value - x));
+  std::vector<uint8_t> codes;
+  for (const auto& [value, code] : all) {
+    if (std::fabs(value - x) == best) codes.push_back(code);
+  }
+  return codes;
+}
+
+// Of the nearest codes, the one round-to-nearest-even picks: even mantissa; the sign of x.
+uint8_t WantFp8(double x, bool negative) {
+  std::vector<uint8_t> codes = NearestFp8(x);
+  if (codes.size() > 1) {
+    std::erase_if(codes, [&](uint8_t c) {
+      const double v = kvarena::testing::Fp8E4M3Value(c);
+      return v == 0 ? ((c & 0x80) != 0) != negative : (c & 1) != 0;
+    });
+  }
+  return codes.empty() ? 0xFF : codes.front();
+}
+
+// fp8 e4m3 (kernels/kv_quant.h): the decoder gives every code the format's value, and the
+// encoder picks the nearest value, ties to even, saturating at +-448 and keeping NaN.
+TEST(Fp8E4M3Test, EveryCodeDecodesAndEncodesToTheNearestValue) {
+  for (int c = 0; c < 256; ++c) {
+    SCOPED_TRACE(::testing::Message() << "code 0x" << std::hex << c);
+    const double want = kvarena::testing::Fp8E4M3Value(uint8_t(c));
+    const float got = DecodeFp8E4M3(uint8_t(c));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got));
+      EXPECT_TRUE(std::isnan(DecodeFp8E4M3(EncodeFp8E4M3(got))));
+      continue;
+    }
+    EXPECT_EQ(double(got), want);
+    EXPECT_EQ(EncodeFp8E4M3(got), uint8_t(c));
+  }
+  const uint64_t seed = kvarena::testing::TestSeed();
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::uniform_real_distribution<double> exponent(-12, 10);
+  const std::vector<std::pair<double, uint8_t>> all = Fp8Values();
+  std::vector<float> xs;
+  for (int i = 0; i < 20000; ++i) {
+    xs.push_back(float((rng() & 1 ? -1 : 1) * std::exp2(exponent(rng))));
+  }
+  for (size_t i = 0; i + 1 < all.size(); ++i) {  // every midpoint: a tie
+    xs.push_back(float((all[i].first + all[i + 1].first) / 2));
+  }
+  for (float x : {0.0f, -0.0f, 448.0f, 464.0f, 465.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 0x1p-10f,
+                  0x1p-9f, 0x1.8p-10f, 0x1p-149f, 3.4028235e38f}) {
+    xs.push_back(x);
+  }
+  for (float x : xs) {
+    ASSERT_EQ(int(EncodeFp8E4M3(x)), int(WantFp8(double(x), std::signbit(x)))) << "x=" << x;
+  }
+  EXPECT_TRUE(std::isnan(DecodeFp8E4M3(EncodeFp8E4M3(NAN))));
+  EXPECT_EQ(EncodeFp8E4M3(INFINITY), 0x7E);
+  EXPECT_EQ(EncodeFp8E4M3(-INFINITY), 0xFE);
+}
+
+// fp8 through AppendKv and GatherKv: each value stored as the code nearest x / scale of its
+// head's static scale, read back as value(code) x scale in the activation dtype.
+TEST_F(AppendGatherTest, Fp8StoresNearestCodesOfStaticallyScaledValues) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(::testing::Message() << "seed=" << seed_ << " dtype=" << DTypeName(dtype));
+    PageLayout layout = Layout(dtype, 8, 3, 64);
+    layout.kv_format = KvFormat::kFp8E4M3;
+    ASSERT_EQ(layout.TokenBytes(), 3u * 64);
+    const int64_t len = 2 + int64_t(rng_() % 60);
+    TestPagedLayer layer(layout, 0, len, rng_);
+    // Scales that put [-1, 1] across the format's range: most values normal, some
+    // subnormal, none saturated (1 / 2^-8 = 256 < 448).
+    layer.SetStaticScales({0x1p-8f, 0.01f, 1.0f}, {0.5f, 0x1p-5f, 3.0f});
+    std::vector<uint8_t> k = Tensor(layout, len), v = Tensor(layout, len);
+    AppendKv(layer.view(), 0, len, k.data(), v.data());
+    const auto [k_back, v_back] = Gather(layer.view(), 0, len);
+    const size_t elem = layout.ActivationBytes(), row = size_t(layout.head_dim) * elem;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint8_t>& in = kv == 0 ? k : v;
+      const std::vector<uint8_t>& back = kv == 0 ? k_back : v_back;
+      for (int h = 0; h < layout.num_kv_heads; ++h) {
+        const float scale = layer.view().StaticScale(kv, h);
+        for (int64_t t = 0; t < len; ++t) {
+          const size_t at = (size_t(h) * len + t) * row;
+          const std::vector<double> x = DecodeValues(dtype, in.data() + at, layout.head_dim);
+          for (int d = 0; d < layout.head_dim; ++d) {
+            const uint8_t code = *layer.At(kv, t, h, d);
+            const float scaled = float(x[d]) / scale;  // the format's x / scale, in float32
+            ASSERT_EQ(int(code), int(WantFp8(scaled, std::signbit(scaled))))
+                << "kv " << kv << " head " << h << " t " << t << " d " << d << " x " << x[d];
+            const double got = DecodeStored(dtype, back.data() + at + size_t(d) * elem);
+            ASSERT_EQ(got,
+                      RoundTo(double(float(kvarena::testing::Fp8E4M3Value(code)) * scale), dtype));
+          }
+        }
+      }
+    }
   }
 }
 

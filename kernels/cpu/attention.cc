@@ -168,7 +168,8 @@ void RunUnit(const Call& call, int64_t unit) {
   args.scratch = scratch.data();
   args.q_scale = p.scale * std::numbers::log2e_v<float>;
   const size_t head_bytes = size_t(dim) * view.layout.ElemBytes();
-  const size_t scale_bytes = view.layout.ScaleBytes() / size_t(view.layout.num_kv_heads);
+  const KvFormatInfo& format = *FindKvFormat(view.layout.format());
+  const size_t scale_bytes = format.scales == KvScales::kPerToken ? format.scale_bytes : 0;
   auto tile_end = [&](int64_t t0) {
     return std::min(s_end, t0 / kTileTokens * kTileTokens + kTileTokens);
   };
@@ -201,11 +202,15 @@ void RunUnit(const Call& call, int64_t unit) {
   }
 
   for (int h = h0; h < h1; ++h) {
+    const float v_scale = view.StaticScale(1, h);  // V's static scale, outside the sum
     for (int r = 0; r < rows; ++r) {
       const size_t s = size_t(h - h0) * rows + r;
       const int64_t i = i0 + r / plan.group;
       const int g = r % plan.group;
       float* a = acc.data() + s * dim;
+      if (v_scale != 1.0f) {
+        for (int d = 0; d < dim; ++d) a[d] *= v_scale;
+      }
       if (plan.splits > 1) {
         float* part =
             call.partial +
@@ -258,14 +263,16 @@ void MergeSplits(const Call& call) {
   }
 }
 
-// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e), for kv heads [h0, h1); for
-// bf16 caches qs_bf16 (same layout) gets the stored rows as they are.
+// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e) * K's static scale of head h
+// (1 without), for kv heads [h0, h1); for bf16 caches qs_bf16 (same layout) gets the stored
+// rows as they are.
 void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
                   int h0, int h1, cpu_internal::LoadRowFn load, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
   const float factor = p.scale * std::numbers::log2e_v<float>;
   const size_t elem = view.layout.ActivationBytes();
   for (int h = h0; h < h1; ++h) {
+    const float head_factor = factor * view.StaticScale(0, h);
     for (int64_t i = 0; i < p.n; ++i) {
       for (int g = 0; g < group; ++g) {
         const size_t src_row = (size_t(h) * group + g) * p.n + i;
@@ -274,7 +281,7 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
         float* dst = qs + dst_row * dim;
         load(view.layout.dtype, src, dim, dst);
         if (qs_bf16 != nullptr) std::memcpy(qs_bf16 + dst_row * dim, src, dim * elem);
-        for (int d = 0; d < dim; ++d) dst[d] *= factor;
+        for (int d = 0; d < dim; ++d) dst[d] *= head_factor;
       }
     }
   }

@@ -201,6 +201,14 @@ TEST_F(PagedAttentionTest, Int8WithFloat16QueriesMatchesReferenceAcrossSweep) {
 TEST_F(PagedAttentionTest, Int8WithBFloat16QueriesMatchesReferenceAcrossSweep) {
   Sweep(DType::kBFloat16, KvFormat::kInt8);
 }
+// fp8 e4m3 pages with a static K and V scale per head, against the reference of
+// value(code) x scale (the test's own decoder): every code below 2, subnormals included.
+TEST_F(PagedAttentionTest, Fp8WithFloat16QueriesMatchesReferenceAcrossSweep) {
+  Sweep(DType::kFloat16, KvFormat::kFp8E4M3);
+}
+TEST_F(PagedAttentionTest, Fp8WithFloat32QueriesMatchesReferenceAcrossSweep) {
+  Sweep(DType::kFloat32, KvFormat::kFp8E4M3);
+}
 
 // Long contexts: decode splits the keys across units (flash-decoding) and merges them.
 TEST_F(PagedAttentionTest, LongContextDecodeMergesSplits) {

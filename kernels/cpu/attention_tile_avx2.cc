@@ -147,6 +147,8 @@ void Avx2AttendTile(const AttendTileArgs& args) {
       return AttendTile<BF16>(args);
     case KvFormat::kInt8:
       return AttendTile<I8>(args);
+    case KvFormat::kFp8E4M3:
+      return AttendTile<E4M3>(args);
     case KvFormat::kUnspecified:
       return;
   }

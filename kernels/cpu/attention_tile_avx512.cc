@@ -32,6 +32,8 @@ void Avx512AttendTile(const AttendTileArgs& args) {
       return avx512::AttendTile<avx512::BF16>(args);
     case KvFormat::kInt8:
       return avx512::AttendTile<avx512::I8>(args);
+    case KvFormat::kFp8E4M3:
+      return avx512::AttendTile<avx512::E4M3>(args);
     case KvFormat::kUnspecified:
       return;
   }

@@ -38,8 +38,11 @@ void Axpy(float p, const float* __restrict v, int n, float* __restrict acc) {
 }
 
 // This kv head's K or V of the token whose row starts at `row`, as floats: converted from
-// a plain format's element type, or an int8 format's codes times its scale.
+// a plain format's element type, an int8 format's codes times its scale, or fp8 codes'
+// values (their static scales are the caller's: attention.cc).
 void LoadRow(const AttendTileArgs& args, DType element, const uint8_t* row, float* out) {
+  if (args.kv_format == KvFormat::kFp8E4M3)
+    return DequantizeFp8E4M3(row + args.head_offset, args.head_dim, 1.0f, out);
   if (args.scale_offset == 0)
     return LoadAsFloat(element, row + args.head_offset, args.head_dim, out);
   float scale;
@@ -53,7 +56,7 @@ void LoadRow(const AttendTileArgs& args, DType element, const uint8_t* row, floa
 void PortableAttendTile(const AttendTileArgs& args) {
   const int rows = args.rows;
   const int dim = args.head_dim;
-  const DType element = FindKvFormat(args.kv_format)->element;  // kUnspecified for int8
+  const DType element = FindKvFormat(args.kv_format)->element;  // kUnspecified: quantized
   float* scores = args.scratch;                                 // [rows][kTileTokens]
   float* corr = args.scratch + size_t(rows) * kTileTokens;      // [rows]
   thread_local std::vector<float> row_buf;

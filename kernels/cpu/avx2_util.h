@@ -65,6 +65,23 @@ struct I8 {
   static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
 
+// fp8 e4m3 codes (kernels/kv_quant.h) as their values: the magnitude's exponent and
+// mantissa bits placed in a half's, which F16C widens exactly (subnormals included), times
+// 2^8 for the bias (15 - 7); the NaN code becomes NaN. The static scales are attention.cc's.
+struct E4M3 {
+  static constexpr size_t kBytes = 1, kVBytes = kBytes;
+  static __m256 Load8(const uint8_t* p) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i magnitude = _mm_and_si128(b, _mm_set1_epi16(0x7F));
+    const __m128i half = _mm_or_si128(_mm_slli_epi16(magnitude, 7),
+                                      _mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16(-32768)));
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
+    const __m128i nan = _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F));
+    return _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+  }
+  static __m256 LoadV(const uint8_t* p) { return Load8(p); }
+};
+
 inline int Min(int a, int b) { return a < b ? a : b; }
 inline int Max(int a, int b) { return a > b ? a : b; }
 

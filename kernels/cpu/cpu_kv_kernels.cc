@@ -20,7 +20,7 @@ class CpuKvKernels final : public KvKernels {
   CpuKvKernels(int num_threads, std::chrono::microseconds awake) : pool_(num_threads, awake) {}
   std::string name() const override { return "cpu"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
-    return CheckKvFormat(name(), layout, KvFormat::kInt8);
+    return CheckKvFormat(name(), layout, {KvFormat::kInt8, KvFormat::kFp8E4M3});
   }
   absl::Status ClearPages(const PageLayout& layout, uint8_t* pool_base, const int32_t* ids,
                           int64_t n) override {

@@ -83,7 +83,7 @@ class CudaKvKernels final : public KvKernels {
   }
   std::string name() const override { return "cuda"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
-    if (absl::Status s = CheckKvFormat(name(), layout, KvFormat::kUnspecified); !s.ok()) return s;
+    if (absl::Status s = CheckKvFormat(name(), layout, {}); !s.ok()) return s;
     if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256)
       return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim=", layout.head_dim,

@@ -32,7 +32,9 @@ void BindClient(py::module_& m, ClientClass& c) {
           [](py::object self, int num_layers, int num_kv_heads, int head_dim, py::handle dtype,
              int page_size, std::optional<std::vector<int>> layer_windows, int64_t max_tokens,
              const std::string& prefix_namespace, py::handle prompt_tokens,
-             const std::string& cache_id, py::handle kv_format) {
+             const std::string& cache_id, py::handle kv_format,
+             std::optional<std::vector<float>> k_scales,
+             std::optional<std::vector<float>> v_scales) {
             CacheSpec spec;
             spec.num_layers = num_layers;
             spec.num_kv_heads = num_kv_heads;
@@ -43,6 +45,8 @@ void BindClient(py::module_& m, ClientClass& c) {
             spec.max_tokens = max_tokens;
             spec.prefix_namespace = prefix_namespace;
             spec.kv_format = ParseKvFormat(kv_format);
+            if (k_scales) spec.k_scales = *k_scales;
+            if (v_scales) spec.v_scales = *v_scales;
             AllocateOptions options;
             if (!prompt_tokens.is_none())
               options.prompt_tokens = ParseTokenIds(prompt_tokens, "prompt_tokens");
@@ -54,7 +58,8 @@ void BindClient(py::module_& m, ClientClass& c) {
           py::arg("page_size") = 0, py::arg("layer_windows") = py::none(),
           py::arg("max_tokens") = 0, py::arg("prefix_namespace") = "",
           py::arg("prompt_tokens") = py::none(), py::arg("cache_id") = "",
-          py::arg("kv_format") = py::none())
+          py::arg("kv_format") = py::none(), py::arg("k_scales") = py::none(),
+          py::arg("v_scales") = py::none())
       .def(
           "open_cache",
           [](py::object self, const std::string& id) {

@@ -213,6 +213,8 @@ py::dict ToDict(const CacheInfo& info) {
   d["head_dim"] = info.spec.head_dim;
   d["dtype"] = DTypeName(info.spec.dtype);
   d["kv_format"] = KvFormatName(info.spec.kv_format);
+  d["k_scales"] = info.spec.k_scales;
+  d["v_scales"] = info.spec.v_scales;
   d["page_size"] = info.spec.page_size;
   d["layer_windows"] = info.spec.layer_windows;
   d["max_tokens"] = info.spec.max_tokens;

@@ -1,5 +1,6 @@
 """The rest of the served path and the Client's calls, as the C++ client answers them."""
 
+import pytest
 import torch
 
 import kvarena
@@ -70,16 +71,15 @@ def test_local_table_and_attention_local(address, seed):
     served.release()
 
 
-def test_int8_kv_format_served_and_local(address, seed):
-    """kv_format="int8": pages of codes and per-(token, head) scales, read back dequantized
-    within half a step; the served and the local path agree; another format misses the prefix."""
+def served_and_local(client, seed, prompt, ns, args):
+    """A served cache (namespace ns, the prompt's ids) and a local one, both float16 of 1 layer
+    x 2 kv heads x 16 and `args` (the KV format), given the same 9 tokens through attention
+    and attention_local, which must agree. Returns (served, local, k, v, and served's get_kv)."""
     g = torch.Generator().manual_seed(seed)
-    client = kvarena.connect(address)
-    prompt = list(range(100, 109))
-    served = client.allocate(1, 2, 16, "float16", page_size=4, kv_format="int8",
-                             prefix_namespace="int8", prompt_tokens=prompt)
-    local = client.allocate(1, 2, 16, "float16", page_size=4, kv_format="int8")
-    assert served.kv_format == "int8" and served.dtype == "float16"
+    served = client.allocate(1, 2, 16, "float16", prefix_namespace=ns, prompt_tokens=prompt,
+                             **args)
+    local = client.allocate(1, 2, 16, "float16", **args)
+    assert served.kv_format == args["kv_format"] and served.dtype == "float16"
     k = torch.randn(1, 2, 9, 16, generator=g).to(torch.float16)
     v = torch.randn(1, 2, 9, 16, generator=g).to(torch.float16)
     q = torch.randn(1, 4, 9, 16, generator=g).to(torch.float16)
@@ -91,6 +91,16 @@ def test_int8_kv_format_served_and_local(address, seed):
                           atol=2e-3)
     back_k, back_v = (torch.from_dlpack(t) for t in served.get_kv(0))
     assert back_k.dtype == torch.float16
+    return served, local, k, v, back_k, back_v
+
+
+def test_int8_kv_format_served_and_local(address, seed):
+    """kv_format="int8": pages of codes and per-(token, head) scales, read back dequantized
+    within half a step; the served and the local path agree; another format misses the prefix."""
+    client = kvarena.connect(address)
+    prompt = list(range(100, 109))
+    served, local, k, v, back_k, back_v = served_and_local(
+        client, seed, prompt, "int8", dict(page_size=4, kv_format="int8"))
     for got, want in ((back_k, k), (back_v, v)):
         step = want.float().abs().amax(-1, keepdim=True) / 127  # one scale per token and head
         assert ((got.float() - want.float()).abs() <= step / 2 + 1e-3).all()
@@ -106,4 +116,41 @@ def test_int8_kv_format_served_and_local(address, seed):
                             prefix_namespace="int8", prompt_tokens=prompt)
     assert again.cached_tokens == 8
     for c in (served, local, plain, again):
+        c.release()
+
+
+def test_fp8_kv_format_static_scales_served_and_local(address, seed):
+    """kv_format="fp8_e4m3" with per-head static scales: pages hold e4m3 codes of x / scale,
+    read back as value x scale; the served and the local path agree; the pool's bytes are
+    torch's float8_e4m3fn; another scale misses the prefix."""
+    client = kvarena.connect(address)
+    prompt = list(range(200, 209))
+    k_scales, v_scales = [0.5, 2.0], [1.0, 0.25]  # [layers=1][kv heads=2]
+    args = dict(page_size=4, kv_format="fp8_e4m3", k_scales=k_scales, v_scales=v_scales)
+    served, local, k, v, back_k, back_v = served_and_local(client, seed, prompt, "fp8", args)
+    for got, want, scales in ((back_k, k, k_scales), (back_v, v, v_scales)):
+        s = torch.tensor(scales).view(1, 2, 1, 1)
+        # Half a step of 3 mantissa bits (2^-4 relative), or of the subnormals' 2^-9 x scale.
+        bound = torch.maximum(want.float().abs() * 2**-4, s * 2**-10) + 1e-3
+        assert ((got.float() - want.float()).abs() <= bound).all()
+    view = torch.from_dlpack(served.pool_view())
+    assert view.dtype == torch.uint8 and tuple(view.shape[1:]) == (2, 4, 2, 16)
+    # The bytes are e4m3fn codes (torch.float8_e4m3fn where torch has it), decoded here from
+    # the format's definition: K of the first two pages is get_kv's K over its scales.
+    codes = torch.arange(256)
+    e, m = (codes >> 3) & 15, (codes & 7).double()
+    e4m3 = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7).double())
+    e4m3 = torch.where(codes >= 128, -e4m3, e4m3)
+    pages = e4m3[view[torch.tensor(served.local_table(0).page_ids[:2])].long()]
+    k_pages = pages[:, 0].reshape(8, 2, 16).permute(1, 0, 2)  # [heads][tokens][dim]
+    assert torch.equal(k_pages, back_k[0, :, :8].double() / torch.tensor(k_scales).view(2, 1, 1))
+    other = client.allocate(1, 2, 16, "float16", prefix_namespace="fp8", prompt_tokens=prompt,
+                            **dict(args, k_scales=[0.5, 1.0]))
+    assert other.cached_tokens == 0  # one static scale differs
+    again = client.allocate(1, 2, 16, "float16", prefix_namespace="fp8", prompt_tokens=prompt,
+                            **args)
+    assert again.cached_tokens == 8
+    with pytest.raises(kvarena.InvalidArgument, match="spec.k_scales has 1 entries"):
+        client.allocate(1, 2, 16, "float16", **dict(args, k_scales=[1.0]))
+    for c in (served, local, other, again):
         c.release()

@@ -1,5 +1,7 @@
 // INVALID_ARGUMENT from every boundary check, each followed by a check that nothing
 // changed, and that the message names the field and the numbers.
+#include <limits>
+
 #include "tests/daemon/rpc_test_util.h"
 
 namespace kvarena {
@@ -41,6 +43,43 @@ TEST_F(InvalidArgumentTest, AllocateRejectsBadSpecFields) {
          s->set_kv_format(v1::KV_BFLOAT16);
        },
        "spec.kv_format=bfloat16 with spec.dtype=float32"},
+      {"scales without fp8", [](v1::CacheSpec* s) { s->add_k_scales(1); },
+       "spec.k_scales has 1 entries but spec.kv_format=float32 takes no static scales"},
+      {"fp8 scales count",
+       [](v1::CacheSpec* s) {
+         s->set_kv_format(v1::KV_FP8_E4M3);
+         for (int i = 0; i < 3; ++i) s->add_v_scales(1);
+       },
+       "spec.v_scales has 3 entries; want 0 or num_layers * num_kv_heads = 2 * 2 = 4"},
+      {"fp8 scale zero",
+       [](v1::CacheSpec* s) {
+         s->set_kv_format(v1::KV_FP8_E4M3);
+         for (float x : {1.0f, 2.0f, 0.0f, 1.0f}) s->add_k_scales(x);
+       },
+       "spec.k_scales[2]=0 must be a finite, normal float32 > 0"},
+      {"fp8 scale NaN",
+       [](v1::CacheSpec* s) {
+         s->set_kv_format(v1::KV_FP8_E4M3);
+         for (float x : {1.0f, 2.0f, 3.0f, std::numeric_limits<float>::quiet_NaN()}) {
+           s->add_k_scales(x);
+         }
+       },
+       "spec.k_scales[3]=nan"},
+      {"fp8 scale infinite",
+       [](v1::CacheSpec* s) {
+         s->set_kv_format(v1::KV_FP8_E4M3);
+         for (float x : {-1.0f, 2.0f, 3.0f, 4.0f}) s->add_k_scales(x);
+         for (float x : {1.0f, std::numeric_limits<float>::infinity(), 3.0f, 4.0f}) {
+           s->add_v_scales(x);
+         }
+       },
+       "spec.k_scales[0]=-1"},
+      {"fp8 scale subnormal",
+       [](v1::CacheSpec* s) {
+         s->set_kv_format(v1::KV_FP8_E4M3);
+         for (float x : {1.0f, 1e-45f, 3.0f, 4.0f}) s->add_v_scales(x);
+       },
+       "spec.v_scales[1]=1.4013e-45"},
       {"windows length", [](v1::CacheSpec* s) { s->add_layer_windows(0); },
        "layer_windows has 1 entries but num_layers=2"},
       {"window 1",

@@ -59,6 +59,14 @@ float Bf16ToFloat(uint16_t b) {
   return f;
 }
 
+double Fp8E4M3Value(uint8_t code) {
+  const int exponent = (code >> 3) & 0xF, mantissa = code & 7;
+  const double sign = (code & 0x80) != 0 ? -1.0 : 1.0;
+  if (exponent == 15 && mantissa == 7) return std::nan("");
+  if (exponent == 0) return sign * mantissa / 8.0 * std::pow(2.0, -6);
+  return sign * (1.0 + mantissa / 8.0) * std::pow(2.0, exponent - 7);
+}
+
 double RoundTo(double x, DType dtype) {
   switch (dtype) {
     case DType::kFloat16:

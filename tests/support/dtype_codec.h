@@ -20,6 +20,10 @@ float HalfToFloat(uint16_t h);
 uint16_t FloatToBf16(float f);
 float Bf16ToFloat(uint16_t b);
 
+// The value of an OCP fp8 e4m3fn code, from the format's definition (bias 7, 3 mantissa
+// bits, subnormals below 2^-6, S.1111.111 NaN, no infinities).
+double Fp8E4M3Value(uint8_t code);
+
 // x round-tripped through the storage type.
 double RoundTo(double x, DType dtype);
 

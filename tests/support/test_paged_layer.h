@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/paged_kv.h"
@@ -53,10 +54,13 @@ class TestPagedLayer {
 
   // Writes random K and V for every readable position: values of the activation dtype in
   // [-1, 1] for a plain format; for int8 random codes in [-127, 127] and a scale per
-  // (token, head) in [2^-9, 2^-6] (values up to about 2), as kvarena/paged_kv.h lays them.
+  // (token, head) in [2^-9, 2^-6] (values up to about 2), as kvarena/paged_kv.h lays them;
+  // for fp8 random codes below 2 (subnormals and both signs included) and a static scale
+  // per head for K and for V in [0.5, 1.5].
   void FillRandom(std::mt19937_64& rng) {
     const PageLayout& l = view_.layout;
     if (l.ScaleBytes() > 0) return FillRandomInt8(rng);
+    if (l.format() == KvFormat::kFp8E4M3) return FillRandomFp8(rng);
     const size_t row = size_t(l.head_dim) * l.ElemBytes();
     for (int64_t t = view_.first_pos(); t < view_.len; ++t) {
       for (int kv = 0; kv < 2; ++kv) {
@@ -71,6 +75,9 @@ class TestPagedLayer {
   // The value attention reads at (kv, t, h, d): the stored element, or for int8 the code
   // times its token's and head's scale (float32 arithmetic, as the format defines it).
   double Value(int kv, int64_t t, int h, int d) {
+    if (view_.layout.format() == KvFormat::kFp8E4M3) {
+      return Fp8E4M3Value(*At(kv, t, h, d)) * double(view_.StaticScale(kv, h));
+    }
     if (view_.layout.ScaleBytes() > 0) {
       return double(float(int8_t(*At(kv, t, h, d))) * Scale(kv, t, h));
     }
@@ -83,7 +90,36 @@ class TestPagedLayer {
     return s;
   }
 
+  // fp8: the static scales, [num_kv_heads] each, that view() hands the kernels.
+  void SetStaticScales(std::vector<float> k, std::vector<float> v) {
+    k_scales_ = std::move(k);
+    v_scales_ = std::move(v);
+    view_.k_scales = k_scales_.data();
+    view_.v_scales = v_scales_.data();
+  }
+
  private:
+  void FillRandomFp8(std::mt19937_64& rng) {
+    const PageLayout& l = view_.layout;
+    std::uniform_int_distribution<int> magnitude(0, 0x3F);  // exponent field <= 7: below 2
+    std::uniform_real_distribution<float> scale(0.5f, 1.5f);
+    std::vector<float> k(size_t(l.num_kv_heads)), v(k.size());
+    for (size_t h = 0; h < k.size(); ++h) {
+      k[h] = scale(rng);
+      v[h] = scale(rng);
+    }
+    SetStaticScales(std::move(k), std::move(v));
+    for (int64_t t = view_.first_pos(); t < view_.len; ++t) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int h = 0; h < l.num_kv_heads; ++h) {
+          for (int d = 0; d < l.head_dim; ++d) {
+            *At(kv, t, h, d) = uint8_t(magnitude(rng) | (rng() & 1 ? 0x80 : 0));
+          }
+        }
+      }
+    }
+  }
+
   void FillRandomInt8(std::mt19937_64& rng) {
     const PageLayout& l = view_.layout;
     std::uniform_int_distribution<int> code(-127, 127);
@@ -101,6 +137,7 @@ class TestPagedLayer {
 
   std::vector<uint8_t> pool_;
   std::vector<int32_t> table_;
+  std::vector<float> k_scales_, v_scales_;
   PagedKvView view_;
 };
 

@@ -88,6 +88,10 @@ struct KvCacheRef {
   std::vector<int32_t> page_ids;  // the layer's block table
   int64_t first_pos = 0;          // absolute position of slot 0 of page_ids[0]
   int64_t len = 0;                // tokens written (absolute); readable: [first_pos, len)
+  // fp8_e4m3 (static scales): this layer's K and V scales, [num_kv_heads] each (a stored
+  // value times its head's scale is the value); empty for other formats.
+  std::vector<float> k_scales;
+  std::vector<float> v_scales;
 
   // K (kv = 0) or V (kv = 1) of token t, all heads: [num_kv_heads][head_dim].
   // REQUIRES: first_pos <= t < len.

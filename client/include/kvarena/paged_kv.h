@@ -36,13 +36,16 @@ enum class KvFormat : uint8_t {
   kFloat32 = 1,
   kFloat16 = 2,
   kBFloat16 = 3,
-  kInt8 = 4,  // symmetric int8, a float32 scale per (token, kv head): kernels/kv_quant.h
+  kInt8 = 4,     // symmetric int8, a float32 scale per (token, kv head): kernels/kv_quant.h
+  kFp8E4M3 = 5,  // OCP fp8 e4m3fn, a static float32 scale per (layer, kv head) for K and V
 };
 
 // Where a format keeps its scales.
 enum class KvScales : uint8_t {
   kNone = 0,      // values as they are
   kPerToken = 1,  // one float32 per (token, kv head), after the token's values in its row
+  kPerHead = 2,   // static: one float32 per (layer, kv head) for K and for V, given at
+                  // Allocate (CacheSpec.k_scales / v_scales), outside the pages
 };
 
 // DLPack's type codes (dlpack.h's DLDataTypeCode), so this header needs no dlpack.h.
@@ -78,6 +81,9 @@ inline constexpr KvFormatInfo kKvFormats[] = {
     {KvFormat::kFloat16, "float16", 2, KvScales::kNone, 0, DType::kFloat16, DLPackCode::kFloat},
     {KvFormat::kBFloat16, "bfloat16", 2, KvScales::kNone, 0, DType::kBFloat16, DLPackCode::kBfloat},
     {KvFormat::kInt8, "int8", 1, KvScales::kPerToken, 4, DType::kUnspecified, DLPackCode::kInt},
+    // Handed out as bytes: DLPack 1.0 has no fp8 code every consumer reads.
+    {KvFormat::kFp8E4M3, "fp8_e4m3", 1, KvScales::kPerHead, 4, DType::kUnspecified,
+     DLPackCode::kUInt},
 };
 
 // The table's row for t or f; nullptr for kUnspecified and values outside the table.
@@ -103,6 +109,10 @@ constexpr const char* DTypeName(DType t) {
 // "float16", "int8", ...; "unspecified".
 constexpr const char* KvFormatName(KvFormat f) {
   return FindKvFormat(f) != nullptr ? FindKvFormat(f)->name : "unspecified";
+}
+// Where format f keeps its scales (kNone for a format outside the table).
+constexpr KvScales ScalesOf(KvFormat f) {
+  return FindKvFormat(f) != nullptr ? FindKvFormat(f)->scales : KvScales::kNone;
 }
 // The format that stores values as dtype t does.
 constexpr KvFormat NativeKvFormat(DType t) { return KvFormat(uint8_t(t)); }
@@ -158,9 +168,9 @@ struct PageLayout {
   size_t ValueBytes() const { return size_t(num_kv_heads) * head_dim * ElemBytes(); }
   // The scales of one token of K (or V), after its values: [num_kv_heads] (0 without).
   size_t ScaleBytes() const {
-    const KvFormatInfo* f = FindKvFormat(format());
-    return f != nullptr && f->scales == KvScales::kPerToken ? size_t(num_kv_heads) * f->scale_bytes
-                                                            : 0;
+    return ScalesOf(format()) == KvScales::kPerToken
+               ? size_t(num_kv_heads) * FindKvFormat(format())->scale_bytes
+               : 0;
   }
   // One token's row of K (or V): its values, then its scales.
   size_t TokenBytes() const { return ValueBytes() + ScaleBytes(); }
@@ -178,8 +188,17 @@ struct PagedKvView {
   int64_t first_block = 0;               // logical page index of block_table[0]
   int64_t num_blocks = 0;
   int64_t len = 0;  // tokens written: positions [first_pos(), len) are readable
+  // A format with static scales (KvScales::kPerHead): this layer's, [num_kv_heads] each;
+  // stored value = x / scale, read back as value * scale. nullptr: every scale is 1.
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
 
   int64_t first_pos() const { return first_block * layout.page_size; }
+  // The static scale of K (kv=0) or V (kv=1) of kv head h: 1 without.
+  float StaticScale(int kv, int h) const {
+    const float* s = kv == 0 ? k_scales : v_scales;
+    return s != nullptr ? s[h] : 1.0f;
+  }
   // Address of K (kv=0) or V (kv=1) of absolute position t, all heads.
   uint8_t* TokenPtr(int kv, int64_t t) const {
     const int64_t block = t / layout.page_size - first_block;

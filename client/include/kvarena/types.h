@@ -30,11 +30,25 @@ struct CacheSpec {
   // How pages store K and V (kvarena/paged_kv.h's table); kUnspecified: as dtype. Part
   // of what pages are shared by, like the geometry. Allocate resolves it in CacheInfo.
   KvFormat kv_format = KvFormat::kUnspecified;
+  // A format with static scales (fp8_e4m3): K's and V's, [num_layers][num_kv_heads] each,
+  // finite and > 0; a page stores x / scale. Empty: every scale is 1 (Allocate fills them
+  // in CacheInfo). Part of the prefix identity, like the format.
+  std::vector<float> k_scales;
+  std::vector<float> v_scales;
 };
 
 // The pages a spec's caches use: its geometry, activation dtype and KV format.
 inline PageLayout LayoutOf(const CacheSpec& s) {
   return PageLayout{s.dtype, s.page_size, s.num_kv_heads, s.head_dim, s.kv_format};
+}
+
+// Points v at layer's static scales in s (PagedKvView::k_scales), or at none when s has
+// none (resolved scales hold [num_layers][num_kv_heads] or nothing).
+inline void SetStaticScales(const CacheSpec& s, int layer, PagedKvView* v) {
+  const size_t end = (size_t(layer) + 1) * size_t(s.num_kv_heads);
+  const size_t at = end - size_t(s.num_kv_heads);
+  v->k_scales = s.k_scales.size() >= end ? s.k_scales.data() + at : nullptr;
+  v->v_scales = s.v_scales.size() >= end ? s.v_scales.data() + at : nullptr;
 }
 
 struct CacheInfo {
