@@ -2,9 +2,9 @@
 // bytes: a read-only AVX2 reduction pass (the ceiling for a kernel that only reads the
 // cache) and memcpy. Shape: 32 q heads, 8 kv heads, head_dim 128, page 16, f16 / bf16,
 // pages shuffled in one pool; contexts 512..32k; 1 and 2 threads (ThreadPool sizes).
-// Attention runs once per kernel family the CPU has (cpu_kernels.h: avx512_bf16, avx512,
-// avx2, portable; --kernels=avx512,avx2 picks some), side by side in one run; a prefill
-// table (64 queries at the end of a 1k context) compares the families on n > 1.
+// Attention runs once per kernel family the CPU has (cpu_kernels.h: avx512_bf16,
+// avx512_vnni, avx512, avx2, portable; --kernels=avx512,avx2 picks some), side by side in one run;
+// a prefill table (64 queries at the end of a 1k context) compares the families on n > 1.
 //
 // Run with --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true on a
 // shared machine: the tables give each benchmark's median repetition.
@@ -61,10 +61,13 @@ constexpr int64_t kPrefillN = 64;
 std::vector<CpuKernels> families;
 
 // Whether `k` gets rows of its own for dtype: avx512_bf16 differs from avx512 only on
-// bf16 caches, so on others it is left out where avx512 runs too.
+// bf16 caches and avx512_vnni only on int8 ones (none here: the format/ rows run them),
+// so they are left out where avx512 runs too.
 bool DistinctFor(CpuKernels k, DType dtype) {
-  return k != CpuKernels::kAvx512Bf16 || dtype == DType::kBFloat16 ||
-         std::find(families.begin(), families.end(), CpuKernels::kAvx512) == families.end();
+  const bool avx512_runs =
+      std::find(families.begin(), families.end(), CpuKernels::kAvx512) != families.end();
+  if (k == CpuKernels::kAvx512Vnni) return !avx512_runs;
+  return k != CpuKernels::kAvx512Bf16 || dtype == DType::kBFloat16 || !avx512_runs;
 }
 
 // Sum of pages [b, e) of a block table as 32-bit lanes: a pure streaming read.
@@ -346,7 +349,9 @@ bool ParseKernels(const char* list) {
       }
     }
     if (!found) {
-      std::fprintf(stderr, "--kernels: unknown family '%s' (portable, avx2, avx512, avx512_bf16)\n",
+      std::fprintf(stderr,
+                   "--kernels: unknown family '%s' (portable, avx2, avx512, avx512_vnni, "
+                   "avx512_bf16)\n",
                    name.c_str());
       return false;
     }

@@ -110,12 +110,15 @@ def main(argv=None):
     p.add_argument("--prompt_len", type=int, default=32)
     p.add_argument("--logit_scale", type=float, default=6.0)
     p.add_argument("--context", type=int, default=16384)
+    p.add_argument("--head_dim", type=int, default=32,
+                   help="with --head_dim 64 the int8 rows run the VNNI kernels where the CPU "
+                        "has them (q quantized per row); KVARENA_CPU_KERNELS=avx512 turns them off")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else random.randrange(1 << 31)
     print(f"kv_format_accuracy: seed {seed} (--seed={seed} repeats it), address {a.address}")
     torch.manual_seed(seed)
     client = kvarena.connect(a.address, client_name="kv_format_accuracy")
-    cfg = llama_decode.Config(page_size=16)
+    cfg = llama_decode.Config(page_size=16, head_dim=a.head_dim, heads=256 // a.head_dim)
     model = llama_decode.Model(cfg, seed)
     model.lm_head *= a.logit_scale
     rng = random.Random(seed)
@@ -147,6 +150,7 @@ def main(argv=None):
     print(f"model: {cfg.layers} layers, {cfg.heads} q / {cfg.kv_heads} kv heads, head_dim "
           f"{cfg.head_dim}, vocab {cfg.vocab}; {a.steps} decode steps after a {a.prompt_len}-token "
           f"prompt; mean next-token entropy {ent:.2f} nats (uniform: {math.log(cfg.vocab):.2f})")
+    print(f"CPU kernels: {os.environ.get('KVARENA_CPU_KERNELS') or 'the best the CPU has'}")
     print(f"{'activations':>11} {'cache':>15} {'against':>16} {'mean KLD':>10} {'top-1':>7}")
     rows = [("float16", "float32"), ("int8", "float16"), ("int8 f32", "float32"),
             ("fp8 scale 1", "float16"), ("fp8 calibrated", "float16")]

@@ -28,6 +28,7 @@
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/kv_quant.h"
 #include "kernels/stop_token.h"
 
 namespace kvarena {
@@ -62,9 +63,46 @@ struct Call {
   cpu_internal::RowConvert rows{};  // q in, the output out
   const float* qs = nullptr;        // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
   const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
-  void* out = nullptr;                // [num_q_heads][n][head_dim] in the activation dtype
+  // The VNNI tile: the rows of qs quantized to int8, their scales and code sums.
+  const int8_t* q8_codes = nullptr;
+  const float* q8_scale = nullptr;
+  const int32_t* q8_sum = nullptr;
+  void* out = nullptr;  // [num_q_heads][n][head_dim] in the activation dtype
   // Split partials, [num_kv_heads][n][group][splits] rows of {m, l, acc[head_dim]}.
   float* partial = nullptr;
+};
+
+// The rows of qs quantized to int8, for the tile that multiplies int8 q by int8 K
+// (Avx512VnniAttendTile): each row as kernels/kv_quant.h quantizes a token's head, its
+// scale and the sum of its codes.
+struct QueryCodes {
+  std::vector<int8_t> codes;  // [rows][head_dim]
+  std::vector<float> scale;   // [rows]
+  std::vector<int32_t> sum;   // [rows]
+
+  // Rows [r0, r1) of qs ([rows][dim]).
+  void Quantize(const float* qs, int dim, size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      const float* x = qs + r * dim;
+      int8_t* q = codes.data() + r * dim;
+      scale[r] = Int8Scale(x, dim);
+      QuantizeInt8(x, dim, scale[r], q);
+      int32_t s = 0;
+      for (int d = 0; d < dim; ++d) s += q[d];
+      sum[r] = s;
+    }
+  }
+  void Resize(size_t rows, int dim) {
+    codes.resize(rows * size_t(dim));
+    scale.resize(rows);
+    sum.resize(rows);
+  }
+  // Points call at the rows from element `at` of qs on.
+  void Point(size_t at, int dim, Call* call) const {
+    call->q8_codes = codes.data() + at;
+    call->q8_scale = scale.data() + at / size_t(dim);
+    call->q8_sum = sum.data() + at / size_t(dim);
+  }
 };
 
 int64_t FirstVisible(const PagedKvView& view, const AttentionParams& p, int64_t pos) {
@@ -191,6 +229,11 @@ void RunUnit(const Call& call, int64_t unit) {
       const size_t q_at = (size_t(h) * p.n + i0) * plan.group * dim;
       args.q = call.qs + q_at;
       args.q_bf16 = call.qs_bf16 != nullptr ? call.qs_bf16 + q_at : nullptr;
+      if (call.q8_codes != nullptr) {
+        args.q_i8 = call.q8_codes + q_at;
+        args.q_i8_scale = call.q8_scale + q_at / size_t(dim);
+        args.q_i8_sum = call.q8_sum + q_at / size_t(dim);
+      }
       args.head_offset = off;
       args.scale_offset = scale_bytes > 0 ? view.layout.ValueBytes() + size_t(h) * scale_bytes : 0;
       args.m = m.data() + s;
@@ -337,6 +380,9 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   const size_t qs_per_seq = size_t(layout.num_kv_heads) * params.n * group * dim;
   std::vector<float> qs(qs_per_seq * size_t(batch));
   std::vector<uint16_t> qs_bf16(layout.dtype == DType::kBFloat16 ? qs.size() : 0);
+  const AttendTileFn tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype, layout.format());
+  QueryCodes q8;
+  if (tile_fn == &cpu_internal::Avx512VnniAttendTile) q8.Resize(qs.size() / dim, dim);
   std::vector<size_t> partial_at(size_t(batch) + 1, 0);
   for (int b = 0; b < batch; ++b) {
     seq_params[b].q_pos = q_pos[b];
@@ -344,11 +390,12 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
     call.view = &views[b];
     call.params = &seq_params[b];
     call.plan = MakePlan(views[b], seq_params[b], threads_per_seq);
-    call.tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype, layout.format());
+    call.tile_fn = tile_fn;
     call.rows = cpu_internal::SelectRowConvert(layout.dtype);
     call.out = static_cast<uint8_t*>(out) + size_t(b) * q_bytes;
     call.qs = qs.data() + size_t(b) * qs_per_seq;
     if (!qs_bf16.empty()) call.qs_bf16 = qs_bf16.data() + size_t(b) * qs_per_seq;
+    if (!q8.codes.empty()) q8.Point(size_t(b) * qs_per_seq, dim, &call);
     const int64_t splits = call.plan.splits;
     partial_at[b + 1] = partial_at[b] + (splits > 1 ? qs_per_seq / dim * splits * (dim + 2) : 0);
   }
@@ -357,6 +404,8 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
                  static_cast<const uint8_t*>(q) + size_t(b) * q_bytes, 0, layout.num_kv_heads,
                  calls[size_t(b)].rows.load, qs.data() + size_t(b) * qs_per_seq,
                  qs_bf16.empty() ? nullptr : qs_bf16.data() + size_t(b) * qs_per_seq);
+    const size_t rows = qs_per_seq / size_t(dim);
+    if (!q8.codes.empty()) q8.Quantize(qs.data(), dim, size_t(b) * rows, size_t(b + 1) * rows);
   };
   if (pool != nullptr && qs.size() >= (size_t(1) << 16)) {
     pool->ParallelFor(batch, scale);
@@ -398,6 +447,12 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
   }
   call.qs = qs.data();
   call.qs_bf16 = raw;
+  QueryCodes q8;
+  if (call.tile_fn == &cpu_internal::Avx512VnniAttendTile) {
+    q8.Resize(qs.size() / dim, dim);
+    q8.Quantize(qs.data(), dim, 0, qs.size() / dim);
+    q8.Point(0, dim, &call);
+  }
 
   std::vector<float> partial;
   if (call.plan.splits > 1) {

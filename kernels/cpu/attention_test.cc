@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <numbers>
 #include <random>
 #include <sstream>
 #include <string>
@@ -100,6 +101,29 @@ class PagedAttentionTest : public ::testing::Test {
     return DecodeAll(view.layout.dtype, out);
   }
 
+  // q [num_q_heads][n][dim] as the VNNI tile multiplies it: each row x scale * log2(e) in
+  // float32 (as PagedAttention scales q), quantized to int8 with the row's own scale
+  // max|x| / 127 and rint (the format's int8, written here from its definition), then
+  // divided by scale * log2(e) again, so that the reference's scores are the tile's.
+  static std::vector<double> Int8Queries(const std::vector<double>& q, int dim, float scale) {
+    const float factor = scale * std::numbers::log2e_v<float>;
+    std::vector<double> out(q.size());
+    for (size_t row = 0; row < q.size() / size_t(dim); ++row) {
+      std::vector<float> x(static_cast<size_t>(dim));
+      float amax = 0;
+      for (int d = 0; d < dim; ++d) {
+        x[size_t(d)] = float(q[row * dim + d]) * factor;
+        amax = std::max(amax, std::fabs(x[size_t(d)]));
+      }
+      const float s = amax / 127.0f;
+      for (int d = 0; d < dim; ++d) {
+        const float code = s > 0 ? std::clamp(std::rint(x[size_t(d)] / s), -127.0f, 127.0f) : 0;
+        out[row * dim + d] = double(code) * double(s) / double(factor);
+      }
+    }
+    return out;
+  }
+
   // Checks every variant (each kernel family the machine has, with / without the pool)
   // against the float64 reference of the stored values. The error allowed is float32 accumulation
   // plus half an output ULP of the dtype.
@@ -116,8 +140,13 @@ class PagedAttentionTest : public ::testing::Test {
     params.n = pb.n;
     params.scale = pb.scale_factor / std::sqrt(float(pb.layout.head_dim));
     params.window = pb.window;
-    const std::vector<double> want = ReferenceAttention(
-        layer, DecodeAll(pb.layout.dtype, q), num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
+    const std::vector<double> q_values = DecodeAll(pb.layout.dtype, q);
+    const std::vector<double> want_q =
+        ReferenceAttention(layer, q_values, num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
+    // The VNNI tile multiplies K by q quantized per row: its reference takes that q.
+    const std::vector<double> want_q8 =
+        ReferenceAttention(layer, Int8Queries(q_values, pb.layout.head_dim, params.scale),
+                           num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
 
     const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
                            : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
@@ -125,6 +154,11 @@ class PagedAttentionTest : public ::testing::Test {
     for (const Variant& variant :
          VariantsFor(pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format)) {
       SCOPED_TRACE(VariantName(variant));
+      const std::vector<double>& want =
+          TileWith(variant.kernels, pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format) ==
+                  &cpu_internal::Avx512VnniAttendTile
+              ? want_q8
+              : want_q;
       const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
       size_t bad = 0;
       for (size_t i = 0; i < want.size() && bad < 5; ++i) {
@@ -285,8 +319,20 @@ TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
               &cpu_internal::Avx512AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kFloat16), &cpu_internal::Avx512AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512, 72, DType::kFloat16), &cpu_internal::Avx2AttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512, 128, DType::kFloat16, KvFormat::kInt8),
+              &cpu_internal::Avx512AttendTile);
+  }
+  if (has >= CpuKernels::kAvx512Vnni) {
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Vnni, 128, DType::kFloat16, KvFormat::kInt8),
+              &cpu_internal::Avx512VnniAttendTile);
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Vnni, 96, DType::kFloat16, KvFormat::kInt8),
+              &cpu_internal::Avx512AttendTile);  // head_dim % 64 != 0
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Vnni, 128, DType::kFloat16),
+              &cpu_internal::Avx512AttendTile);  // 16-bit pages
   }
   if (has >= CpuKernels::kAvx512Bf16) {
+    EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, DType::kBFloat16, KvFormat::kInt8),
+              &cpu_internal::Avx512VnniAttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, DType::kBFloat16),
               &cpu_internal::Avx512Bf16AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, DType::kFloat16),
@@ -298,8 +344,11 @@ TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
   TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);
   EXPECT_EQ(CpuKernelsInUse(), default_kernels_);
   EXPECT_EQ(CpuKernelsVectorized(), default_kernels_ != CpuKernels::kPortable);
-  // The sweeps run one variant per family in use, each with and without the pool.
-  EXPECT_EQ(VariantsFor(128, DType::kBFloat16).size(), 2 * size_t(int(default_kernels_) + 1));
+  // The sweeps run one variant per family in use, each with and without the pool, but for
+  // a family that picks a lower one's tile (avx512_vnni on bf16 pages).
+  const size_t repeats = has >= CpuKernels::kAvx512Vnni ? 1 : 0;
+  EXPECT_EQ(VariantsFor(128, DType::kBFloat16).size(),
+            2 * (size_t(int(default_kernels_) + 1) - repeats));
 }
 
 // A batch of sequences with different lengths, evicted prefixes and positions, in one call:

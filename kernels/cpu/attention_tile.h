@@ -41,6 +41,11 @@ struct AttendTileArgs {
   // for the tile that multiplies bf16 q by bf16 K exactly and scales the sums.
   const uint16_t* q_bf16 = nullptr;  // [rows][head_dim]
   float q_scale = 0;
+  // int8 caches on the VNNI tile only: q quantized per row (kernels/kv_quant.h's int8 of
+  // the pre-scaled q), each row's scale and the sum of its codes.
+  const int8_t* q_i8 = nullptr;       // [rows][head_dim]
+  const float* q_i8_scale = nullptr;  // [rows]
+  const int32_t* q_i8_sum = nullptr;  // [rows]
   const int64_t* row_lo = nullptr;    // [rows] first visible key position per row
   const int64_t* row_hi = nullptr;    // [rows] last visible key position (inclusive)
   int64_t pos0 = 0;                   // absolute position of tile token 0
@@ -73,6 +78,9 @@ void Avx2AttendTile(const AttendTileArgs& args);
 void Avx512AttendTile(const AttendTileArgs& args);
 // REQUIRES: CpuKernelsSupported() == kAvx512Bf16, kv_format bf16, head_dim % 32 == 0, q_bf16.
 void Avx512Bf16AttendTile(const AttendTileArgs& args);
+// REQUIRES: CpuKernelsSupported() >= kAvx512Vnni, kv_format int8, head_dim % 64 == 0, q_i8.
+// q . K is exact on the quantized q: the scores carry q's int8 rounding besides K's.
+void Avx512VnniAttendTile(const AttendTileArgs& args);
 
 // The tile function PagedAttention uses for this head_dim, activation dtype and KV format:
 // the best of the kernels in use (CpuKernelsInUse()) that handles them.

@@ -44,7 +44,10 @@ struct BF16Dot {
   static __m512 Mac(__m512 acc, __m512 q, __m512 k) {
     return _mm512_dpbf16_ps(acc, (__m512bh)q, (__m512bh)k);
   }
-  static __m512 Finish(__m512 sums, const AttendTileArgs& args) {
+  static __m512 Partial(__m512 acc) { return acc; }
+  struct Rows {};
+  static Rows RowsOf(const AttendTileArgs&, int, int, int) { return {}; }
+  static __m512 Finish(__m512 sums, const AttendTileArgs& args, const Rows&) {
     return _mm512_mul_ps(sums, _mm512_set1_ps(args.q_scale));
   }
   static __m512 LoadV(const uint8_t* p) { return LoadBF16(p); }

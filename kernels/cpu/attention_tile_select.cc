@@ -20,7 +20,7 @@ namespace kvarena {
 namespace {
 
 constexpr CpuKernels kAll[] = {CpuKernels::kPortable, CpuKernels::kAvx2, CpuKernels::kAvx512,
-                               CpuKernels::kAvx512Bf16};
+                               CpuKernels::kAvx512Vnni, CpuKernels::kAvx512Bf16};
 
 CpuKernels Lower(CpuKernels a, CpuKernels b) { return int(a) < int(b) ? a : b; }
 
@@ -43,9 +43,10 @@ CpuKernels DetectCpuKernels() {
   if (!(b & (1u << 5))) return CpuKernels::kPortable;                            // AVX2
   const bool avx512 = (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));  // F, BW, VL
   if (!avx512 || (xcr0 & 0xe0) != 0xe0) return CpuKernels::kAvx2;  // + opmask, ZMM state
+  if (!(c & (1u << 11))) return CpuKernels::kAvx512;               // AVX512_VNNI
   unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
   const bool bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));
-  return bf16 ? CpuKernels::kAvx512Bf16 : CpuKernels::kAvx512;
+  return bf16 ? CpuKernels::kAvx512Bf16 : CpuKernels::kAvx512Vnni;
 }
 #else
 CpuKernels DetectCpuKernels() { return CpuKernels::kPortable; }
@@ -59,7 +60,8 @@ CpuKernels EnvCap() {
     if (std::strcmp(env, CpuKernelsName(k)) == 0) return k;
   }
   std::fprintf(stderr,
-               "kvarena: KVARENA_CPU_KERNELS=%s is none of portable, avx2, avx512, avx512_bf16; "
+               "kvarena: KVARENA_CPU_KERNELS=%s is none of portable, avx2, avx512, avx512_vnni, "
+               "avx512_bf16; "
                "ignored\n",
                env);
   return CpuKernels::kAvx512Bf16;
@@ -77,6 +79,8 @@ const char* CpuKernelsName(CpuKernels kernels) {
       return "avx2";
     case CpuKernels::kAvx512:
       return "avx512";
+    case CpuKernels::kAvx512Vnni:
+      return "avx512_vnni";
     case CpuKernels::kAvx512Bf16:
       return "avx512_bf16";
   }
@@ -104,6 +108,9 @@ AttendTileFn SelectAttendTile(int head_dim, DType dtype, KvFormat kv_format) {
   if (use == CpuKernels::kAvx512Bf16 && dtype == DType::kBFloat16 &&
       kv_format == KvFormat::kBFloat16 && head_dim % 32 == 0) {
     return &Avx512Bf16AttendTile;
+  }
+  if (use >= CpuKernels::kAvx512Vnni && kv_format == KvFormat::kInt8 && head_dim % 64 == 0) {
+    return &Avx512VnniAttendTile;
   }
   if (use >= CpuKernels::kAvx512 && head_dim % 16 == 0) return &Avx512AttendTile;
   if (use >= CpuKernels::kAvx2 && head_dim % 8 == 0) return &Avx2AttendTile;

@@ -1,7 +1,13 @@
 // The AVX-512 attention tile step (see attention_tile.h), as templates over how a K/V
 // element is loaded and how q . K is multiplied; attention_tile_avx512.cc instantiates
-// them with converted K (f32 / f16 / bf16, FMAs) and attention_tile_avx512_bf16.cc with
-// bf16 K multiplied by vdpbf16ps.
+// them with converted K (f32 / f16 / bf16 / int8 / fp8, FMAs), attention_tile_avx512_bf16.cc
+// with bf16 K multiplied by vdpbf16ps and attention_tile_avx512_vnni.cc with int8 K
+// multiplied by vpdpbusd.
+//
+// An element type E says how: Query (the q rows it multiplies), LoadQ / LoadK / Mac (one
+// step of kDimsPerStep dims into a vector accumulator), Partial (an accumulator as 16
+// float partial sums), RowsOf / Finish (what turns a row's summed products into its score,
+// prepared once per block of rows), LoadV and kVBytes (the V pass).
 //
 // Per block of RB <= 4 query rows (the rows of one GQA group share every K/V load):
 //   1. scores: RB rows x (16 / RB) tokens at a time in 16 accumulators over head_dim,
@@ -80,7 +86,10 @@ struct Converted {
   static __m512 LoadQ(const float* q, int d) { return _mm512_loadu_ps(q + d); }
   static __m512 LoadK(const uint8_t* p, int d) { return Load(p + size_t(d) * Bytes); }
   static __m512 Mac(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
-  static __m512 Finish(__m512 sums, const AttendTileArgs&) { return sums; }
+  static __m512 Partial(__m512 acc) { return acc; }
+  struct Rows {};  // q is pre-scaled: the sums are the scores
+  static Rows RowsOf(const AttendTileArgs&, int, int, int) { return {}; }
+  static __m512 Finish(__m512 sums, const AttendTileArgs&, const Rows&) { return sums; }
   static __m512 LoadV(const uint8_t* p) { return Load(p); }
 };
 using F32 = Converted<LoadF32, 4>;
@@ -159,10 +168,11 @@ inline float SoftmaxRow(float* s, int a, int b, float* m, float* l) {
 }
 
 // scores[r][t + j] = q[r] . K[t + j] for r < RB, j < TB (RB * TB <= 16).
-// q: [RB][dim] in E's query format; k: token pointers (+ off); scores: [RB][kTileTokens].
+// q: [RB][dim] in E's query format; k: token pointers (+ off); scores: [RB][kTileTokens];
+// rows: E::RowsOf these RB rows and TB.
 template <class E, int RB, int TB, class Q>
 void ScoreTokens(const AttendTileArgs& args, const Q* q, const uint8_t* const* k, size_t off, int t,
-                 float* scores) {
+                 float* scores, const typename E::Rows& rows) {
   constexpr int N = RB * TB;
   const int dim = args.head_dim;
   const uint8_t* kp[TB];
@@ -182,16 +192,18 @@ void ScoreTokens(const AttendTileArgs& args, const Q* q, const uint8_t* const* k
       for (int j = 0; j < TB; ++j) acc[r * TB + j] = E::Mac(acc[r * TB + j], qv, kv[j]);
     }
   }
+#pragma GCC unroll 16
+  for (int i = 0; i < N; ++i) acc[i] = E::Partial(acc[i]);
   alignas(64) float sums[16];
   if constexpr (N > 4) {
-    _mm512_store_ps(sums, E::Finish(Sum16(acc), args));
+    _mm512_store_ps(sums, E::Finish(Sum16(acc), args, rows));
   } else {
     __m512 s = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int i = 0; i < N; ++i) {
       s = _mm512_mask_mov_ps(s, __mmask16(1u << i), _mm512_set1_ps(_mm512_reduce_add_ps(acc[i])));
     }
-    _mm512_store_ps(sums, E::Finish(s, args));
+    _mm512_store_ps(sums, E::Finish(s, args, rows));
   }
 #pragma GCC unroll 4
   for (int r = 0; r < RB; ++r) {
@@ -200,20 +212,27 @@ void ScoreTokens(const AttendTileArgs& args, const Q* q, const uint8_t* const* k
   }
 }
 
-// scores[r][t] = q[r] . K[t] for r < RB, t in [a, b): 16 / RB tokens a step, the last
-// few one at a time.
-template <class E, int RB, class Q>
-void ScoreBlock(const AttendTileArgs& args, const Q* q, int a, int b, float* scores,
+// scores[r][t] = q[r0 + r] . K[t] for r < RB, t in [a, b): 16 / RB tokens a step, the
+// last few one at a time.
+template <class E, int RB>
+void ScoreBlock(const AttendTileArgs& args, int r0, int a, int b, float* scores,
                 TilePrefetcher& prefetch) {
   constexpr int TB = RB == 1 ? 8 : 16 / RB;  // 16 K vectors would not leave room for q
+  const auto* q = E::Query(args) + size_t(r0) * args.head_dim;
   int t = a;
-  for (; t + TB <= b; t += TB) {
-    prefetch.Step(TB);
-    ScoreTokens<E, RB, TB>(args, q, args.k, args.head_offset, t, scores);
+  if (t + TB <= b) {
+    const typename E::Rows rows = E::RowsOf(args, r0, RB, TB);
+    for (; t + TB <= b; t += TB) {
+      prefetch.Step(TB);
+      ScoreTokens<E, RB, TB>(args, q, args.k, args.head_offset, t, scores, rows);
+    }
   }
-  for (; t < b; ++t) {
-    prefetch.Step(1);
-    ScoreTokens<E, RB, 1>(args, q, args.k, args.head_offset, t, scores);
+  if (t < b) {
+    const typename E::Rows rows = E::RowsOf(args, r0, RB, 1);
+    for (; t < b; ++t) {
+      prefetch.Step(1);
+      ScoreTokens<E, RB, 1>(args, q, args.k, args.head_offset, t, scores, rows);
+    }
   }
 }
 
@@ -225,7 +244,7 @@ void AttendRowBlock(const AttendTileArgs& args, int r0, TilePrefetcher& prefetch
   const int dim = args.head_dim;
   float* scores = args.scratch + size_t(r0) * kTileTokens;
   float* corr = args.scratch + size_t(args.rows) * kTileTokens + r0;
-  ScoreBlock<E, RB>(args, E::Query(args) + size_t(r0) * dim, a, b, scores, prefetch);
+  ScoreBlock<E, RB>(args, r0, a, b, scores, prefetch);
   ScaleByTokens<RB>(args, args.k, a, b, scores);
   for (int r = 0; r < RB; ++r) {
     float* s = scores + r * kTileTokens;

@@ -11,17 +11,19 @@ enum class CpuKernels {
   kPortable = 0,    // plain C++
   kAvx2 = 1,        // AVX2 + FMA + F16C, head_dim % 8 == 0
   kAvx512 = 2,      // AVX-512 F/BW/VL, head_dim % 16 == 0
-  kAvx512Bf16 = 3,  // kAvx512, and q . K by vdpbf16ps (AVX512_BF16) for bf16 caches
+  kAvx512Vnni = 3,  // kAvx512, and q . K by vpdpbusd (AVX512_VNNI) for int8 caches, with q
+                    // quantized per row to int8, head_dim % 64 == 0
+  kAvx512Bf16 = 4,  // kAvx512Vnni, and q . K by vdpbf16ps (AVX512_BF16) for bf16 caches
 };
 
-// "portable", "avx2", "avx512", "avx512_bf16".
+// "portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16".
 const char* CpuKernelsName(CpuKernels kernels);
 
 // The best kernels this CPU (and OS: the vector state saved by XSAVE) runs.
 CpuKernels CpuKernelsSupported();
 
 // The kernels PagedAttention uses: the supported ones, capped by
-// KVARENA_CPU_KERNELS=portable|avx2|avx512|avx512_bf16 (read once; an unknown value is
+// KVARENA_CPU_KERNELS=portable|avx2|avx512|avx512_vnni|avx512_bf16 (read once; an unknown value is
 // reported on stderr and ignored) and by TEST_ForceCpuKernels. A head_dim a family does
 // not handle falls back to the best one below it.
 CpuKernels CpuKernelsInUse();
