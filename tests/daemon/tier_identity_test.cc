@@ -1,10 +1,11 @@
 // The identity of a prefix in the disk tier of a real kvarenad (docs/tiers.md): a daemon
 // with tenants computes a prompt in a quantized KV format (int8, fp8_e4m3 with non-unit
 // static scales) and is stopped, SIGTERM writing its cached pages to the disk; the
-// restarted daemon serves none of them to a cache that differs in one identity field —
-// KV format, one static scale, page size, kv heads, head_dim, layers, activation dtype,
-// namespace, tenant — while the unchanged identity loads every full chunk, and its K/V
-// read back equal the first cache's bit for bit: no tier converts the stored codes.
+// restarted daemon (and the arena before it) serves none of them to a cache that differs
+// in one identity field — KV format, one static scale, page size, kv heads, head_dim,
+// layers, activation dtype, namespace, tenant — while the unchanged identity loads every
+// full chunk, and its K/V read back equal the first cache's bit for bit: no tier converts
+// the stored codes.
 #include <signal.h>
 
 #include <filesystem>
@@ -52,6 +53,12 @@ TEST_P(TierIdentityTest, ARestartedDaemonServesTheDiskOnlyToTheSameIdentityBitFo
   ASSERT_NO_FATAL_FAILURE(ComputeAs(stub_.get(), kIdentityAlice, a.cache_id(), p));
   const std::vector<std::string> before = KvBytesAs(stub_.get(), kIdentityAlice, a.cache_id(), 16);
   ASSERT_NO_FATAL_FAILURE(ReleaseAs(stub_.get(), kIdentityAlice, a.cache_id()));
+  // In the arena first: the flips miss, the base hits there.
+  ASSERT_NO_FATAL_FAILURE(ExpectFlipsMiss(stub_.get(), base, p.tokens));
+  const v1::CacheInfo hit = AllocateAs(stub_.get(), kIdentityAlice, base, p.tokens);
+  EXPECT_EQ(hit.cached_tokens(), 16u);
+  EXPECT_EQ(hit.tier_loaded_tokens(), 0u);
+  ASSERT_NO_FATAL_FAILURE(ReleaseAs(stub_.get(), kIdentityAlice, hit.cache_id()));
   // A graceful stop writes the two chunks down to the disk (the channel closed first, so
   // that the daemon need not wait for it).
   stub_.reset();
