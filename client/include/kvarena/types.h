@@ -15,26 +15,29 @@
 
 namespace kvarena {
 
+// Every member has its default written out, so a caller's aggregate that names the first
+// few (CacheSpec{layers, heads, dim, dtype, page_size}) leaves the rest at theirs without a
+// -Wmissing-field-initializers warning, whatever members are added later.
 struct CacheSpec {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
   DType dtype = DType::kUnspecified;
-  int page_size = 0;               // 0: the store's default
-  std::vector<int> layer_windows;  // empty, or one per layer; 0 = global, w >= 2 = sliding
-  int64_t max_tokens = 0;          // 0: no limit beyond the arena
+  int page_size = 0;                    // 0: the store's default
+  std::vector<int> layer_windows = {};  // empty, or one per layer; 0 = global, w >= 2 = sliding
+  int64_t max_tokens = 0;               // 0: no limit beyond the arena
   // What must match for K/V to be interchangeable (model, adapter, tenant salt): full
   // pages are shared only between caches of one namespace and one geometry. "" shares
   // nothing (docs/prefix-reuse.md).
-  std::string prefix_namespace;
+  std::string prefix_namespace = {};
   // How pages store K and V (kvarena/paged_kv.h's table); kUnspecified: as dtype. Part
   // of what pages are shared by, like the geometry. Allocate resolves it in CacheInfo.
   KvFormat kv_format = KvFormat::kUnspecified;
   // A format with static scales (fp8_e4m3): K's and V's, [num_layers][num_kv_heads] each,
   // finite and > 0; a page stores x / scale. Empty: every scale is 1 (Allocate fills them
   // in CacheInfo). Part of the prefix identity, like the format.
-  std::vector<float> k_scales;
-  std::vector<float> v_scales;
+  std::vector<float> k_scales = {};
+  std::vector<float> v_scales = {};
 };
 
 // The pages a spec's caches use: its geometry, activation dtype and KV format.
