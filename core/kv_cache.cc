@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/checked.h"
 #include "base/status_macros.h"
 #include "core/refusal.h"
@@ -22,7 +23,8 @@ std::string RootKey(const CacheSpec& s) {
   if (s.prefix_namespace.empty()) return "";
   return absl::StrCat(s.prefix_namespace.size(), ":", s.prefix_namespace, "/", int(s.dtype), "/",
                       int(s.kv_format), "/", s.page_size, "/", s.num_kv_heads, "/", s.head_dim, "/",
-                      s.num_layers, "/", StaticScalesDigest(s));
+                      s.num_layers, "/", StaticScalesDigest(s), "/",
+                      absl::StrJoin(s.layer_windows, ","));
 }
 
 }  // namespace

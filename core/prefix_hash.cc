@@ -45,6 +45,9 @@ Hash128 PrefixRootHash(absl::string_view prefix_namespace, const CacheSpec& spec
     PutU32(&b, uint32_t(v));
   }
   PutU64(&b, StaticScalesDigest(spec));
+  for (int l = 0; l < spec.num_layers; ++l) {  // unset windows are global (0)
+    PutU32(&b, uint32_t(size_t(l) < spec.layer_windows.size() ? spec.layer_windows[size_t(l)] : 0));
+  }
   return Xxh128(b);
 }
 

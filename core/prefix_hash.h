@@ -4,13 +4,15 @@
 // hash: a page's hash covers its parent's hash (the page before it, or the root for the
 // first page) and its own page_size token ids; the root covers the prefix namespace, the
 // representation (activation dtype, KV format, its scale layout, the digest of its static
-// scales) and the geometry (page_size, num_kv_heads, head_dim, num_layers). The hash is
+// scales) and the geometry (page_size, num_kv_heads, head_dim, num_layers, each layer's
+// attention window: a window changes the K/V of every layer after it). The hash is
 // XXH3-128 (xxHash 0.8, a fixed, documented algorithm: the same bytes give the same hash
 // in every process, build and version since 0.8.0) over little-endian encodings:
 //
 //   root      = XXH3_128("kvarena.prefix.v<kKvLayoutVersion>" ‖ u32 len(ns) ‖ ns ‖ u32 dtype
 //                        ‖ u32 kv_format ‖ u32 scales ‖ u32 page_size ‖ u32 num_kv_heads
-//                        ‖ u32 head_dim ‖ u32 num_layers ‖ u64 scales_digest)
+//                        ‖ u32 head_dim ‖ u32 num_layers ‖ u64 scales_digest
+//                        ‖ u32 window[0] ‖ ... ‖ u32 window[num_layers - 1])
 //   scales_digest = XXH3_64(f32 k_scales[0..] ‖ f32 v_scales[0..]) for a format with static
 //                   scales (fp8_e4m3: the resolved [num_layers][num_kv_heads] of each), else 0
 //   page hash = XXH3_128(u64 parent.low ‖ u64 parent.high ‖ i32 token[0] ‖ ... ‖ i32 token[P-1])
@@ -32,7 +34,8 @@ namespace kvarena {
 
 // The version of how K/V is laid out and named: the prefix hashes' domain and the tier
 // chunks' format version (core/tier_chunk.h) both name it, so a layout change (2: the KV
-// format in the root and the chunk header; 3: the static scales' digest in both) misses
+// format in the root and the chunk header; 3: the static scales' digest in both, the layer
+// windows in the root) misses
 // every page and chunk of the one before.
 inline constexpr uint32_t kKvLayoutVersion = 3;
 

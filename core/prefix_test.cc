@@ -29,6 +29,8 @@ TEST(PrefixHashTest, IsXxh3OverTheDocumentedBytes) {
   for (uint32_t v : {2u, 2u, 0u, 4u, 2u, 8u, 2u}) u32(&root, v);
   u32(&root, 0);  // scales_digest, u64: 0 without static scales
   u32(&root, 0);
+  u32(&root, 0);  // the windows of the 2 layers: unset, global
+  u32(&root, 0);
   const XXH128_hash_t r = XXH3_128bits(root.data(), root.size());
   EXPECT_EQ(PrefixRootHash("m", s), (Hash128{r.low64, r.high64}));
 
@@ -93,6 +95,9 @@ TEST_F(PrefixTest, OnlyOneNamespaceAndGeometryShare) {
   CacheSpec int8 = PrefixSpec("m");
   int8.kv_format = KvFormat::kInt8;  // same dtype, same geometry, another KV format
   EXPECT_EQ(AllocPrompt(int8, prompt)->cached_tokens, 0);
+  // A sliding layer: its window changes the K/V of every layer after it.
+  EXPECT_EQ(AllocPrompt(PrefixSpec("m", {0, 6}), prompt)->cached_tokens, 0);
+  EXPECT_EQ(AllocPrompt(PrefixSpec("m", {0, 0}), prompt)->cached_tokens, 8);  // unset: global
   EXPECT_EQ(AllocPrompt(PrefixSpec("m"), prompt)->cached_tokens, 8);
   // Without a namespace nothing is registered either.
   auto c = AllocPrompt(PrefixSpec(""), prompt);

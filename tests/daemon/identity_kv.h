@@ -72,10 +72,7 @@ struct Flip {
   std::string token;
 };
 
-// Every one-field flip of `base` (float32, 2 layers, 2 heads; tenant alice). Layer windows
-// are not among them: neither the prefix root hash nor a chunk's header names them
-// (core/prefix_hash.cc, core/tier_chunk.h), so a cache that differs from the base only in
-// its windows adopts the base's pages, from the arena and from every tier alike.
+// Every one-field flip of `base` (float32, 2 layers, 2 heads; tenant alice).
 inline std::vector<Flip> IdentityFlips(const v1::CacheSpec& base) {
   std::vector<Flip> out;
   auto add = [&](const std::string& name, auto change) {
@@ -107,6 +104,10 @@ inline std::vector<Flip> IdentityFlips(const v1::CacheSpec& base) {
     SetScales(s);
   });
   add("dtype float16", [](v1::CacheSpec* s) { s->set_dtype(v1::FLOAT16); });
+  add("layer_windows {0, 8}", [](v1::CacheSpec* s) {
+    s->add_layer_windows(0);
+    s->add_layer_windows(8);
+  });
   add("prefix_namespace", [](v1::CacheSpec* s) { s->set_prefix_namespace("model2"); });
   add("tenant bob", [](v1::CacheSpec*) {});
   out.back().token = kIdentityBob;

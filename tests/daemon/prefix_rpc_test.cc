@@ -33,11 +33,12 @@ std::string LittleEndian(uint64_t v, int bytes) {
 XXH128_hash_t DocumentedRoot(const std::string& ns, uint32_t dtype, uint32_t page_size,
                              uint32_t kv_heads, uint32_t head_dim, uint32_t layers) {
   // The KV format defaults to the dtype's own (same number), which has no scales (0, and
-  // a static scales' digest of 0).
+  // a static scales' digest of 0); no layer has a window.
   std::string b = "kvarena.prefix.v3" + LittleEndian(ns.size(), 4) + ns;
   for (uint32_t v : {dtype, dtype, 0u, page_size, kv_heads, head_dim, layers})
     b += LittleEndian(v, 4);
   b += LittleEndian(0, 8);
+  for (uint32_t l = 0; l < layers; ++l) b += LittleEndian(0, 4);  // every layer global
   return XXH3_128bits(b.data(), b.size());
 }
 XXH128_hash_t DocumentedPage(XXH128_hash_t parent, const std::vector<int32_t>& ids) {

@@ -183,7 +183,10 @@ TEST_F(PrefixReuseTest, NamespacesGeometryAndTokenIdsBoundWhatIsShared) {
   EXPECT_EQ(Run({"--prompt_len=100", "--expect_cached=96"}, "a shorter prompt"), 96);
   // The answer a decoded (ids declared with SetTokens) is found by a longer next turn...
   EXPECT_EQ(Run({"--previous_answer=8", "--expect_cached=208"}, "next turn"), 208);
-  // ...and sliding layers (odd layers, window 32) hit with only the pages they still see.
+  // ...and sliding layers (odd layers, window 32) are another identity (a window changes the
+  // K/V of every layer after it): a's pages are not theirs; a second sliding worker hits the
+  // first's with only the pages they still see.
+  EXPECT_EQ(Run({"--window=32", "--expect_cached=0"}, "sliding, first"), 0);
   EXPECT_EQ(Run({"--window=32", absl::StrCat("--expect_cached=", kCached)}, "sliding"), kCached);
 }
 
