@@ -38,6 +38,13 @@ using cpu_internal::AttendTileArgs;
 using cpu_internal::AttendTileFn;
 using cpu_internal::kTileTokens;
 
+// K's (kv 0) or V's (kv 1) static scale of head h as the tiles need it: times
+// kFp8TileScale for fp8, whose codes they read as value / 2^8; 1 without.
+float TileStaticScale(const PagedKvView& view, int kv, int h) {
+  const float s = view.StaticScale(kv, h);
+  return view.layout.format() == KvFormat::kFp8E4M3 ? s * cpu_internal::kFp8TileScale : s;
+}
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kMaxRowsPerUnit = 64;       // query rows whose state one unit keeps
 constexpr int64_t kMinSplitTokens = 256;  // shortest key range worth its own split
@@ -245,7 +252,7 @@ void RunUnit(const Call& call, int64_t unit) {
   }
 
   for (int h = h0; h < h1; ++h) {
-    const float v_scale = view.StaticScale(1, h);  // V's static scale, outside the sum
+    const float v_scale = TileStaticScale(view, 1, h);  // V's, outside the sum
     for (int r = 0; r < rows; ++r) {
       const size_t s = size_t(h - h0) * rows + r;
       const int64_t i = i0 + r / plan.group;
@@ -306,16 +313,16 @@ void MergeSplits(const Call& call) {
   }
 }
 
-// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e) * K's static scale of head h
-// (1 without), for kv heads [h0, h1); for bf16 caches qs_bf16 (same layout) gets the stored
-// rows as they are.
+// qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e) * K's TileStaticScale of head
+// h, for kv heads [h0, h1); for bf16 caches qs_bf16 (same layout) gets the stored rows as
+// they are.
 void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
                   int h0, int h1, cpu_internal::LoadRowFn load, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
   const float factor = p.scale * std::numbers::log2e_v<float>;
   const size_t elem = view.layout.ActivationBytes();
   for (int h = h0; h < h1; ++h) {
-    const float head_factor = factor * view.StaticScale(0, h);
+    const float head_factor = factor * TileStaticScale(view, 0, h);
     for (int64_t i = 0; i < p.n; ++i) {
       for (int g = 0; g < group; ++g) {
         const size_t src_row = (size_t(h) * group + g) * p.n + i;

@@ -32,6 +32,12 @@ inline constexpr float kExp2Taylor[8] = {1.5252733804059841e-05f, 1.540353039338
                                          5.5504108664821580e-02f, 2.4022650695910071e-01f,
                                          6.9314718055994531e-01f, 1.0f};
 
+// fp8_e4m3 pages read as value / 2^8 in every tile: a code's exponent and mantissa bits
+// placed in a half's make exactly that (the exponent biases differ by 8), so the vector
+// tiles widen codes with no multiply. attention.cc multiplies K's and V's static scales by
+// this, which is exact (a power of two).
+inline constexpr float kFp8TileScale = 256.0f;
+
 struct AttendTileArgs {
   KvFormat kv_format = KvFormat::kFloat32;  // how the pages store K/V
   int head_dim = 0;

@@ -39,10 +39,10 @@ void Axpy(float p, const float* __restrict v, int n, float* __restrict acc) {
 
 // This kv head's K or V of the token whose row starts at `row`, as floats: converted from
 // a plain format's element type, an int8 format's codes times its scale, or fp8 codes'
-// values (their static scales are the caller's: attention.cc).
+// values / kFp8TileScale (their static scales are the caller's: attention.cc).
 void LoadRow(const AttendTileArgs& args, DType element, const uint8_t* row, float* out) {
   if (args.kv_format == KvFormat::kFp8E4M3)
-    return DequantizeFp8E4M3(row + args.head_offset, args.head_dim, 1.0f, out);
+    return DequantizeFp8E4M3(row + args.head_offset, args.head_dim, 1.0f / kFp8TileScale, out);
   if (args.scale_offset == 0)
     return LoadAsFloat(element, row + args.head_offset, args.head_dim, out);
   float scale;

@@ -65,19 +65,20 @@ struct I8 {
   static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };
 
-// fp8 e4m3 codes (kernels/kv_quant.h) as their values: the magnitude's exponent and
-// mantissa bits placed in a half's, which F16C widens exactly (subnormals included), times
-// 2^8 for the bias (15 - 7); the NaN code becomes NaN. The static scales are attention.cc's.
+// fp8 e4m3 codes (kernels/kv_quant.h) as their values / kFp8TileScale: sign-extended to 16
+// bits and shifted left by 7, a code's sign lands in bits 15 and 14 and its exponent and
+// mantissa in a half's low exponent and high mantissa bits; clearing bit 14 leaves the half
+// of value / 2^8, which F16C widens exactly (subnormals included). The NaN code reads as
+// 480 / 2^8, which no other code does, and becomes NaN. The static scales are attention.cc's.
 struct E4M3 {
   static constexpr size_t kBytes = 1, kVBytes = kBytes;
   static __m256 Load8(const uint8_t* p) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i magnitude = _mm_and_si128(b, _mm_set1_epi16(0x7F));
-    const __m128i half = _mm_or_si128(_mm_slli_epi16(magnitude, 7),
-                                      _mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16(-32768)));
-    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
-    const __m128i nan = _mm_cmpeq_epi16(magnitude, _mm_set1_epi16(0x7F));
-    return _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+    const __m128i b = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i half = _mm_and_si128(_mm_slli_epi16(b, 7), _mm_set1_epi16(int16_t(0xBF80)));
+    const __m256 x = _mm256_cvtph_ps(half);
+    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    const __m256 nan = _mm256_cmp_ps(magnitude, _mm256_set1_ps(1.875f), _CMP_EQ_OQ);
+    return _mm256_or_ps(x, nan);
   }
   static __m256 LoadV(const uint8_t* p) { return Load8(p); }
 };

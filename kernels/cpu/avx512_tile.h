@@ -60,15 +60,13 @@ inline __m512 LoadI8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
-// fp8 e4m3 codes as their values, as avx2_util.h's E4M3 widens them.
+// fp8 e4m3 codes as their values / kFp8TileScale, as avx2_util.h's E4M3 widens them.
 inline __m512 LoadE4M3(const uint8_t* p) {
-  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i magnitude = _mm256_and_si256(b, _mm256_set1_epi16(0x7F));
+  const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   const __m256i half =
-      _mm256_or_si256(_mm256_slli_epi16(magnitude, 7),
-                      _mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16(-32768)));
-  const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
-  const __mmask16 nan = _mm256_cmpeq_epi16_mask(magnitude, _mm256_set1_epi16(0x7F));
+      _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(int16_t(0xBF80)));
+  const __m512 x = _mm512_cvtph_ps(half);
+  const __mmask16 nan = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(1.875f), _CMP_EQ_OQ);
   return _mm512_mask_mov_ps(x, nan, _mm512_castsi512_ps(_mm512_set1_epi32(-1)));
 }
 inline __m512 LoadBF16(const uint8_t* p) {
