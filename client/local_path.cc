@@ -14,6 +14,7 @@
 #include "client/transport.h"
 #include "core/refusal.h"
 #include "core/validate.h"
+#include "kernels/raw_kv.h"
 #include "kvarena/client.h"
 #include "kvarena/kv_cache_handle.h"
 
@@ -321,7 +322,7 @@ absl::Status GenericKvCacheHandle::WriteLocal(const char* op, int layer, const T
   return absl::OkStatus();
 }
 
-absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const {
+absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer, bool raw) const {
   const char* op = "get_kv_local";
   KVARENA_RETURN_IF_ERROR(CheckUsable(op));
   KVARENA_RETURN_IF_ERROR(CheckLayer(op, layer));
@@ -331,15 +332,6 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   auto lp = Pages(op, layer);  // fresh from the arena, narrowed by with_sequence_length
   KVARENA_RETURN_IF_ERROR(lp.status());
   const int64_t n = std::max<int64_t>(0, lp->len - lp->first_pos);
-  GetKvResult r;
-  r.first_pos = lp->first_pos;
-  const size_t bytes = size_t(*TensorBytes(dtype(), num_kv_heads(), n, head_dim()));  // n is held
-  for (TensorOut* o : {&r.k, &r.v}) {
-    o->dtype = dtype();
-    o->shape = {1, num_kv_heads(), n, head_dim()};
-    o->data.resize(bytes);
-  }
-  if (n == 0) return r;
   PagedKvView view;
   view.layout = layout();
   view.pool_base = base;
@@ -348,10 +340,23 @@ absl::StatusOr<GetKvResult> GenericKvCacheHandle::get_kv_local(int layer) const 
   view.num_blocks = int64_t(lp->page_ids.size());
   view.len = lp->len;
   SetStaticScales(info_.spec, layer, &view);
-  if (auto s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data());
-      !s.ok()) {
-    return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
+  GetKvResult r;
+  r.first_pos = lp->first_pos;
+  r.layer_len = lp->len;
+  absl::Status s;
+  if (raw && view.layout.format() != NativeKvFormat(dtype())) {
+    s = ReadRawKv(*kernels, view, lp->first_pos, n, &r);
+  } else {
+    r.kv_format = NativeKvFormat(dtype());
+    const size_t bytes = size_t(*TensorBytes(dtype(), num_kv_heads(), n, head_dim()));  // n is held
+    for (TensorOut* o : {&r.k, &r.v}) {
+      o->dtype = dtype();
+      o->shape = {1, num_kv_heads(), n, head_dim()};
+      o->data.resize(bytes);
+    }
+    if (n > 0) s = kernels->GatherKv(view, lp->first_pos, n, r.k.data.data(), r.v.data.data());
   }
+  if (!s.ok()) return absl::InternalError(absl::StrCat(op, ": layer ", layer, ": ", s.message()));
   return r;
 }
 

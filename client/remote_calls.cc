@@ -99,6 +99,7 @@ absl::StatusOr<GetKvResult> RemoteTransport::GetKv(const std::string& cache_id, 
   req.set_layer(layer);
   req.set_from_pos(uint64_t(range.from_pos));
   req.set_max_tokens(uint64_t(range.max_tokens));
+  req.set_raw(range.raw);
   v1::GetKvResponse resp;
   KVARENA_RETURN_IF_ERROR(channel_.Call(&Stub::GetKv, req, &resp));
   GetKvResult r;
@@ -106,6 +107,9 @@ absl::StatusOr<GetKvResult> RemoteTransport::GetKv(const std::string& cache_id, 
   r.v = TensorOutFromProto(resp.v());
   r.first_pos = int64_t(resp.first_pos());
   r.layer_len = int64_t(resp.layer_len());
+  r.kv_format = FromProto(resp.kv_format());
+  if (resp.has_k_scales()) r.k_scales = TensorOutFromProto(resp.k_scales());
+  if (resp.has_v_scales()) r.v_scales = TensorOutFromProto(resp.v_scales());
   return r;
 }
 

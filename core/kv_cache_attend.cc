@@ -9,6 +9,7 @@
 #include "core/kv_cache.h"
 #include "core/refusal.h"
 #include "core/validate.h"
+#include "kernels/raw_kv.h"
 #include "kernels/stop_token.h"
 
 namespace kvarena {
@@ -100,37 +101,46 @@ absl::StatusOr<GetKvResult> KvCache::GetKv(int layer, const GetKvRange& range) {
   const int64_t first = std::min(std::max(range.from_pos, t.first_pos(spec_.page_size)), t.len());
   int64_t n = t.len() - first;
   if (range.max_tokens > 0) n = std::min(n, range.max_tokens);
+  // A quantized cache's raw reply: its codes and scales; any other answers with values.
+  const PageLayout& layout = ctx_.pool->layout();
+  const bool raw = range.raw && layout.format() != NativeKvFormat(spec_.dtype);
   const std::optional<uint64_t> bytes =
       TensorBytes(spec_.dtype, spec_.num_kv_heads, n, spec_.head_dim);
+  const std::optional<uint64_t> raw_bytes = RawKvBytes(layout, n);
   // The K+V bytes a reply may carry: what is left of max_reply_bytes after its envelope.
   const uint64_t kv_budget = ctx_.max_reply_bytes > kGetKvReplyEnvelopeBytes
                                  ? ctx_.max_reply_bytes - kGetKvReplyEnvelopeBytes
                                  : 0;
-  if (!bytes || *bytes > kv_budget / 2) {
-    const uint64_t per_token = *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
+  if (raw ? !raw_bytes || *raw_bytes > kv_budget : !bytes || *bytes > kv_budget / 2) {
+    const uint64_t per_token =
+        raw ? 2 * uint64_t(layout.TokenBytes())
+            : *TensorBytes(spec_.dtype, spec_.num_kv_heads, 2, spec_.head_dim);
     return RefusedError(
         Refusal::kMaxMessageBytes,
         absl::StrCat("get_kv: layer ", layer, " positions [", first, ", ", first + n, ") are ",
-                     uint64_t(n) * per_token, " bytes of K and V, above the ", kv_budget,
-                     " a reply of ", ctx_.max_reply_bytes, " bytes may carry besides its ",
-                     kGetKvReplyEnvelopeBytes, "-byte envelope; ask for at most ",
-                     kv_budget / per_token, " tokens at a time (from_pos, max_tokens)"));
+                     uint64_t(n) * per_token, raw ? " raw" : "", " bytes of K and V, above the ",
+                     kv_budget, " a reply of ", ctx_.max_reply_bytes,
+                     " bytes may carry besides its ", kGetKvReplyEnvelopeBytes,
+                     "-byte envelope; ask for at most ", kv_budget / per_token,
+                     " tokens at a time (from_pos, max_tokens)"));
   }
   GetKvResult r;
   r.first_pos = first;
   r.layer_len = t.len();
-  for (TensorOut* o : {&r.k, &r.v}) {
-    o->dtype = spec_.dtype;
-    o->shape = {1, spec_.num_kv_heads, n, spec_.head_dim};
-    o->data.resize(size_t(*bytes));
-  }
-  if (n > 0) {
-    if (absl::Status s =
-            kernels().GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
-        !s.ok()) {
-      return absl::InternalError(absl::StrCat("get_kv: layer ", layer, ": ", s.message()));
+  absl::Status s;
+  if (raw) {
+    s = ReadRawKv(kernels(), ViewLocked(layer), first, n, &r);
+  } else {
+    r.kv_format = NativeKvFormat(spec_.dtype);
+    for (TensorOut* o : {&r.k, &r.v}) {
+      o->dtype = spec_.dtype;
+      o->shape = {1, spec_.num_kv_heads, n, spec_.head_dim};
+      o->data.resize(size_t(*bytes));
     }
+    if (n > 0)
+      s = kernels().GatherKv(ViewLocked(layer), first, n, r.k.data.data(), r.v.data.data());
   }
+  if (!s.ok()) return absl::InternalError(absl::StrCat("get_kv: layer ", layer, ": ", s.message()));
   return r;
 }
 

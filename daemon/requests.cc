@@ -201,6 +201,7 @@ absl::Status Requests::GetKv(S caller, const v1::GetKvRequest& req, v1::GetKvRes
   GetKvRange range;
   KVARENA_ASSIGN_OR_RETURN(range.from_pos, DecodeInt64("get_kv", "from_pos", req.from_pos()));
   KVARENA_ASSIGN_OR_RETURN(range.max_tokens, DecodeInt64("get_kv", "max_tokens", req.max_tokens()));
+  range.raw = req.raw();
   absl::StatusOr<GetKvResult> r =
       store_->GetKv(SessionOf(caller, scope), scope.CacheIn(req.cache_id()), *layer, range);
   if (!r.ok()) return scope.Out(r.status());
@@ -208,6 +209,9 @@ absl::Status Requests::GetKv(S caller, const v1::GetKvRequest& req, v1::GetKvRes
   ToProto(std::move(r->v), resp->mutable_v());
   resp->set_first_pos(static_cast<uint64_t>(r->first_pos));
   resp->set_layer_len(static_cast<uint64_t>(r->layer_len));
+  resp->set_kv_format(ToProto(r->kv_format));
+  if (!r->k_scales.shape.empty()) ToProto(std::move(r->k_scales), resp->mutable_k_scales());
+  if (!r->v_scales.shape.empty()) ToProto(std::move(r->v_scales), resp->mutable_v_scales());
   return absl::OkStatus();
 }
 

@@ -34,6 +34,21 @@ void CheckRank4(const InTensor& t, const char* name, const Geometry& g, int64_t 
   }
 }
 
+// get_kv's result: (k, v), or raw (k, v, k_scales, v_scales) with k and v in the codes'
+// DLPack type (int8, uint8 for fp8) and scales None when the format has none.
+py::tuple GetKvTuple(GetKvResult r, bool raw) {
+  if (!raw) return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
+  const bool codes = r.k.dtype == DType::kUnspecified;
+  auto out = [&](TensorOut& o, bool is_codes) -> py::object {
+    if (o.shape.empty()) return py::none();
+    Tensor t = FromTensorOut(std::move(o));
+    if (is_codes) t.dtype = ToDLDataType(r.kv_format);
+    return py::cast(std::move(t));
+  };
+  return py::make_tuple(out(r.k, codes), out(r.v, codes), out(r.k_scales, false),
+                        out(r.v_scales, false));
+}
+
 }  // namespace
 
 void CheckKv(const InTensor& t, const char* name, const Geometry& g, int64_t batch) {
@@ -95,6 +110,8 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
       .def_property_readonly("dtype", [](const H& h) { return std::string(DTypeName(h.dtype())); })
       .def_property_readonly(
           "kv_format", [](const H& h) { return std::string(KvFormatName(h.layout().format())); })
+      .def_property_readonly("k_scales", &H::k_scales)
+      .def_property_readonly("v_scales", &H::v_scales)
       .def_property_readonly("layer_windows", &H::layer_windows)
       .def_property_readonly("max_tokens", &H::max_tokens)
       .def_property_readonly("pool_id", &H::pool_id)
@@ -136,18 +153,16 @@ void BindCache(py::module_& /*m*/, CacheClass& c) {
           py::arg("window") = py::none())
       .def(
           "get_kv",
-          [](const H& h, int layer) {
-            GetKvResult r = Blocking([&] { return h.get_kv(layer); });
-            return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
+          [](const H& h, int layer, bool raw) {
+            return GetKvTuple(Blocking([&] { return h.get_kv(layer, raw); }), raw);
           },
-          py::arg("layer"))
+          py::arg("layer"), py::arg("raw") = false)
       .def(
           "get_kv_local",
-          [](const H& h, int layer) {
-            GetKvResult r = Blocking([&] { return h.get_kv_local(layer); });
-            return py::make_tuple(FromTensorOut(std::move(r.k)), FromTensorOut(std::move(r.v)));
+          [](const H& h, int layer, bool raw) {
+            return GetKvTuple(Blocking([&] { return h.get_kv_local(layer, raw); }), raw);
           },
-          py::arg("layer"))
+          py::arg("layer"), py::arg("raw") = false)
       .def(
           "popn", [](H& h, int64_t n) { return Blocking([&] { return h.popn(n); }).popped; },
           py::arg("n"))

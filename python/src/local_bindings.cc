@@ -192,31 +192,66 @@ void BindLocalPath(py::module_& m, ClientClass& client, CacheClass& cache) {
           py::arg("layer"))
       // The view holds a reference to a clone of the handle: the client (and so the pool's
       // mapping) lives while any consumer of the view does.
-      .def("pool_view", [](py::object self) {
+      .def("pool_view",
+           [](py::object self) {
+             const H& h = self.cast<const H&>();
+             py::object owner = ClientOf(self);
+             if (owner.is_none()) {
+               throw StatusError(absl::FailedPreconditionError(
+                   "pool_view: this Cache did not come from a Client call "
+                   "(allocate, open_cache, fork)"));
+             }
+             std::shared_ptr<Client> client = owner.cast<std::shared_ptr<Client>>();
+             KvPoolView v = Blocking([&] { return h.pool_view(); });
+             const int64_t pages = [&] {
+               py::gil_scoped_release nogil;
+               return PoolPages(client, h.pool_id());
+             }();
+             Tensor t;
+             t.owner = h.clone_handle();
+             t.data = v.base;
+             t.dtype = ToDLDataType(v.layout.format());
+             t.device = v.device < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, v.device};
+             if (v.layout.ScaleBytes() == 0) {
+               t.shape = {pages, 2, v.layout.page_size, v.layout.num_kv_heads, v.layout.head_dim};
+             } else {  // token rows of codes then scales: [pages, 2, page_size, row bytes]
+               t.shape = {pages, 2, v.layout.page_size, int64_t(v.layout.TokenBytes())};
+             }
+             return t;
+           })
+      .def("pool_scales", [](py::object self) {
         const H& h = self.cast<const H&>();
-        py::object owner = ClientOf(self);
-        if (owner.is_none()) {
-          throw StatusError(
-              absl::FailedPreconditionError("pool_view: this Cache did not come from a Client call "
-                                            "(allocate, open_cache, fork)"));
+        const PageLayout l = h.layout();
+        if (ScalesOf(l.format()) == KvScales::kPerHead) {  // fp8: the static scales
+          auto owned = [&](const std::vector<float>& s) {
+            return FromTensorOut(TensorOut{
+                DType::kFloat32,
+                {h.num_layers(), h.num_kv_heads()},
+                std::string(reinterpret_cast<const char*>(s.data()), s.size() * sizeof(float))});
+          };
+          return py::make_tuple(owned(h.k_scales()), owned(h.v_scales()));
         }
-        std::shared_ptr<Client> client = owner.cast<std::shared_ptr<Client>>();
-        KvPoolView v = Blocking([&] { return h.pool_view(); });
-        const int64_t pages = [&] {
-          py::gil_scoped_release nogil;
-          return PoolPages(client, h.pool_id());
-        }();
-        Tensor t;
-        t.owner = h.clone_handle();
-        t.data = v.base;
-        t.dtype = ToDLDataType(v.layout.format());
-        t.device = v.device < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, v.device};
-        if (v.layout.ScaleBytes() == 0) {
-          t.shape = {pages, 2, v.layout.page_size, v.layout.num_kv_heads, v.layout.head_dim};
-        } else {  // token rows of codes then scales: [pages, 2, page_size, row bytes]
-          t.shape = {pages, 2, v.layout.page_size, int64_t(v.layout.TokenBytes())};
+        if (ScalesOf(l.format()) != KvScales::kPerToken)
+          return py::make_tuple(py::none(), py::none());
+        if (l.ValueBytes() % sizeof(float) != 0) {
+          throw StatusError(absl::FailedPreconditionError(absl::StrCat(
+              "pool_scales: token rows of ", l.num_kv_heads, " x ", l.head_dim,
+              " codes leave the float32 scales unaligned; read them through pool_view() at "
+              "ValueBytes() + 4 h of each row")));
         }
-        return t;
+        py::object view = self.attr("pool_view")();  // owns the mapping, checks the cache
+        const Tensor& pool = view.cast<const Tensor&>();
+        const int64_t row = int64_t(l.TokenBytes() / sizeof(float));  // in floats
+        auto scales = [&](int kv) {
+          Tensor t = pool;
+          t.data = static_cast<uint8_t*>(pool.data) + size_t(kv) * l.page_size * l.TokenBytes() +
+                   l.ValueBytes();
+          t.dtype = DLDataType{kDLFloat, 32, 1};
+          t.shape = {pool.shape[0], l.page_size, l.num_kv_heads};
+          t.strides = {2 * l.page_size * row, row, 1};
+          return t;
+        };
+        return py::make_tuple(scales(0), scales(1));
       });
 
   client

@@ -30,6 +30,8 @@ def test_cache_operations(address, seed):
 
     assert cache.popn(2) == 2 and cache.num_tokens == 3
     assert torch.equal(torch.from_dlpack(cache.get_kv(0)[1]), v[:, :, :3])
+    _, raw_v, k_scales, v_scales = cache.get_kv(0, raw=True)  # plain pages: the values, no scales
+    assert torch.equal(torch.from_dlpack(raw_v), v[:, :, :3]) and k_scales is v_scales is None
     assert cache.popn(10) == 0 and cache.num_tokens == 3  # refused: all or nothing
     cache.set_tokens(3, [1, 2])
     short = cache.with_sequence_length(2)
@@ -91,7 +93,35 @@ def served_and_local(client, seed, prompt, ns, args):
                           atol=2e-3)
     back_k, back_v = (torch.from_dlpack(t) for t in served.get_kv(0))
     assert back_k.dtype == torch.float16
+    check_raw(served, local, back_k, back_v)
     return served, local, k, v, back_k, back_v
+
+
+def e4m3_values():
+    """The value of each of the 256 e4m3fn codes, from the format's definition (NaN left out)."""
+    codes = torch.arange(256)
+    e, m = (codes >> 3) & 15, (codes & 7).double()
+    t = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7).double())
+    return torch.where(codes >= 128, -t, t)
+
+
+def check_raw(served, local, back_k, back_v):
+    """get_kv(raw=True): the codes and scales as the pages hold them, code x scale (float32)
+    being what get_kv answers bit for bit; the served read, the local read and the cache the
+    local path wrote all agree."""
+    raw = [torch.from_dlpack(t) for t in served.get_kv(0, raw=True)]
+    for other in (served.get_kv_local(0, raw=True), local.get_kv(0, raw=True)):
+        assert all(torch.equal(a, torch.from_dlpack(b)) for a, b in zip(raw, other))
+    codes_k, codes_v, k_scales, v_scales = raw
+    for codes, scales, back in ((codes_k, k_scales, back_k), (codes_v, v_scales, back_v)):
+        assert codes.shape == back.shape and scales.dtype == torch.float32
+        if codes.dtype == torch.int8:  # one scale per (token, head)
+            assert scales.shape == back.shape[:3]
+            value = codes.float() * scales[..., None]
+        else:  # fp8_e4m3: the layer's static scales, one per head
+            assert codes.dtype == torch.uint8 and scales.shape == (back.shape[1],)
+            value = e4m3_values().float()[codes.long()] * scales.view(1, -1, 1, 1)
+        assert torch.equal(value.to(torch.float16), back)
 
 
 def test_int8_kv_format_served_and_local(address, seed):
@@ -109,6 +139,15 @@ def test_int8_kv_format_served_and_local(address, seed):
         p for p in pool if p["kv_format"] == "int8").items()
     view = torch.from_dlpack(served.pool_view())
     assert view.dtype == torch.int8 and tuple(view.shape[1:]) == (2, 4, 2 * 16 + 2 * 4)
+    # pool_scales(): float32 views of the same rows' scales, [pages, page_size, kv heads]
+    # for K and V; token t sits at page page_ids[t // 4], slot t % 4.
+    ids, t = torch.tensor(served.local_table(0).page_ids), torch.arange(9)
+    raw_scales = served.get_kv(0, raw=True)[2:]
+    for pool_scales, raw in zip(served.pool_scales(), raw_scales):
+        pool_scales = torch.from_dlpack(pool_scales)
+        assert pool_scales.dtype == torch.float32 and tuple(pool_scales.shape[1:]) == (4, 2)
+        assert torch.equal(pool_scales[ids[t // 4], t % 4].T, torch.from_dlpack(raw)[0])
+    assert served.k_scales == served.v_scales == []
     plain = client.allocate(1, 2, 16, "float16", page_size=4, prefix_namespace="int8",
                             prompt_tokens=prompt)
     assert plain.cached_tokens == 0  # same namespace and geometry, another KV format
@@ -135,13 +174,11 @@ def test_fp8_kv_format_static_scales_served_and_local(address, seed):
         assert ((got.float() - want.float()).abs() <= bound).all()
     view = torch.from_dlpack(served.pool_view())
     assert view.dtype == torch.uint8 and tuple(view.shape[1:]) == (2, 4, 2, 16)
+    assert (served.k_scales, served.v_scales) == (k_scales, v_scales)
+    assert [torch.from_dlpack(s).tolist() for s in served.pool_scales()] == [[k_scales], [v_scales]]
     # The bytes are e4m3fn codes (torch.float8_e4m3fn where torch has it), decoded here from
     # the format's definition: K of the first two pages is get_kv's K over its scales.
-    codes = torch.arange(256)
-    e, m = (codes >> 3) & 15, (codes & 7).double()
-    e4m3 = torch.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7).double())
-    e4m3 = torch.where(codes >= 128, -e4m3, e4m3)
-    pages = e4m3[view[torch.tensor(served.local_table(0).page_ids[:2])].long()]
+    pages = e4m3_values()[view[torch.tensor(served.local_table(0).page_ids[:2])].long()]
     k_pages = pages[:, 0].reshape(8, 2, 16).permute(1, 0, 2)  # [heads][tokens][dim]
     assert torch.equal(k_pages, back_k[0, :, :8].double() / torch.tensor(k_scales).view(2, 1, 1))
     other = client.allocate(1, 2, 16, "float16", prefix_namespace="fp8", prompt_tokens=prompt,

@@ -135,6 +135,12 @@ struct KvPoolView {
     return (kv == 0 ? k_cache() : v_cache()) +
            size_t(page * page_stride() + offset * token_stride()) * layout.ElemBytes();
   }
+  // A format with per-token scales (int8): the slot's float32 scales, [num_kv_heads], after
+  // its values in the same row (4-byte aligned when num_kv_heads * head_dim is a multiple
+  // of 4). nullptr for a format without them.
+  uint8_t* ScalePtr(int kv, int64_t slot) const {
+    return layout.ScaleBytes() == 0 ? nullptr : SlotPtr(kv, slot) + layout.ValueBytes();
+  }
 };
 
 class GenericKvCacheHandle {
@@ -153,6 +159,10 @@ class GenericKvCacheHandle {
   int page_size() const { return info_.spec.page_size; }
   const std::vector<int>& layer_windows() const { return info_.spec.layer_windows; }
   int64_t max_tokens() const { return info_.spec.max_tokens; }
+  // fp8_e4m3's static scales, [num_layers][num_kv_heads] float32 each (empty otherwise):
+  // what vLLM's and FlashInfer's fp8 kernels take beside the pool (value = code x scale).
+  const std::vector<float>& k_scales() const { return info_.spec.k_scales; }
+  const std::vector<float>& v_scales() const { return info_.spec.v_scales; }
   uint64_t pool_id() const { return info_.pool_id; }
   PageLayout layout() const;
   // Where the pages live: "cpu" for the host backend, "cuda:0" for the CUDA backend.
@@ -227,12 +237,13 @@ class GenericKvCacheHandle {
   // so a layer of any size passes the daemon's --max_message_bytes. ABORTED when the
   // layer lost tokens between chunks (popn, reset, window eviction by another thread);
   // a rewrite that leaves the lengths as they were (popn then append) goes unseen, so
-  // serialise get_kv with such writers.
-  absl::StatusOr<GetKvResult> get_kv(int layer) const;
+  // serialise get_kv with such writers. raw: a quantized cache's codes and scales as its
+  // pages store them (GetKvResult; chunks count their bytes), values otherwise.
+  absl::StatusOr<GetKvResult> get_kv(int layer, bool raw = false) const;
   // get_kv read through this process's mapping of the pool with the local kernels
   // (the K/V bytes never cross the RPC; one Describe for the pages). Needs the pool
   // mapped, like the local path; sees committed tokens, as get_kv does.
-  absl::StatusOr<GetKvResult> get_kv_local(int layer) const;
+  absl::StatusOr<GetKvResult> get_kv_local(int layer, bool raw = false) const;
 
   // --- prefix reuse (docs/prefix-reuse.md; needs spec.prefix_namespace to share) ---
   // Leading positions filled from other caches' pages (CacheInfo.cached_tokens): the

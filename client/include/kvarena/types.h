@@ -131,17 +131,27 @@ struct PopnResult {
 };
 
 // A range of one layer for GetKv: positions [max(from_pos, first held), ...), at most
-// max_tokens of them (0: to the end of the layer).
+// max_tokens of them (0: to the end of the layer). raw: a quantized cache's codes and
+// scales as its pages store them (GetKvResult), not values in the activation dtype.
 struct GetKvRange {
   int64_t from_pos = 0;
   int64_t max_tokens = 0;
+  bool raw = false;
 };
 
 struct GetKvResult {
-  TensorOut k;  // [1, num_kv_heads, tokens, head_dim]
+  // [1, num_kv_heads, tokens, head_dim]: values in the activation dtype, or raw one code of
+  // kv_format per element (dtype kUnspecified).
+  TensorOut k;
   TensorOut v;
   int64_t first_pos = 0;  // absolute position of the first returned token
   int64_t layer_len = 0;  // the layer's length: the range ends at first_pos + tokens <= it
+  // What k and v hold: the cache's KV format when raw, else the activation dtype's.
+  KvFormat kv_format = KvFormat::kUnspecified;
+  // Raw only, float32, value = code * scale. KvScales::kPerToken (int8): [1, num_kv_heads,
+  // tokens]; kPerHead (fp8_e4m3): [num_kv_heads], the layer's static scales; else empty.
+  TensorOut k_scales;
+  TensorOut v_scales;
 };
 
 // One layer's block table, in the one shape every call gives it (Describe, Reserve,
