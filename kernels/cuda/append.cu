@@ -1,12 +1,18 @@
 // AppendKv / GatherKv launchers: validate and fill the arguments (kernel_args.cc), then
-// dispatch the vector width to AppendKvKernel / GatherKvKernel (append_kernel.cuh).
+// dispatch the vector width to AppendKvKernel / GatherKvKernel (append_kernel.cuh), or
+// for a quantized format the activation dtype and format to QuantAppendKvKernel /
+// QuantGatherKvKernel (quant_append_kernel.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/append_kernel.cuh"
+#include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
+#include "kernels/cuda/kv_quant.cuh"
+#include "kernels/cuda/quant_append_kernel.cuh"
 
 namespace kvarena::gpu {
 namespace {
@@ -21,8 +27,37 @@ cudaError_t Launch(bool gather, dim3 grid, const AppendArgs& a, cudaStream_t str
   return cudaGetLastError();
 }
 
+cudaError_t QuantCopy(bool gather, const PageLayout& layout, AppendArgs a, int batch, int64_t n,
+                      int64_t max_pos, cudaStream_t stream) {
+  dim3 grid;
+  bool launch = false;
+  if (cudaError_t e = PrepareQuantAppend(layout, batch, n, max_pos, &a, &grid, &launch);
+      e != cudaSuccess || !launch) {
+    return e;
+  }
+  return DispatchDType(layout.dtype, [&](auto t) {
+    using T = decltype(t);
+    return DispatchKvStorage<T>(layout.format(), layout.dtype, [&](auto kv) -> cudaError_t {
+      using KV = decltype(kv);
+      if constexpr (std::is_same_v<KV, Int8Kv> || std::is_same_v<KV, Fp8Kv>) {
+        if (gather) {
+          QuantGatherKvKernel<T, KV><<<grid, kAppendThreads, 0, stream>>>(a);
+        } else {
+          QuantAppendKvKernel<T, KV><<<grid, kAppendThreads, 0, stream>>>(a);
+        }
+        return cudaGetLastError();
+      } else {
+        return cudaErrorInvalidValue;  // a plain format: Copy's
+      }
+    });
+  });
+}
+
 cudaError_t Copy(bool gather, const PageLayout& layout, AppendArgs a, int batch, int64_t n,
                  int64_t max_pos, cudaStream_t stream) {
+  if (ScalesOf(layout.format()) != KvScales::kNone) {
+    return QuantCopy(gather, layout, a, batch, n, max_pos, stream);
+  }
   int vec_bytes = 0;
   dim3 grid;
   bool launch = false;
@@ -49,6 +84,8 @@ AppendArgs SingleArgs(const PagedKvView& view, int64_t pos, const void* k, const
   a.one = PagedSeqDesc{0, view.first_block, pos};
   a.k = static_cast<uint8_t*>(const_cast<void*>(k));  // append only reads them
   a.v = static_cast<uint8_t*>(const_cast<void*>(v));
+  a.scales[0] = view.k_scales;
+  a.scales[1] = view.v_scales;
   return a;
 }
 
@@ -73,6 +110,8 @@ cudaError_t AppendKvBatch(const PagedKvBatch& batch, int64_t n, const void* k, c
   a.seqs = batch.seqs;
   a.k = static_cast<uint8_t*>(const_cast<void*>(k));  // append only reads them
   a.v = static_cast<uint8_t*>(const_cast<void*>(v));
+  a.scales[0] = batch.k_scales;
+  a.scales[1] = batch.v_scales;
   // Positions live on the device; keeping them below 2^31 is the caller's part.
   return Copy(false, batch.layout, a, batch.batch, n, 0, stream);
 }

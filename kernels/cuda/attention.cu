@@ -1,5 +1,5 @@
-// PagedAttention launchers: dispatch dtype and head_dim to the instantiated kernels
-// (attention_{f32,f16,bf16}.cu), plan and fill the arguments (kernel_args.cc), launch.
+// PagedAttention launchers: dispatch dtype, KV storage and head_dim to the instantiated
+// kernels (attention_*.cu), plan and fill the arguments (kernel_args.cc), launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/kv_kernels_cuda.h"
+#include "kernels/cuda/kv_quant.cuh"
 
 namespace kvarena::gpu {
 namespace {
@@ -27,26 +28,29 @@ cudaError_t Run(const PageLayout& layout, const AttentionParams& p, AttentionArg
   if (req.bytes_out) *req.bytes_out = 0;
   return DispatchDType(layout.dtype, [&](auto t) {
     using T = decltype(t);
-    return DispatchHeadDim(layout.head_dim, [&](auto d) -> cudaError_t {
-      constexpr int D = decltype(d)::value;
-      int64_t slots = 0;
-      AttentionPlan plan;
-      bool launch = false;
-      if (cudaError_t e = AttentionCtaSlots<T, D>(&slots); e != cudaSuccess) return e;
-      if (cudaError_t e = PlanAttentionRequest(layout, p, req.batch, req.max_span, slots, &plan);
-          e != cudaSuccess) {
-        return e;
-      }
-      if (req.bytes_out) {
-        *req.bytes_out = plan.workspace_bytes;
-        return cudaSuccess;
-      }
-      if (cudaError_t e = PrepareAttention(layout, p, req.batch, plan, req.workspace,
-                                           req.workspace_bytes, &a, &launch);
-          e != cudaSuccess || !launch) {
-        return e;
-      }
-      return LaunchAttention<T, D>(a, req.batch, stream);
+    return DispatchKvStorage<T>(layout.format(), layout.dtype, [&](auto kv) {
+      using KV = decltype(kv);
+      return DispatchHeadDim(layout.head_dim, [&](auto d) -> cudaError_t {
+        constexpr int D = decltype(d)::value;
+        int64_t slots = 0;
+        AttentionPlan plan;
+        bool launch = false;
+        if (cudaError_t e = AttentionCtaSlots<T, KV, D>(&slots); e != cudaSuccess) return e;
+        if (cudaError_t e = PlanAttentionRequest(layout, p, req.batch, req.max_span, slots, &plan);
+            e != cudaSuccess) {
+          return e;
+        }
+        if (req.bytes_out) {
+          *req.bytes_out = plan.workspace_bytes;
+          return cudaSuccess;
+        }
+        if (cudaError_t e = PrepareAttention(layout, p, req.batch, plan, req.workspace,
+                                             req.workspace_bytes, &a, &launch);
+            e != cudaSuccess || !launch) {
+          return e;
+        }
+        return LaunchAttention<T, KV, D>(a, req.batch, stream);
+      });
     });
   });
 }
@@ -73,6 +77,8 @@ AttentionArgs SingleArgs(const PagedKvView& view, const AttentionParams& p, cons
   a.one = PagedSeqDesc{0, view.first_block, p.q_pos};
   a.q = q;
   a.out = out;
+  a.k_scales = view.k_scales;
+  a.v_scales = view.v_scales;
   return a;
 }
 
@@ -83,6 +89,8 @@ AttentionArgs BatchArgs(const PagedKvBatch& batch, const void* q, void* out) {
   a.seqs = batch.seqs;
   a.q = q;
   a.out = out;
+  a.k_scales = batch.k_scales;
+  a.v_scales = batch.v_scales;
   return a;
 }
 

@@ -2,5 +2,5 @@
 #include "kernels/cuda/attention_impl.cuh"
 
 namespace kvarena::gpu {
-KVARENA_ATTENTION_FOR_HEAD_DIMS(__nv_bfloat16, /* not extern */)
+KVARENA_ATTENTION_FOR_HEAD_DIMS(__nv_bfloat16, __nv_bfloat16, /* not extern */)
 }  // namespace kvarena::gpu

@@ -2,5 +2,5 @@
 #include "kernels/cuda/attention_impl.cuh"
 
 namespace kvarena::gpu {
-KVARENA_ATTENTION_FOR_HEAD_DIMS(float, /* not extern */)
+KVARENA_ATTENTION_FOR_HEAD_DIMS(float, float, /* not extern */)
 }  // namespace kvarena::gpu

@@ -1,6 +1,6 @@
-// Definitions of the per-(dtype, head_dim) attention entry points declared in
-// attention_launch.cuh. Included only by attention_{f32,f16,bf16}.cu, each of which
-// instantiates one dtype for every head_dim.
+// Definitions of the per-(dtype, KV storage, head_dim) attention entry points declared in
+// attention_launch.cuh. Included only by the attention_*.cu units, each of which
+// instantiates one (dtype, KV storage) pair for every head_dim.
 #ifndef KVARENA_KERNELS_CUDA_ATTENTION_IMPL_CUH_
 #define KVARENA_KERNELS_CUDA_ATTENTION_IMPL_CUH_
 
@@ -12,12 +12,13 @@
 #include "kernels/cuda/attention_kernel.cuh"
 #include "kernels/cuda/attention_launch.cuh"
 #include "kernels/cuda/attention_merge.cuh"
+#include "kernels/cuda/kv_quant.cuh"
 
 namespace kvarena::gpu {
 
-template <typename T, int D>
+template <typename T, typename KV, int D>
 cudaError_t AttentionCtaSlots(int64_t* slots) {
-  using C = AttentionConfig<T, D>;
+  using C = AttentionConfig<KV, D>;
   constexpr int kCachedDevices = 64;
   static std::atomic<int64_t> cache[kCachedDevices];  // 0: not computed yet
   int dev = 0;
@@ -31,7 +32,7 @@ cudaError_t AttentionCtaSlots(int64_t* slots) {
     return e;
   }
   if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, PagedAttentionKernel<T, D>, C::kThreads, C::kSmemBytes);
+          &per_sm, PagedAttentionKernel<T, KV, D>, C::kThreads, C::kSmemBytes);
       e != cudaSuccess) {
     return e;
   }
@@ -40,10 +41,11 @@ cudaError_t AttentionCtaSlots(int64_t* slots) {
   return cudaSuccess;
 }
 
-template <typename T, int D>
+template <typename T, typename KV, int D>
 cudaError_t LaunchAttention(const AttentionArgs& a, int batch, cudaStream_t stream) {
-  using C = AttentionConfig<T, D>;
-  PagedAttentionKernel<T, D><<<AttentionGrid(a, batch), C::kThreads, C::kSmemBytes, stream>>>(a);
+  using C = AttentionConfig<KV, D>;
+  PagedAttentionKernel<T, KV, D>
+      <<<AttentionGrid(a, batch), C::kThreads, C::kSmemBytes, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || a.splits == 1) return e;
   const int64_t rows = int64_t(batch) * a.num_q_heads * a.n;
   MergeSplitsKernel<T><<<unsigned(rows), kMergeThreads, MergeSmemBytes(a.splits), stream>>>(

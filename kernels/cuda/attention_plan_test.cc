@@ -149,8 +149,8 @@ TEST_F(KernelArgsTest, PrepareRejectsMisalignedPointersAndShortWorkspace) {
   EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch), cudaSuccess);
   EXPECT_TRUE(launch);
   EXPECT_EQ(a.group, 4);
-  EXPECT_EQ(a.token_elems, 8 * 128);
-  EXPECT_EQ(a.page_elems, 2 * 16 * 8 * 128);
+  EXPECT_EQ(a.token_bytes, 8 * 128 * int64_t(layout_.ElemBytes()));
+  EXPECT_EQ(a.page_bytes, 2 * 16 * 8 * 128 * int64_t(layout_.ElemBytes()));
   a = Args();
   a.q = buf_ + 1;
   EXPECT_EQ(PrepareAttention(layout_, Params(32), 1, plan_, nullptr, 0, &a, &launch),

@@ -54,11 +54,15 @@ class Call {
             "cudaMemcpyAsync(D2H)");
     }
   }
-  // The view with its block table staged to the device.
+  // The view with its block table and static scales (host arrays in core's views)
+  // staged to the device.
   PagedKvView DeviceView(const PagedKvView& view) {
     PagedKvView d = view;
     d.block_table = static_cast<const int32_t*>(
         Alloc(size_t(view.num_blocks) * sizeof(int32_t), view.block_table));
+    const size_t scales = size_t(view.layout.num_kv_heads) * sizeof(float);
+    if (view.k_scales) d.k_scales = static_cast<const float*>(Alloc(scales, view.k_scales));
+    if (view.v_scales) d.v_scales = static_cast<const float*>(Alloc(scales, view.v_scales));
     return d;
   }
   // Waits for the stream, frees the buffers; the call's status.
@@ -83,7 +87,10 @@ class CudaKvKernels final : public KvKernels {
   }
   std::string name() const override { return "cuda"; }
   absl::Status CheckLayout(const PageLayout& layout) const override {
-    if (absl::Status s = CheckKvFormat(name(), layout, {}); !s.ok()) return s;
+    if (absl::Status s = CheckKvFormat(name(), layout, {KvFormat::kInt8, KvFormat::kFp8E4M3});
+        !s.ok()) {
+      return s;
+    }
     if (layout.head_dim == 64 || layout.head_dim == 128 || layout.head_dim == 256)
       return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("spec.head_dim=", layout.head_dim,

@@ -1,10 +1,11 @@
 // NewCudaKvKernels: core's KvKernels interface (kernels/kv_kernels.h) over the CUDA
 // kernels, for pools whose pages live on a CUDA device (the CUDA arena backend).
 //
-// Each call stages the host tensors (k, v, q) and the view's host block table to the
-// device on a stream of its own, runs the kernel, copies the outputs back and waits:
-// synchronous like the CPU kernels, and thread-safe (concurrent calls use different
-// streams and buffers). view.pool_base must be a device address on `device`. Device
+// Each call stages the host tensors (k, v, q), the view's host block table and its static
+// scales (fp8_e4m3) to the device on a stream of its own, runs the kernel, copies the
+// outputs back and waits: synchronous like the CPU kernels, and thread-safe (concurrent
+// calls use different streams and buffers). Takes K/V stored as the activation dtype,
+// int8 or fp8_e4m3 (kv_kernels_cuda.h), head_dim 64, 128 or 256. view.pool_base must be a device address on `device`. Device
 // errors come back as INTERNAL naming the call and the CUDA error.
 //
 // Plain C++ header: no CUDA headers, so core/ and daemon/ may include it.

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/paged_kv.h"
@@ -17,13 +19,17 @@ namespace kvarena::gpu {
 
 // ---- Storage types ----------------------------------------------------------------------
 
-// 16 bytes of storage <-> kVec floats (round to nearest even on the way out).
+// 16 bytes of storage <-> kVec floats (round to nearest even on the way out). A lane of
+// the attention kernel moves kChunkBytes of a key row at a time (16 here; the 1-byte
+// formats of kv_quant.cuh use 8); kTokenScales: rows carry per-token scales (none here).
 template <typename T>
 struct Storage;
 
 template <>
 struct Storage<float> {
   static constexpr int kVec = 4;
+  static constexpr int kChunkBytes = 16;
+  static constexpr bool kTokenScales = false;
   __device__ __forceinline__ static void Unpack(const uint4& raw, float* f) {
     const float4 x = *reinterpret_cast<const float4*>(&raw);
     f[0] = x.x;
@@ -38,6 +44,8 @@ struct Storage<float> {
 template <>
 struct Storage<__half> {
   static constexpr int kVec = 8;
+  static constexpr int kChunkBytes = 16;
+  static constexpr bool kTokenScales = false;
   __device__ __forceinline__ static void Unpack(const uint4& raw, float* f) {
     const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
@@ -54,6 +62,8 @@ struct Storage<__half> {
 template <>
 struct Storage<__nv_bfloat16> {
   static constexpr int kVec = 8;
+  static constexpr int kChunkBytes = 16;
+  static constexpr bool kTokenScales = false;
   __device__ __forceinline__ static void Unpack(const uint4& raw, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
@@ -85,10 +95,43 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 #else
+  if ((reinterpret_cast<uintptr_t>(smem) | reinterpret_cast<uintptr_t>(gmem)) % 16 != 0) {
+    std::fprintf(stderr, "CpAsync16: misaligned %p <- %p\n", smem, gmem);  // a GPU would fault
+    std::abort();
+  }
   if (valid) {
     std::memcpy(smem, gmem, 16);
   } else {
     std::memset(smem, 0, 16);
+  }
+#endif
+}
+// Copies 4 or 8 bytes (kBytes) from gmem, or zeroes them when !valid: the narrow rows of
+// the 1-byte formats (an int8 row is 4-byte aligned only when its trailing scales are).
+template <int kBytes>
+__device__ __forceinline__ void CpAsyncSmall(void* smem, const void* gmem, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8, "cp.async.ca copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  if (kBytes == 4) {
+    *static_cast<uint32_t*>(smem) = valid ? __ldg(static_cast<const unsigned*>(gmem)) : 0u;
+  } else {
+    *static_cast<uint2*>(smem) = valid ? __ldg(static_cast<const uint2*>(gmem)) : make_uint2(0, 0);
+  }
+#elif defined(__CUDA_ARCH__)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(kBytes),
+               "r"(src_bytes)
+               : "memory");
+#else
+  if ((reinterpret_cast<uintptr_t>(smem) | reinterpret_cast<uintptr_t>(gmem)) % kBytes != 0) {
+    std::fprintf(stderr, "CpAsyncSmall: misaligned %p <- %p\n", smem, gmem);
+    std::abort();
+  }
+  if (valid) {
+    std::memcpy(smem, gmem, kBytes);
+  } else {
+    std::memset(smem, 0, kBytes);
   }
 #endif
 }

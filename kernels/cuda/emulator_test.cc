@@ -10,35 +10,10 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/kv_kernels.h"
-#include "kernels/cuda/attention_launch.cuh"
-#include "kernels/cuda/attention_plan.h"
-#include "kernels/cuda/cuda_util.cuh"
-#include "kernels/cuda/kernel_args.h"
 #include "kernels/cuda/test_problems.h"
 #include "tests/support/test_seed.h"
-// Last: defines the CUDA built-ins as macros.
-#include "kernels/cuda/emulator.h"
-
-// The kernels compile into their own namespace, so these host copies can never be
-// confused with the real kernels' launch stubs (same names) in kvarena_kernels_cuda.
-namespace kvarena {
-namespace gpu_real = gpu;
-namespace gpu_emu {
-using namespace gpu_real;
-using std::max;
-using std::min;
-}  // namespace gpu_emu
-}  // namespace kvarena
-#define gpu gpu_emu
-#include "kernels/cuda/append_kernel.cuh"
-#include "kernels/cuda/attention_kernel.cuh"
-#include "kernels/cuda/attention_merge.cuh"
-#undef gpu
-
-namespace kvarena::gpu_emu {
-alignas(16) uint4 smem[48 * 1024 / 16];         // PagedAttentionKernel's dynamic shared memory
-alignas(16) float merge_smem[kMaxSplits + 32];  // MergeSplitsKernel's
-}  // namespace kvarena::gpu_emu
+// Last: the kernels compiled for the emulator (defines the CUDA built-ins as macros).
+#include "kernels/cuda/emulator_kernels.h"
 
 namespace kvarena::gpu {
 namespace {
@@ -49,47 +24,16 @@ using testing::HostBatch;
 using testing::ParamsFor;
 using testing::Problem;
 using testing::RandomStored;
+using testing::RunEmulatedAttention;
 using testing::SeqSpec;
-
-template <typename T, int D>
-void EmulateAttention(const AttentionArgs& a, int batch) {
-  using C = gpu_emu::AttentionConfig<T, D>;
-  emu::LaunchGrid(AttentionGrid(a, batch), dim3(C::kThreads), gpu_emu::smem, C::kSmemBytes,
-                  [&] { gpu_emu::PagedAttentionKernel<T, D>(a); });
-  if (a.splits == 1) return;
-  const unsigned rows = unsigned(batch) * a.num_q_heads * a.n;
-  emu::LaunchGrid(dim3(rows), dim3(gpu_emu::kMergeThreads), gpu_emu::merge_smem,
-                  gpu_emu::MergeSmemBytes(a.splits), [&] {
-                    gpu_emu::MergeSplitsKernel<T>(a.part_ml, a.part_acc, static_cast<T*>(a.out),
-                                                  a.splits, D);
-                  });
-}
 
 class EmulatorTest : public ::testing::Test {
  protected:
   EmulatorTest() : seed_(kvarena::testing::TestSeed()), rng_(seed_) {}
 
-  // Plans for `slots` resident CTAs, prepares the arguments like attention.cu, runs the
-  // emulated kernels; returns the splits used.
   int RunAttention(const PageLayout& layout, const AttentionParams& p, AttentionArgs a, int batch,
                    int64_t max_span, int64_t slots) {
-    AttentionPlan plan;
-    EXPECT_EQ(PlanAttentionRequest(layout, p, batch, max_span, slots, &plan), cudaSuccess);
-    std::vector<float4> workspace(plan.workspace_bytes / 16 + 1);
-    bool launch = false;
-    EXPECT_EQ(PrepareAttention(layout, p, batch, plan, workspace.data(), workspace.size() * 16, &a,
-                               &launch),
-              cudaSuccess);
-    if (!launch) return 0;
-    EXPECT_EQ(DispatchDType(layout.dtype,
-                            [&](auto t) {
-                              return DispatchHeadDim(layout.head_dim, [&](auto d) {
-                                EmulateAttention<decltype(t), decltype(d)::value>(a, batch);
-                                return cudaSuccess;
-                              });
-                            }),
-              cudaSuccess);
-    return plan.splits;
+    return RunEmulatedAttention(layout, p, a, batch, max_span, slots);
   }
 
   // Runs pb through the batched path and, sequence by sequence, the single-cache path;
@@ -123,7 +67,7 @@ class EmulatorTest : public ::testing::Test {
     got.resize(want.size());
     EXPECT_EQ(CompareOutputs(pb.layout.dtype, got, want, pb.layout.head_dim), "") << "batched";
 
-    const size_t seq_bytes = per_seq * pb.layout.ElemBytes();
+    const size_t seq_bytes = per_seq * pb.layout.ActivationBytes();
     std::vector<uint8_t> one(seq_bytes, 0xFF);
     for (int b = 0; b < hb.batch(); ++b) {
       const PagedKvView view = hb.View(b);

@@ -19,9 +19,10 @@ cudaError_t PrepareAppend(const PageLayout& layout, int batch, int64_t n, int64_
   *launch = false;
   const size_t elem = DTypeSize(layout.dtype);
   const int64_t row_bytes = int64_t(layout.head_dim) * int64_t(elem);
-  if (elem == 0 || layout.head_dim <= 0 || layout.num_kv_heads <= 0 || layout.page_size <= 0 ||
-      n < 0 || max_pos < 0 || batch < 0 || batch > 65535 || 2 * layout.num_kv_heads > 65535 ||
-      n >= kMaxIndex || max_pos >= kMaxIndex - n ||  // written so neither can wrap
+  if (elem == 0 || layout.format() != NativeKvFormat(layout.dtype) || layout.head_dim <= 0 ||
+      layout.num_kv_heads <= 0 || layout.page_size <= 0 || n < 0 || max_pos < 0 || batch < 0 ||
+      batch > 65535 || 2 * layout.num_kv_heads > 65535 || n >= kMaxIndex ||
+      max_pos >= kMaxIndex - n ||  // written so neither can wrap
       (row_bytes >= 2 && n >= kMaxIndex / (row_bytes / 2))) {
     return cudaErrorInvalidValue;
   }
@@ -40,6 +41,33 @@ cudaError_t PrepareAppend(const PageLayout& layout, int batch, int64_t n, int64_
   a->page_units = 2 * int64_t(layout.page_size) * a->token_units;
   *grid = dim3((a->head_units + kAppendThreads - 1) / kAppendThreads, 2 * a->num_kv_heads,
                unsigned(batch));
+  *launch = true;
+  return cudaSuccess;
+}
+
+cudaError_t PrepareQuantAppend(const PageLayout& layout, int batch, int64_t n, int64_t max_pos,
+                               AppendArgs* a, dim3* grid, bool* launch) {
+  *launch = false;
+  const KvScales scales = ScalesOf(layout.format());
+  if (layout.ElemBytes() != 1 || scales == KvScales::kNone || DTypeSize(layout.dtype) == 0 ||
+      layout.head_dim <= 0 || layout.num_kv_heads <= 0 || layout.page_size <= 0 || n < 0 ||
+      max_pos < 0 || batch < 0 || batch > 65535 || 2 * layout.num_kv_heads > 65535 ||
+      n >= kMaxIndex || max_pos >= kMaxIndex - n ||  // written so neither can wrap
+      int64_t(layout.num_kv_heads) * layout.head_dim >= kMaxIndex / 8) {
+    return cudaErrorInvalidValue;
+  }
+  if (n == 0 || batch == 0) return cudaSuccess;
+  if (a->pool == nullptr || a->tables == nullptr || a->k == nullptr || a->v == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  a->num_kv_heads = layout.num_kv_heads;
+  a->n = uint32_t(n);
+  a->page = FastDiv(uint32_t(layout.page_size));
+  a->head_dim = layout.head_dim;
+  a->token_bytes = int64_t(layout.TokenBytes());
+  a->page_bytes = int64_t(layout.PageBytes());
+  a->value_bytes = int64_t(layout.ValueBytes());
+  *grid = dim3(unsigned(CeilDiv(n, kQuantRowsPerCta)), 2 * a->num_kv_heads, unsigned(batch));
   *launch = true;
   return cudaSuccess;
 }
@@ -82,8 +110,13 @@ cudaError_t PrepareAttention(const PageLayout& layout, const AttentionParams& p,
     return cudaErrorInvalidValue;
   }
   const int kv_heads = layout.num_kv_heads;
-  a->token_elems = kv_heads * layout.head_dim;
-  a->page_elems = 2 * int64_t(layout.page_size) * a->token_elems;
+  a->token_bytes = int64_t(layout.TokenBytes());
+  a->page_bytes = int64_t(layout.PageBytes());
+  a->scale_offset = int64_t(layout.ValueBytes());
+  // Rows of the 1-byte formats: 8-byte loads where every row starts 8-byte aligned (the
+  // pool is 16-byte aligned; int8's trailing scales can leave rows 4-byte aligned only).
+  a->kv_load_bytes = a->token_bytes % 8 == 0 ? 8 : 4;
+  if (a->token_bytes % (layout.ElemBytes() == 1 ? 4 : 16) != 0) return cudaErrorInvalidValue;
   a->page = FastDiv(uint32_t(layout.page_size));
   a->num_kv_heads = kv_heads;
   a->num_q_heads = p.num_q_heads;

@@ -35,7 +35,18 @@ struct AppendArgs {
   FastDiv page;         // page_size
   int64_t page_units;   // vectors per page
   int64_t token_units;  // vectors per token of all heads
+  // Quantized formats only (QuantAppendKernel / QuantGatherKernel; PrepareQuantAppend).
+  // pool rows: [num_kv_heads][head_dim] 1-byte codes, then (int8) [num_kv_heads] float32.
+  int head_dim;
+  int64_t token_bytes;     // one token's row of K or V
+  int64_t page_bytes;      // one page
+  int64_t value_bytes;     // int8: where a row's scales start
+  const float* scales[2];  // fp8: K's and V's static scales [num_kv_heads], or null (1)
 };
+
+// Quantizing append / dequantizing gather: kQuantRowsPerCta (token, head) rows per CTA,
+// one warp each.
+inline constexpr int kQuantRowsPerCta = kAppendThreads / 32;
 
 // Validates an append or gather and completes `a` (pool, tables, seqs/one, k, v set).
 // *vec_bytes = 16 or 2: the vector each thread moves. *launch = false: nothing to do.
@@ -43,18 +54,29 @@ struct AppendArgs {
 cudaError_t PrepareAppend(const PageLayout& layout, int batch, int64_t n, int64_t max_pos,
                           AppendArgs* a, int* vec_bytes, dim3* grid, bool* launch);
 
+// The same for a quantized format (int8, fp8_e4m3): grid = (ceil(n / kQuantRowsPerCta),
+// 2 * num_kv_heads, batch). a->scales set by the caller (fp8).
+cudaError_t PrepareQuantAppend(const PageLayout& layout, int batch, int64_t n, int64_t max_pos,
+                               AppendArgs* a, dim3* grid, bool* launch);
+
 struct AttentionArgs {
-  const uint8_t* pool;       // [num_pool_pages][2][page_size][num_kv_heads][head_dim]
+  const uint8_t* pool;       // [num_pool_pages][2][page_size][token row (PageLayout)]
   const int32_t* tables;     // [sum of num_blocks] packed block tables
   const PagedSeqDesc* seqs;  // [batch], or null: every CTA uses `one`
   PagedSeqDesc one;
-  const void* q;       // [batch][num_q_heads][n][head_dim]
-  void* out;           // [batch][num_q_heads][n][head_dim]
-  float2* part_ml;     // [batch][num_q_heads][n][splits] {max log2-score, sum of exp2}
-  float* part_acc;     // [batch][num_q_heads][n][splits][head_dim]
-  int64_t page_elems;  // elements per page: 2 * page_size * token_elems
-  int token_elems;     // elements per token of all heads: num_kv_heads * head_dim
-  FastDiv page;        // page_size
+  const void* q;    // [batch][num_q_heads][n][head_dim]
+  void* out;        // [batch][num_q_heads][n][head_dim]
+  float2* part_ml;  // [batch][num_q_heads][n][splits] {max log2-score, sum of exp2}
+  float* part_acc;  // [batch][num_q_heads][n][splits][head_dim]
+  // Static scales [num_kv_heads] (PagedKvView::k_scales / v_scales), or null (all 1):
+  // K's multiplies q, V's the output.
+  const float* k_scales;
+  const float* v_scales;
+  int64_t page_bytes;    // PageLayout::PageBytes()
+  int64_t token_bytes;   // PageLayout::TokenBytes(): one token's row of K or V, all heads
+  int64_t scale_offset;  // int8: where a row's per-token scales start (ValueBytes())
+  int kv_load_bytes;     // 1-byte formats: 8, or 4 when rows are not 8-byte aligned
+  FastDiv page;          // page_size
   int num_kv_heads;
   int num_q_heads;
   int group;          // num_q_heads / num_kv_heads

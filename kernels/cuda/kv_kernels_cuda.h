@@ -1,12 +1,27 @@
 // CUDA kernels over paged KV: append new tokens into their pages, gather them back, and
 // paged attention (decode and prefill, GQA, sliding-window masking), with the semantics
 // of the CPU kernels in kernels/cpu/kv_kernels.h (NewCudaKvKernels in cuda_kv_kernels.h
-// wraps them behind core's KvKernels interface). Storage f32 / f16 / bf16, float32 accumulation;
-// attention takes head_dim 64, 128 or 256; page_size, GQA ratio and window are run-time.
+// wraps them behind core's KvKernels interface). Float32 accumulation; attention takes
+// head_dim 64, 128 or 256; page_size, GQA ratio and window are run-time.
+//
+// KV formats (PageLayout::format(), kvarena/paged_kv.h): K/V stored as the activation
+// dtype (f32 / f16 / bf16), or quantized, with q, k, v and out in the activation dtype:
+//   int8     : a token row is [num_kv_heads][head_dim] int8 codes, then [num_kv_heads]
+//              float32 scales (one per token and head, absmax / 127, computed at append).
+//              Rows are 4-byte aligned only when num_kv_heads is odd (e.g. 1 x 128 =
+//              132 bytes): attention then reads them with 4-byte copies instead of 8.
+//   fp8_e4m3 : [num_kv_heads][head_dim] OCP e4m3fn codes of x / scale, with the layer's
+//              static scales view.k_scales / v_scales ([num_kv_heads] float32, DEVICE
+//              memory here, nullptr = 1; PagedKvBatch has its own pair). Attention folds
+//              K's scale into q and V's into the output, as the CPU kernel does.
+// Append quantizes exactly as kernels/kv_quant.h does, so the pages hold the CPU kernel's
+// bytes (codes and scales) for the same input; gather returns the dequantized values
+// (code * scale, rounded once to the activation dtype). Quantized append / gather take
+// any head_dim; attention over them takes head_dim 64, 128 or 256 like the plain formats.
 //
 // Every pointer here is a DEVICE pointer, including PagedKvView::block_table (unlike the
-// CPU kernels, which read it on the host) and PagedKvView::pool_base. Tensors are
-// contiguous, row-major, in the pool's dtype, 16-byte aligned:
+// CPU kernels, which read it on the host), PagedKvView::pool_base and the static scales.
+// Tensors are contiguous, row-major, in the activation dtype, 16-byte aligned:
 //   k, v      : [num_kv_heads][n][head_dim]           (batched: [batch][num_kv_heads][n][head_dim])
 //   k/v_out   : [num_kv_heads][n][head_dim]
 //   q, out    : [num_q_heads][n][head_dim]            (batched: [batch][num_q_heads][n][head_dim])
@@ -53,6 +68,9 @@ struct PagedKvBatch {
   const int32_t* block_tables = nullptr;  // [sum over sequences of their num_blocks] pool page ids
   const PagedSeqDesc* seqs = nullptr;     // [batch]
   int batch = 0;
+  // fp8_e4m3: the layer's static scales, [num_kv_heads] each (PagedKvView's), or null (1).
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
   // Host-side hint: about how many keys the longest query of the batch sees (window
   // applied). It only chooses how far long contexts are split (and so the workspace
   // size); results are exact whatever it says.

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/kv_kernels.h"
@@ -117,8 +118,17 @@ class HostBatch {
     v.first_block = descs_[b].first_block;
     v.num_blocks = num_blocks_[b];
     v.len = lens_[b];
+    if (!k_scales_.empty()) v.k_scales = k_scales_.data();
+    if (!v_scales_.empty()) v.v_scales = v_scales_.data();
     return v;
   }
+  // fp8: the layer's static scales, [num_kv_heads] each, that View() hands out.
+  void SetStaticScales(std::vector<float> k, std::vector<float> v) {
+    k_scales_ = std::move(k);
+    v_scales_ = std::move(v);
+  }
+  const std::vector<float>& k_scales() const { return k_scales_; }
+  const std::vector<float>& v_scales() const { return v_scales_; }
   std::vector<uint8_t>& pool() { return pool_; }
   const std::vector<int32_t>& tables() const { return tables_; }
   const std::vector<PagedSeqDesc>& descs() const { return descs_; }
@@ -130,6 +140,7 @@ class HostBatch {
   std::vector<PagedSeqDesc> descs_;
   std::vector<int64_t> num_blocks_;
   std::vector<int64_t> lens_;
+  std::vector<float> k_scales_, v_scales_;
 };
 
 inline AttentionParams ParamsFor(const Problem& pb, int64_t q_pos) {
@@ -146,7 +157,7 @@ inline AttentionParams ParamsFor(const Problem& pb, int64_t q_pos) {
 inline std::vector<uint8_t> CpuAttention(const Problem& pb, HostBatch& hb,
                                          const std::vector<uint8_t>& q) {
   const size_t per_seq =
-      size_t(pb.num_q_heads()) * pb.n * pb.layout.head_dim * pb.layout.ElemBytes();
+      size_t(pb.num_q_heads()) * pb.n * pb.layout.head_dim * pb.layout.ActivationBytes();
   std::vector<uint8_t> out(per_seq * hb.batch());
   for (int b = 0; b < hb.batch(); ++b) {
     ::kvarena::PagedAttention(hb.View(b), ParamsFor(pb, pb.seqs[b].pos), q.data() + b * per_seq,

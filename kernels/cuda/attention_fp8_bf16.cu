@@ -1,0 +1,6 @@
+// Instantiates the __nv_bfloat16 attention kernels over fp8 pages for head_dim 64, 128 and 256.
+#include "kernels/cuda/attention_impl.cuh"
+
+namespace kvarena::gpu {
+KVARENA_ATTENTION_FOR_HEAD_DIMS(__nv_bfloat16, Fp8Kv, /* not extern */)
+}  // namespace kvarena::gpu
