@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/kv_kernels.h"
+#include "kernels/cuda/gpu_test_util.h"
 #include "kernels/cuda/test_problems.h"
 #include "tests/support/test_seed.h"
 
@@ -21,77 +22,14 @@ namespace {
 
 using testing::CompareOutputs;
 using testing::CpuAttention;
+using testing::DeviceBatch;
+using testing::DeviceBuffer;
+using testing::GpuPresent;
 using testing::HostBatch;
 using testing::ParamsFor;
 using testing::Problem;
 using testing::RandomStored;
 using testing::SeqSpec;
-
-bool GpuPresent() {
-  static const bool present = [] {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-  }();
-  return present;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!GpuPresent()) GTEST_SKIP() << "no CUDA device"
-
-// Device memory, freed on destruction.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(bytes, 16)), cudaSuccess);
-  }
-  DeviceBuffer(const void* host, size_t bytes) : DeviceBuffer(bytes) {
-    EXPECT_EQ(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~DeviceBuffer() { cudaFree(p_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(p_);
-  }
-  std::vector<uint8_t> Read(size_t bytes) const {
-    std::vector<uint8_t> out(bytes);
-    EXPECT_EQ(cudaMemcpy(out.data(), p_, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-    return out;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// A HostBatch mirrored on the device.
-struct DeviceBatch {
-  DeviceBatch(HostBatch& hb)
-      : pool(hb.pool().data(), hb.pool().size()),
-        tables(hb.tables().data(), hb.tables().size() * sizeof(int32_t)),
-        descs(hb.descs().data(), hb.descs().size() * sizeof(PagedSeqDesc)) {}
-  PagedKvBatch Batch(const PageLayout& layout, int batch, int64_t max_span) const {
-    PagedKvBatch b;
-    b.layout = layout;
-    b.pool_base = pool.get<uint8_t>();
-    b.block_tables = tables.get<int32_t>();
-    b.seqs = descs.get<PagedSeqDesc>();
-    b.batch = batch;
-    b.max_span = max_span;
-    return b;
-  }
-  // Sequence b of hb as a view with device pool and block table.
-  PagedKvView View(HostBatch& hb, int b) const {
-    PagedKvView v = hb.View(b);
-    v.pool_base = pool.get<uint8_t>();
-    v.block_table = tables.get<int32_t>() + hb.descs()[b].table_offset;
-    return v;
-  }
-  DeviceBuffer pool, tables, descs;
-};
 
 class KvKernelsCudaTest : public ::testing::Test {
  protected:
