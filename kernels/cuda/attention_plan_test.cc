@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -210,6 +211,56 @@ TEST_F(KernelArgsTest, AppendPicksTheWidestVector) {
             cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, kMax64, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
   EXPECT_EQ(PrepareAppend(layout_, 1, 0, 10, &a, &vec, &grid, &launch), cudaSuccess);
+  EXPECT_FALSE(launch);
+}
+
+// Quantized rows: int8 carries its scales, so an odd head count leaves rows 4-byte
+// aligned only and attention copies them in 4-byte halves; fp8 rows are the codes alone.
+TEST_F(KernelArgsTest, QuantizedRowsPickTheirLoadWidth) {
+  for (auto [format, kv_heads, token_bytes, load] :
+       {std::tuple<KvFormat, int, int64_t, int>{KvFormat::kInt8, 1, 132, 4},
+        {KvFormat::kInt8, 3, 396, 4},
+        {KvFormat::kInt8, 2, 264, 8},
+        {KvFormat::kInt8, 8, 1056, 8},
+        {KvFormat::kFp8E4M3, 1, 128, 8},
+        {KvFormat::kFp8E4M3, 3, 384, 8}}) {
+    const PageLayout l{DType::kFloat16, 16, kv_heads, 128, format};
+    ASSERT_EQ(Plan(l, Params(kv_heads * 4)), cudaSuccess);
+    bool launch = false;
+    AttentionArgs a = Args();
+    ASSERT_EQ(PrepareAttention(l, Params(kv_heads * 4), 1, plan_, nullptr, 0, &a, &launch),
+              cudaSuccess);
+    EXPECT_TRUE(launch);
+    EXPECT_EQ(a.token_bytes, token_bytes) << KvFormatName(format) << " " << kv_heads;
+    EXPECT_EQ(a.page_bytes, 2 * 16 * token_bytes);
+    EXPECT_EQ(a.kv_load_bytes, load) << KvFormatName(format) << " " << kv_heads;
+    EXPECT_EQ(a.scale_offset, int64_t(kv_heads) * 128);
+  }
+}
+
+TEST_F(KernelArgsTest, QuantizedAppendTakesAnyHeadDimAndRejectsPlainFormats) {
+  AppendArgs a{};
+  a.pool = reinterpret_cast<uint8_t*>(buf_);
+  a.tables = reinterpret_cast<const int32_t*>(buf_);
+  a.k = a.v = reinterpret_cast<uint8_t*>(buf_) + 2;  // any alignment of the activations
+  dim3 grid;
+  bool launch = false;
+  const PageLayout int8{DType::kBFloat16, 16, 3, 36, KvFormat::kInt8};
+  ASSERT_EQ(PrepareQuantAppend(int8, 2, 20, 10, &a, &grid, &launch), cudaSuccess);
+  EXPECT_TRUE(launch);
+  EXPECT_EQ(grid.x, 3u);  // ceil(20 / kQuantRowsPerCta)
+  EXPECT_EQ(grid.y, 6u);
+  EXPECT_EQ(grid.z, 2u);
+  EXPECT_EQ(a.token_bytes, 3 * 36 + 3 * 4);
+  EXPECT_EQ(a.value_bytes, 3 * 36);
+  EXPECT_EQ(a.head_dim, 36);
+  // The plain formats copy (PrepareAppend), and PrepareAppend leaves quantized ones alone.
+  int vec = 0;
+  EXPECT_EQ(PrepareQuantAppend(layout_, 1, 5, 10, &a, &grid, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareAppend(int8, 1, 5, 10, &a, &vec, &grid, &launch), cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareQuantAppend(int8, 1, 5, int64_t{1} << 31, &a, &grid, &launch),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(PrepareQuantAppend(int8, 1, 0, 10, &a, &grid, &launch), cudaSuccess);
   EXPECT_FALSE(launch);
 }
 
