@@ -5,8 +5,9 @@
 // scales (fp8_e4m3) to the device on a stream of its own, runs the kernel, copies the
 // outputs back and waits: synchronous like the CPU kernels, and thread-safe (concurrent
 // calls use different streams and buffers). Takes K/V stored as the activation dtype,
-// int8 or fp8_e4m3 (kv_kernels_cuda.h), head_dim 64, 128 or 256. view.pool_base must be a device address on `device`. Device
-// errors come back as INTERNAL naming the call and the CUDA error.
+// int8 or fp8_e4m3 (kv_kernels_cuda.h), head_dim 64, 128 or 256. view.pool_base must be
+// a device address on `device`. Device errors come back as INTERNAL naming the call and
+// the CUDA error.
 //
 // Plain C++ header: no CUDA headers, so core/ and daemon/ may include it.
 #ifndef KVARENA_KERNELS_CUDA_CUDA_KV_KERNELS_H_
