@@ -8,7 +8,7 @@
 // dtype (f32 / f16 / bf16), or quantized, with q, k, v and out in the activation dtype:
 //   int8     : a token row is [num_kv_heads][head_dim] int8 codes, then [num_kv_heads]
 //              float32 scales (one per token and head, absmax / 127, computed at append).
-//              Rows are 4-byte aligned only when num_kv_heads is odd (e.g. 1 x 128 =
+//              With num_kv_heads odd the rows are only 4-byte aligned (e.g. 1 x 128 =
 //              132 bytes): attention then reads them with 4-byte copies instead of 8.
 //   fp8_e4m3 : [num_kv_heads][head_dim] OCP e4m3fn codes of x / scale, with the layer's
 //              static scales view.k_scales / v_scales ([num_kv_heads] float32, DEVICE
