@@ -29,7 +29,8 @@ using Clock = std::chrono::steady_clock;
 struct Workload {
   int workers = 4, requests = 8, system = 2048, suffix = 128, decode = 32;
   int layers = 4, kv_heads = 2, q_heads = 8, head_dim = 64, page_size = 16;
-  DType dtype = DType::kFloat32;  // of the caches and of q, k, v (float32 or float16)
+  DType dtype = DType::kFloat32;                // of the caches and of q, k, v (float32 or float16)
+  KvFormat kv_format = KvFormat::kUnspecified;  // how the pages store K/V (unset: as dtype)
 };
 
 inline double Ms(Clock::time_point from) {
@@ -96,6 +97,7 @@ inline CacheSpec WorkloadSpec(const Workload& w, const std::string& prefix_names
   spec.num_kv_heads = w.kv_heads;
   spec.head_dim = w.head_dim;
   spec.dtype = w.dtype;
+  spec.kv_format = w.kv_format;
   spec.page_size = w.page_size;
   spec.prefix_namespace = prefix_namespace;
   return spec;

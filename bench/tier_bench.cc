@@ -27,9 +27,11 @@
 //
 // Usage: tier_bench [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] [--suffix=N]
 //                   [--layers=N] [--quick] [--modes=host,disk,redis,cluster]
-//                   [--kvarenad_flag=FLAG]...
-// --modes: the tier rows to run (the miss and arena rows always run); --kvarenad_flag: one
-// more flag for every daemon (e.g. --kvarenad_flag=--arena_warm_bytes=0, repeatable).
+//                   [--kv_format=float16|int8|fp8_e4m3] [--kvarenad_flag=FLAG]...
+// --modes: the tier rows to run (the miss and arena rows always run); --kv_format: how the
+// pages store K/V (q, k and v stay float16; a quantized format moves fewer bytes a hit);
+// --kvarenad_flag: one more flag for every daemon (e.g. --kvarenad_flag=--arena_warm_bytes=0,
+// repeatable).
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,10 +281,12 @@ int Run(Options& o, const std::string& command) {
   }
   std::printf(
       "tier_bench: %d-token shared prefix + %d-token unique suffix; %d layers, %d kv heads, %d q "
-      "heads, head_dim %d, float16, page %d (%.0f KiB of K/V a page over every layer: a chunk of "
+      "heads, head_dim %d, float16 (pages: %s), page %d (%.0f KiB of K/V a page over every "
+      "layer: a chunk of "
       "%d page(s), %lld-byte values); served path, kvarenad --num_threads=2 --tier_timeout=10s; "
       "%d samples a hit mode, %d misses; daemons and logs in %s\n",
-      w.system, w.suffix, w.layers, w.kv_heads, w.q_heads, w.head_dim, w.page_size,
+      w.system, w.suffix, w.layers, w.kv_heads, w.q_heads, w.head_dim,
+      KvFormatName(ResolveKvFormat(w.kv_format, w.dtype)), w.page_size,
       PositionBytes(w) * w.page_size / 1024, ChunkPages(w),
       static_cast<long long>(ChunkValueBytes(w)), o.samples, o.misses, o.dir.c_str());
   std::fflush(stdout);
@@ -379,6 +383,15 @@ int main(int argc, char** argv) {
       o.kvarenad = arg.substr(11);
     } else if (arg.rfind("--kvarenad_flag=", 0) == 0) {
       o.daemon_flags.push_back(arg.substr(16));
+    } else if (arg.rfind("--kv_format=", 0) == 0) {
+      o.w.kv_format = kvarena::KvFormat::kUnspecified;
+      for (const kvarena::KvFormatInfo& f : kvarena::kKvFormats) {
+        if (arg.substr(12) == f.name) o.w.kv_format = f.format;
+      }
+      if (o.w.kv_format == kvarena::KvFormat::kUnspecified) {
+        std::fprintf(stderr, "tier_bench: unknown %s\n", arg.c_str());
+        return 2;
+      }
     } else if (arg.rfind("--modes=", 0) == 0) {
       o.modes = absl::StrSplit(arg.substr(8), ',', absl::SkipEmpty());
     } else if (!int_flag(arg, "samples", &o.samples) && !int_flag(arg, "misses", &o.misses) &&
@@ -387,7 +400,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--kvarenad=PATH] [--samples=N] [--misses=N] [--system=N] "
                    "[--suffix=N] [--layers=N] [--quick] [--modes=host,disk,redis,cluster] "
-                   "[--kvarenad_flag=FLAG]...\n",
+                   "[--kv_format=float16|int8|fp8_e4m3] [--kvarenad_flag=FLAG]...\n",
                    argv[0]);
       return 2;
     }

@@ -43,7 +43,12 @@ inline int64_t MinorFaults(pid_t pid) {
 
 // Payload bytes of one position over every layer, K and V.
 inline double PositionBytes(const Workload& w) {
-  return 2.0 * w.layers * w.kv_heads * w.head_dim * double(ElementBytes(w.dtype));
+  PageLayout l;
+  l.dtype = w.dtype;
+  l.kv_format = w.kv_format;
+  l.num_kv_heads = w.kv_heads;
+  l.head_dim = w.head_dim;
+  return 2.0 * w.layers * double(l.TokenBytes());  // a quantized format's scales included
 }
 
 // Pages a chunk holds by default (DefaultChunkPages): the fewest whose K/V over every
@@ -56,7 +61,9 @@ inline int ChunkPages(const Workload& w) {
 // A chunk's value size as docs/tiers.md lays it out (namespace "bench", no tenant).
 inline int64_t ChunkValueBytes(const Workload& w) {
   const int64_t positions = int64_t(ChunkPages(w)) * w.page_size;
-  return 8 + 4 + 6 * 4 + 8 + 4 + 4 + 5 + 32 + 4 * positions + 4 * w.layers +
+  // magic, version, 8 x u32 (representation, geometry, P), scales_digest, first_block,
+  // tenant, namespace "bench", two hashes; tokens, first_page; payload; checksum.
+  return 8 + 4 + 8 * 4 + 8 + 8 + 4 + 4 + 5 + 32 + 4 * positions + 4 * w.layers +
          int64_t(PositionBytes(w)) * positions + 8;
 }
 
@@ -92,15 +99,19 @@ inline absl::Status WaitStored(Client& client, const std::string& medium, int64_
 // every cached page of a prefix is reclaimed (and written back to the tiers below).
 inline absl::Status Pressure(Client& client, const Workload& w, const Noise& noise) {
   KVARENA_ASSIGN_OR_RETURN(auto filler, client.Allocate(WorkloadSpec(w, "")));
-  constexpr int64_t kStep = 256;
-  for (bool full = false; !full;) {
-    for (int l = 0; l < w.layers && !full; ++l) {
-      auto r = filler->append(l, noise.Arg(w.kv_heads, kStep, w.head_dim),
-                              noise.Arg(w.kv_heads, kStep, w.head_dim));
-      if (absl::IsResourceExhausted(r.status()))
-        full = true;
-      else if (!r.ok())
-        return r.status();
+  // 256 tokens a step, then a page a step: an append takes all its pages or none, so a
+  // few cached pages would outlive a refused 256-token step (int8 pools, whose chunks of
+  // 63 pages leave other remainders than float16's 32).
+  for (int64_t step : {int64_t{256}, int64_t{w.page_size}}) {
+    for (bool full = false; !full;) {
+      for (int l = 0; l < w.layers && !full; ++l) {
+        auto r = filler->append(l, noise.Arg(w.kv_heads, step, w.head_dim),
+                                noise.Arg(w.kv_heads, step, w.head_dim));
+        if (absl::IsResourceExhausted(r.status()))
+          full = true;
+        else if (!r.ok())
+          return r.status();
+      }
     }
   }
   return filler->release();
