@@ -143,5 +143,39 @@ TEST_F(TierHangTest, APoolPastMaxQueuedBytesRefusesAPrefillAppend) {
   EXPECT_TRUE(AppendF32(id, 0, 0, 4096, kPromptHeads, kPromptDim, 1.0f).ok());
 }
 
+// A pool displaced at --max_pools=1 while the tier's writer hangs on a chunk of it (a SET
+// the stalled peer never answers, the pool's other chunks queued behind it): the Allocate
+// that displaces it, Health, Ping and Stats all answer within their deadlines, since a
+// displaced pool is destroyed, and its cached pages handed down, outside the locks calls
+// take, and the writer waits holding only its own queue.
+TEST_F(TierHangTest, APoolDisplacedWhileTheTierWriterHangsLeavesCallsAnswering) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--max_pools=1"}));
+  // No prompt at Allocate (a lookup would hang too): the tokens are declared instead, so
+  // the computed pages register and their full chunks go to the (hung) Redis writer.
+  const Prompt p = MakePrompt(9, 41);
+  v1::CacheSpec spec = Spec(kPromptLayers, kPromptHeads, kPromptDim);
+  spec.set_prefix_namespace("model");
+  const std::string id = Allocate(spec);
+  v1::SetTokensRequest declare;
+  declare.set_cache_id(id);
+  declare.mutable_token_ids()->Assign(p.tokens.begin(), p.tokens.end());
+  v1::SetTokensResponse declared;
+  ASSERT_TRUE(stub_->SetTokens(WithDeadline(kPromptDeadline).get(), declare, &declared).ok());
+  ASSERT_NO_FATAL_FAILURE(ComputePrompt(stub_.get(), id, p, 0));
+  ASSERT_TRUE(redis_.WaitStalled(absl::Seconds(30))) << "no chunk write reached the peer";
+  ASSERT_NO_FATAL_FAILURE(ReleaseCache(stub_.get(), id));  // the pool is idle, pages cached
+  EXPECT_GT(Stats().pages().pages_cached(), 0u);
+
+  v1::AllocateRequest other;  // another geometry: the idle pool gives way
+  *other.mutable_spec() = Spec(kPromptLayers, kPromptHeads, 2 * kPromptDim);
+  v1::AllocateResponse made;
+  const grpc::Status s = stub_->Allocate(WithDeadline(kPromptDeadline).get(), other, &made);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_NO_FATAL_FAILURE(ExpectPromptAnswers());
+  const v1::StatsResponse stats = Stats();
+  ASSERT_EQ(stats.pools_size(), 1);
+  EXPECT_EQ(stats.pools(0).head_dim(), uint32_t(2 * kPromptDim));
+}
+
 }  // namespace
 }  // namespace kvarena
