@@ -109,9 +109,11 @@ inline __m256 HSum8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-// 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0.
+// 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0; NaN stays NaN
+// (maxps returns its second operand when either is NaN), so a NaN score spreads as in the
+// portable tile.
 inline __m256 Exp2(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
   __m256 p = _mm256_set1_ps(kExp2Taylor[0]);

@@ -119,9 +119,11 @@ inline __m512 Sum16(const __m512* v) {
                        _mm512_shuffle_f32x4(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0.
+// 2^x for x <= 0 (as softmax uses it); x < -126, -inf included, gives 0; NaN stays NaN
+// (maxps returns its second operand when either is NaN), so a NaN score spreads as in the
+// portable tile.
 inline __m512 Exp2(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);  // [-0.5, 0.5]
   __m512 p = _mm512_set1_ps(kExp2Taylor[0]);
