@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/dtype_convert.h"
 #include "kernels/cpu/kv_kernels.h"
 #include "kernels/cpu/row_convert.h"
 #include "kernels/cpu/thread_pool.h"
@@ -69,7 +70,7 @@ struct Call {
   AttendTileFn tile_fn = nullptr;
   cpu_internal::RowConvert rows{};  // q in, the output out
   const float* qs = nullptr;        // [num_kv_heads][n][group][head_dim], scaled by scale * log2(e)
-  const uint16_t* qs_bf16 = nullptr;  // bf16 caches: the same rows as stored, unscaled
+  const uint16_t* qs_bf16 = nullptr;  // the same rows as bf16, unscaled (BFloat16Queries)
   // The VNNI tile: the rows of qs quantized to int8, their scales and code sums.
   const int8_t* q8_codes = nullptr;
   const float* q8_scale = nullptr;
@@ -111,6 +112,12 @@ struct QueryCodes {
     call->q8_sum = sum.data() + at / size_t(dim);
   }
 };
+
+// Whether the tile multiplies bf16 q (Call::qs_bf16): bf16 activations keep their rows
+// for it, and the fp8 tile on AVX512_BF16 takes f16 / f32 ones rounded to bf16.
+bool BFloat16Queries(DType dtype, AttendTileFn tile_fn) {
+  return dtype == DType::kBFloat16 || tile_fn == &cpu_internal::Avx512Bf16Fp8AttendTile;
+}
 
 int64_t FirstVisible(const PagedKvView& view, const AttentionParams& p, int64_t pos) {
   const int64_t lo = p.window > 0 ? pos - p.window + 1 : 0;
@@ -211,7 +218,6 @@ void RunUnit(const Call& call, int64_t unit) {
   args.next_k = next_k;
   args.next_v = next_v;
   args.scratch = scratch.data();
-  args.q_scale = p.scale * std::numbers::log2e_v<float>;
   const size_t head_bytes = size_t(dim) * view.layout.ElemBytes();
   const KvFormatInfo& format = *FindKvFormat(view.layout.format());
   const size_t scale_bytes = format.scales == KvScales::kPerToken ? format.scale_bytes : 0;
@@ -236,6 +242,7 @@ void RunUnit(const Call& call, int64_t unit) {
       const size_t q_at = (size_t(h) * p.n + i0) * plan.group * dim;
       args.q = call.qs + q_at;
       args.q_bf16 = call.qs_bf16 != nullptr ? call.qs_bf16 + q_at : nullptr;
+      args.q_scale = p.scale * std::numbers::log2e_v<float> * TileStaticScale(view, 0, h);
       if (call.q8_codes != nullptr) {
         args.q_i8 = call.q8_codes + q_at;
         args.q_i8_scale = call.q8_scale + q_at / size_t(dim);
@@ -314,8 +321,8 @@ void MergeSplits(const Call& call) {
 }
 
 // qs[h][i][g][:] = q[h * group + g][i][:] * scale * log2(e) * K's TileStaticScale of head
-// h, for kv heads [h0, h1); for bf16 caches qs_bf16 (same layout) gets the stored rows as
-// they are.
+// h, for kv heads [h0, h1); qs_bf16 (same layout), if wanted, gets the rows unscaled as
+// bf16: bf16 ones as stored, others rounded to nearest even.
 void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, const void* q,
                   int h0, int h1, cpu_internal::LoadRowFn load, float* qs, uint16_t* qs_bf16) {
   const int dim = view.layout.head_dim;
@@ -330,7 +337,12 @@ void ScaleQueries(const PagedKvView& view, const AttentionParams& p, int group, 
         const uint8_t* src = static_cast<const uint8_t*>(q) + src_row * dim * elem;
         float* dst = qs + dst_row * dim;
         load(view.layout.dtype, src, dim, dst);
-        if (qs_bf16 != nullptr) std::memcpy(qs_bf16 + dst_row * dim, src, dim * elem);
+        if (qs_bf16 != nullptr && view.layout.dtype == DType::kBFloat16) {
+          std::memcpy(qs_bf16 + dst_row * dim, src, dim * elem);
+        } else if (qs_bf16 != nullptr) {
+          for (int d = 0; d < dim; ++d)
+            qs_bf16[dst_row * dim + d] = cpu_internal::FloatToBFloat16(dst[d]);
+        }
         for (int d = 0; d < dim; ++d) dst[d] *= head_factor;
       }
     }
@@ -386,8 +398,8 @@ bool PagedAttentionBatch(const PagedKvView* views, const int64_t* q_pos, int bat
   const int group = params.num_q_heads / layout.num_kv_heads;
   const size_t qs_per_seq = size_t(layout.num_kv_heads) * params.n * group * dim;
   std::vector<float> qs(qs_per_seq * size_t(batch));
-  std::vector<uint16_t> qs_bf16(layout.dtype == DType::kBFloat16 ? qs.size() : 0);
   const AttendTileFn tile_fn = cpu_internal::SelectAttendTile(dim, layout.dtype, layout.format());
+  std::vector<uint16_t> qs_bf16(BFloat16Queries(layout.dtype, tile_fn) ? qs.size() : 0);
   QueryCodes q8;
   if (tile_fn == &cpu_internal::Avx512VnniAttendTile) q8.Resize(qs.size() / dim, dim);
   std::vector<size_t> partial_at(size_t(batch) + 1, 0);
@@ -442,7 +454,7 @@ bool PagedAttention(const PagedKvView& view, const AttentionParams& params, cons
 
   const int group = call.plan.group;
   std::vector<float> qs(size_t(num_kv_heads) * params.n * group * dim);
-  std::vector<uint16_t> qs_bf16(view.layout.dtype == DType::kBFloat16 ? qs.size() : 0);
+  std::vector<uint16_t> qs_bf16(BFloat16Queries(view.layout.dtype, call.tile_fn) ? qs.size() : 0);
   uint16_t* raw = qs_bf16.empty() ? nullptr : qs_bf16.data();
   const bool big_q = qs.size() >= (size_t(1) << 16);
   if (pool != nullptr && big_q) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numbers>
 #include <random>
@@ -124,13 +125,31 @@ class PagedAttentionTest : public ::testing::Test {
     return out;
   }
 
+  // q [num_q_heads][n][dim] as the tile for fp8 pages on AVX512_BF16 multiplies it:
+  // each element rounded to bf16, to nearest even (bf16 activations are already).
+  static std::vector<double> BFloat16Queries(const std::vector<double>& q) {
+    std::vector<double> out(q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      uint32_t bits;
+      const float x = float(q[i]);
+      std::memcpy(&bits, &x, 4);
+      bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;  // finite q only
+      float y;
+      std::memcpy(&y, &bits, 4);
+      out[i] = y;
+    }
+    return out;
+  }
+
   // Checks every variant (each kernel family the machine has, with / without the pool)
-  // against the float64 reference of the stored values. The error allowed is float32 accumulation
-  // plus half an output ULP of the dtype.
-  void CheckProblem(const Problem& pb) {
+  // against the float64 reference of the stored values (with q as the tile multiplies it).
+  // The error allowed is float32 accumulation plus half an output ULP of the dtype. `edit`,
+  // if set, changes the random pages before the run.
+  void CheckProblem(const Problem& pb, const std::function<void(TestPagedLayer&)>& edit = {}) {
     const int64_t len = pb.q_pos + pb.n + pb.extra;
     TestPagedLayer layer(pb.layout, pb.first_block, len, rng_);
     layer.FillRandom(rng_);
+    if (edit) edit(layer);
     const int num_q_heads = pb.layout.num_kv_heads * pb.group;
     const std::vector<uint8_t> q =
         RandomStored(pb.layout.dtype, size_t(num_q_heads) * pb.n * pb.layout.head_dim, rng_);
@@ -147,6 +166,9 @@ class PagedAttentionTest : public ::testing::Test {
     const std::vector<double> want_q8 =
         ReferenceAttention(layer, Int8Queries(q_values, pb.layout.head_dim, params.scale),
                            num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
+    // So does the fp8 tile on AVX512_BF16, with q rounded to bf16.
+    const std::vector<double> want_qb = ReferenceAttention(
+        layer, BFloat16Queries(q_values), num_q_heads, pb.q_pos, pb.n, params.scale, pb.window);
 
     const double out_rel = pb.layout.dtype == DType::kFloat16    ? 0x1p-11
                            : pb.layout.dtype == DType::kBFloat16 ? 0x1p-8
@@ -154,16 +176,18 @@ class PagedAttentionTest : public ::testing::Test {
     for (const Variant& variant :
          VariantsFor(pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format)) {
       SCOPED_TRACE(VariantName(variant));
-      const std::vector<double>& want =
-          TileWith(variant.kernels, pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format) ==
-                  &cpu_internal::Avx512VnniAttendTile
-              ? want_q8
-              : want_q;
+      const cpu_internal::AttendTileFn fn =
+          TileWith(variant.kernels, pb.layout.head_dim, pb.layout.dtype, pb.layout.kv_format);
+      const std::vector<double>& want = fn == &cpu_internal::Avx512VnniAttendTile      ? want_q8
+                                        : fn == &cpu_internal::Avx512Bf16Fp8AttendTile ? want_qb
+                                                                                       : want_q;
       const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
       size_t bad = 0;
       for (size_t i = 0; i < want.size() && bad < 5; ++i) {
         const double tol = 1e-5 + out_rel * std::fabs(want[i]);
-        if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
+        const bool ok = std::isnan(want[i]) ? std::isnan(got[i])
+                                            : std::fabs(got[i] - want[i]) <= tol;  // NaN fails
+        if (!ok) {
           ++bad;
           ADD_FAILURE() << "element " << i << " (head " << i / pb.layout.head_dim / pb.n
                         << ", query " << i / pb.layout.head_dim % pb.n << "): got " << got[i]
@@ -242,6 +266,74 @@ TEST_F(PagedAttentionTest, Fp8WithFloat16QueriesMatchesReferenceAcrossSweep) {
 }
 TEST_F(PagedAttentionTest, Fp8WithFloat32QueriesMatchesReferenceAcrossSweep) {
   Sweep(DType::kFloat32, KvFormat::kFp8E4M3);
+}
+TEST_F(PagedAttentionTest, Fp8WithBFloat16QueriesMatchesReferenceAcrossSweep) {
+  Sweep(DType::kBFloat16, KvFormat::kFp8E4M3);
+}
+
+// fp8 K of every finite code (the sweeps stay below 2), and of zeros and subnormals only
+// (where the scores hang on them alone), on every family: exact up to float32 sums. One V
+// code of the last token is NaN, so the tile holding it takes the fp8 tile's NaN path
+// (and that dim of kv head 0's rows is NaN); head_dim 160 has a 32-dim tail for its scan.
+TEST_F(PagedAttentionTest, Fp8EveryKCodeMatchesReference) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (int top : {0x07, 0x7E}) {  // largest magnitude code
+      const int dim = top == 0x07 ? 128 : 160;
+      Problem pb;
+      pb.layout = {dtype, 16, 2, dim, KvFormat::kFp8E4M3};
+      pb.group = 4;
+      pb.q_pos = Rand(40, 200);
+      pb.scale_factor = top == 0x07 ? 4096.0f : 0.01f;  // scores of a few units
+      SCOPED_TRACE(Describe(pb) + " top=" + std::to_string(top));
+      CheckProblem(pb, [&](TestPagedLayer& layer) {
+        for (int64_t t = layer.view().first_pos(); t < layer.view().len; ++t) {
+          for (int h = 0; h < 2; ++h) {
+            for (int d = 0; d < dim; ++d) {
+              *layer.At(0, t, h, d) = uint8_t(Rand(0, top) | (Rand(0, 1) << 7));
+            }
+          }
+        }
+        *layer.At(1, pb.q_pos, 0, dim - 3) = 0xFF;
+      });
+    }
+  }
+}
+
+// A NaN code in K (or V) of a visible token makes every output row that sees it NaN (in V:
+// that dim) and leaves the other kv head alone, on every family.
+TEST_F(PagedAttentionTest, Fp8NaNCodePropagates) {
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int kv : {0, 1}) {
+      for (uint8_t nan : {uint8_t(0x7F), uint8_t(0xFF)}) {
+        const PageLayout layout{dtype, 16, 2, 64, KvFormat::kFp8E4M3};
+        TestPagedLayer layer(layout, 0, 100, rng_);
+        layer.FillRandom(rng_);
+        const int64_t t = Rand(0, 99);
+        const int d = int(Rand(0, 63));
+        *layer.At(kv, t, 0, d) = nan;  // kv head 0
+        AttentionParams params;
+        params.num_q_heads = 8;
+        params.q_pos = 99;
+        params.scale = 0.125f;
+        const std::vector<uint8_t> q = RandomStored(dtype, size_t(8) * 64, rng_);
+        for (const Variant& variant : VariantsFor(64, dtype, layout.kv_format)) {
+          SCOPED_TRACE(::testing::Message()
+                       << DTypeName(dtype) << " kv=" << kv << " nan=" << int(nan) << " t=" << t
+                       << " d=" << d << " " << VariantName(variant));
+          const std::vector<double> got = RunKernel(layer.view(), params, q, variant);
+          size_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const bool head0 = i < got.size() / 2;  // q heads 0..3 read kv head 0
+            const bool want_nan = head0 && (kv == 0 || int(i % 64) == d);
+            bad += std::isnan(got[i]) != want_nan;
+          }
+          EXPECT_EQ(bad, 0u);
+        }
+      }
+    }
+  }
 }
 
 // Long contexts: decode splits the keys across units (flash-decoding) and merges them.
@@ -339,6 +431,14 @@ TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
               &cpu_internal::Avx512AttendTile);
     EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 48, DType::kBFloat16),
               &cpu_internal::Avx512AttendTile);
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 128, dtype, KvFormat::kFp8E4M3),
+                &cpu_internal::Avx512Bf16Fp8AttendTile);
+      EXPECT_EQ(TileWith(CpuKernels::kAvx512Bf16, 48, dtype, KvFormat::kFp8E4M3),
+                &cpu_internal::Avx512AttendTile);  // head_dim % 32 != 0
+      EXPECT_EQ(TileWith(CpuKernels::kAvx512Vnni, 128, dtype, KvFormat::kFp8E4M3),
+                &cpu_internal::Avx512AttendTile);
+    }
   }
   // Forcing a family above what the CPU has gives what it has.
   TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);

@@ -43,8 +43,10 @@ struct AttendTileArgs {
   int head_dim = 0;
   int rows = 0;              // query rows (GQA heads x queries) of this kv head
   const float* q = nullptr;  // [rows][head_dim], pre-scaled by scale * log2(e)
-  // bf16 caches only: q as stored, unscaled, and the factor q carries (scale * log2(e)),
-  // for the tile that multiplies bf16 q by bf16 K exactly and scales the sums.
+  // The tiles that multiply bf16 q by bf16 K (bf16 caches, and fp8 ones on AVX512_BF16):
+  // q unscaled, as stored for bf16 activations and rounded to bf16 (to nearest even) for
+  // f16 / f32 ones, and the factor q carries: scale * log2(e) * K's static scale of this kv
+  // head (x kFp8TileScale for fp8, see attention.cc), by which the tile scales the sums.
   const uint16_t* q_bf16 = nullptr;  // [rows][head_dim]
   float q_scale = 0;
   // int8 caches on the VNNI tile only: q quantized per row (kernels/kv_quant.h's int8 of
@@ -84,6 +86,10 @@ void Avx2AttendTile(const AttendTileArgs& args);
 void Avx512AttendTile(const AttendTileArgs& args);
 // REQUIRES: CpuKernelsSupported() == kAvx512Bf16, kv_format bf16, head_dim % 32 == 0, q_bf16.
 void Avx512Bf16AttendTile(const AttendTileArgs& args);
+// REQUIRES: CpuKernelsSupported() == kAvx512Bf16, kv_format fp8_e4m3, head_dim % 32 == 0,
+// q_bf16. K's codes become bf16 exactly, so q . K is exact on q as bf16: with f16 / f32
+// activations the scores carry q's rounding to bf16 (relative 2^-9 an element).
+void Avx512Bf16Fp8AttendTile(const AttendTileArgs& args);
 // REQUIRES: CpuKernelsSupported() >= kAvx512Vnni, kv_format int8, head_dim % 64 == 0, q_i8.
 // q . K is exact on the quantized q: the scores carry q's int8 rounding besides K's.
 void Avx512VnniAttendTile(const AttendTileArgs& args);

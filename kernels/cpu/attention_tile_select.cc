@@ -109,6 +109,9 @@ AttendTileFn SelectAttendTile(int head_dim, DType dtype, KvFormat kv_format) {
       kv_format == KvFormat::kBFloat16 && head_dim % 32 == 0) {
     return &Avx512Bf16AttendTile;
   }
+  if (use == CpuKernels::kAvx512Bf16 && kv_format == KvFormat::kFp8E4M3 && head_dim % 32 == 0) {
+    return &Avx512Bf16Fp8AttendTile;
+  }
   if (use >= CpuKernels::kAvx512Vnni && kv_format == KvFormat::kInt8 && head_dim % 64 == 0) {
     return &Avx512VnniAttendTile;
   }

@@ -13,7 +13,7 @@ enum class CpuKernels {
   kAvx512 = 2,      // AVX-512 F/BW/VL, head_dim % 16 == 0
   kAvx512Vnni = 3,  // kAvx512, and q . K by vpdpbusd (AVX512_VNNI) for int8 caches, with q
                     // quantized per row to int8, head_dim % 64 == 0
-  kAvx512Bf16 = 4,  // kAvx512Vnni, and q . K by vdpbf16ps (AVX512_BF16) for bf16 caches
+  kAvx512Bf16 = 4,  // kAvx512Vnni, and q . K by vdpbf16ps (AVX512_BF16) for bf16 and fp8 caches
 };
 
 // "portable", "avx2", "avx512", "avx512_vnni", "avx512_bf16".
