@@ -453,20 +453,24 @@ TEST_F(PagedAttentionTest, SelectsEachKernelFamilyTheCpuHas) {
 
 // A batch of sequences with different lengths, evicted prefixes and positions, in one call:
 // each sequence's output matches its float64 reference, none is written past the batch,
-// with and without the pool, by every kernel family the machine has.
+// with and without the pool, by every kernel family the machine has; half the problems on
+// fp8 pages.
 TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
   SCOPED_TRACE(::testing::Message() << "seed=" << seed_);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (int batch : {1, 3, 9}) {
       for (int64_t n : {int64_t(1), int64_t(3)}) {
-        const PageLayout layout{dtype, 8, 2, 64};
+        // fp8 pages on every other problem (the tile on AVX512_BF16 rounds q to bf16).
+        const KvFormat format =
+            (batch == 3) == (n == 1) ? KvFormat::kFp8E4M3 : KvFormat::kUnspecified;
+        const PageLayout layout{dtype, 8, 2, 64, format};
         const int group = 4, num_q_heads = layout.num_kv_heads * group;
         const int64_t window = Rand(0, 1) == 1 ? Rand(5, 400) : 0;
         std::vector<std::unique_ptr<TestPagedLayer>> layers;
         std::vector<PagedKvView> views;
         std::vector<int64_t> q_pos;
         std::vector<uint8_t> q;
-        std::vector<double> want;
+        std::vector<double> want, want_qb;
         AttentionParams params;
         params.num_q_heads = num_q_heads;
         params.n = n;
@@ -482,17 +486,28 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
           q_pos.push_back(pos);
           const std::vector<uint8_t> qb =
               RandomStored(dtype, size_t(num_q_heads) * n * layout.head_dim, rng_);
-          const std::vector<double> w = ReferenceAttention(
-              *layers.back(), DecodeAll(dtype, qb), num_q_heads, pos, n, params.scale, window);
+          const std::vector<double> qv = DecodeAll(dtype, qb);
+          const std::vector<double> w =
+              ReferenceAttention(*layers.back(), qv, num_q_heads, pos, n, params.scale, window);
+          const std::vector<double> wb = ReferenceAttention(
+              *layers.back(), BFloat16Queries(qv), num_q_heads, pos, n, params.scale, window);
           q.insert(q.end(), qb.begin(), qb.end());
           want.insert(want.end(), w.begin(), w.end());
+          want_qb.insert(want_qb.end(), wb.begin(), wb.end());
         }
         const double out_rel = dtype == DType::kFloat16    ? 0x1p-11
                                : dtype == DType::kBFloat16 ? 0x1p-8
                                                            : 0.0;
-        for (const Variant& variant : VariantsFor(layout.head_dim, dtype)) {
-          SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " batch=" << batch << " n=" << n
-                                            << " window=" << window << " " << VariantName(variant));
+        for (const Variant& variant : VariantsFor(layout.head_dim, dtype, format)) {
+          SCOPED_TRACE(::testing::Message()
+                       << DTypeName(dtype) << " kv_format=" << KvFormatName(layout.format())
+                       << " batch=" << batch << " n=" << n << " window=" << window << " "
+                       << VariantName(variant));
+          const std::vector<double>& want_v =
+              TileWith(variant.kernels, layout.head_dim, dtype, format) ==
+                      &cpu_internal::Avx512Bf16Fp8AttendTile
+                  ? want_qb
+                  : want;
           TEST_ForceCpuKernels(variant.kernels);
           std::vector<uint8_t> out(q.size() + 64, 0xFF);
           PagedAttentionBatch(views.data(), q_pos.data(), batch, params, q.data(), out.data(),
@@ -503,15 +518,15 @@ TEST_F(PagedAttentionTest, BatchMatchesReferencePerSequence) {
           })) << "wrote past the output";
           out.resize(q.size());
           const std::vector<double> got = DecodeAll(dtype, out);
-          const size_t per_seq = want.size() / size_t(batch);
+          const size_t per_seq = want_v.size() / size_t(batch);
           size_t bad = 0;
-          for (size_t i = 0; i < want.size() && bad < 5; ++i) {
-            const double tol = 1e-5 + out_rel * std::fabs(want[i]);
-            if (!(std::fabs(got[i] - want[i]) <= tol)) {  // NaN fails too
+          for (size_t i = 0; i < want_v.size() && bad < 5; ++i) {
+            const double tol = 1e-5 + out_rel * std::fabs(want_v[i]);
+            if (!(std::fabs(got[i] - want_v[i]) <= tol)) {  // NaN fails too
               ++bad;
               ADD_FAILURE() << "sequence " << i / per_seq << " (q_pos " << q_pos[i / per_seq]
                             << ") element " << i % per_seq << ": got " << got[i] << " want "
-                            << want[i];
+                            << want_v[i];
             }
           }
         }
