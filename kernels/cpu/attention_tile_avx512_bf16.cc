@@ -33,16 +33,13 @@ namespace kvarena::cpu_internal {
 namespace avx512 {
 namespace {
 
-// bf16 K against the bf16 q (args.q_bf16), 32 dims a step.
-struct BF16Dot {
-  static constexpr size_t kVBytes = 2;
+// What every vdpbf16ps element type shares: bf16 q (args.q_bf16) against K widened to
+// bf16, 32 dims a step, the sums times args.q_scale. The types add kVBytes, LoadK, LoadV.
+struct BF16QueryDot {
   static constexpr int kDimsPerStep = 32;
   static const uint16_t* Query(const AttendTileArgs& args) { return args.q_bf16; }
   static __m512 LoadQ(const uint16_t* q, int d) {
     return _mm512_castsi512_ps(_mm512_loadu_si512(q + d));
-  }
-  static __m512 LoadK(const uint8_t* p, int d) {
-    return _mm512_castsi512_ps(_mm512_loadu_si512(p + size_t(d) * 2));
   }
   static __m512 Mac(__m512 acc, __m512 q, __m512 k) {
     return _mm512_dpbf16_ps(acc, (__m512bh)q, (__m512bh)k);
@@ -52,6 +49,14 @@ struct BF16Dot {
   static Rows RowsOf(const AttendTileArgs&, int, int, int) { return {}; }
   static __m512 Finish(__m512 sums, const AttendTileArgs& args, const Rows&) {
     return _mm512_mul_ps(sums, _mm512_set1_ps(args.q_scale));
+  }
+};
+
+// bf16 K against the bf16 q.
+struct BF16Dot : BF16QueryDot {
+  static constexpr size_t kVBytes = 2;
+  static __m512 LoadK(const uint8_t* p, int d) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512(p + size_t(d) * 2));
   }
   static __m512 LoadV(const uint8_t* p) { return LoadBF16(p); }
 };
@@ -100,24 +105,10 @@ inline __m512 LoadE4M3Finite(const uint8_t* p) {
 // fp8 e4m3 K codes against the bf16 q, 32 dims a step; kNaN: whether the tile may hold
 // NaN codes (then V is read by LoadE4M3, which keeps them).
 template <bool kNaN>
-struct Fp8Dot {
+struct Fp8Dot : BF16QueryDot {
   static constexpr size_t kVBytes = 1;
-  static constexpr int kDimsPerStep = 32;
-  static const uint16_t* Query(const AttendTileArgs& args) { return args.q_bf16; }
-  static __m512 LoadQ(const uint16_t* q, int d) {
-    return _mm512_castsi512_ps(_mm512_loadu_si512(q + d));
-  }
   static __m512 LoadK(const uint8_t* p, int d) {
     return _mm512_castsi512_ps(E4M3ToBF16<kNaN>(p + d));
-  }
-  static __m512 Mac(__m512 acc, __m512 q, __m512 k) {
-    return _mm512_dpbf16_ps(acc, (__m512bh)q, (__m512bh)k);
-  }
-  static __m512 Partial(__m512 acc) { return acc; }
-  struct Rows {};
-  static Rows RowsOf(const AttendTileArgs&, int, int, int) { return {}; }
-  static __m512 Finish(__m512 sums, const AttendTileArgs& args, const Rows&) {
-    return _mm512_mul_ps(sums, _mm512_set1_ps(args.q_scale));
   }
   static __m512 LoadV(const uint8_t* p) { return kNaN ? LoadE4M3(p) : LoadE4M3Finite(p); }
 };
