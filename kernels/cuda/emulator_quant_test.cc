@@ -146,13 +146,13 @@ class EmulatorQuantTest : public ::testing::Test {
     const size_t per_seq = size_t(pb.num_q_heads()) * pb.n * l.head_dim;
     const size_t seq_bytes = per_seq * l.ActivationBytes();
     const std::vector<uint8_t> q = RandomStored(l.dtype, per_seq * hb.batch(), rng_);
-    // The CPU kernel twice: below its VNNI tile (which quantizes q to int8 for int8
-    // caches: attention.cc QueryCodes) it computes what these kernels do, so within float32
-    // rounding; as it runs by default, within its own q quantization error.
+    // The CPU kernel below its VNNI and bf16 dot-product tiles, which round q (to int8 for
+    // int8 caches, to bf16 for fp8 ones: attention.cc), computes what these kernels do, so
+    // within float32 rounding. The default tiles are not compared: how far q's rounding
+    // moves an output depends on the softmax's sharpness, and no fixed bound holds.
     TEST_ForceCpuKernels(CpuKernels::kAvx512);
     const std::vector<double> cpu = DecodeAll(l.dtype, CpuAttention(pb, hb, q));
     TEST_ForceCpuKernels(CpuKernels::kAvx512Bf16);  // back to the default
-    const std::vector<double> cpu_default = DecodeAll(l.dtype, CpuAttention(pb, hb, q));
     const std::vector<double> ref = QuantReference(pb, hb, q);
 
     int64_t span = 1;
@@ -173,7 +173,7 @@ class EmulatorQuantTest : public ::testing::Test {
     int splits = RunEmulatedAttention(l, ParamsFor(pb, 0), a, hb.batch(), span, slots);
     EXPECT_TRUE(std::all_of(got.end() - 64, got.end(), [](uint8_t x) { return x == 0xFF; }));
     got.resize(seq_bytes * hb.batch());
-    Compare(l.dtype, got, ref, cpu, cpu_default, "batched");
+    Compare(l.dtype, got, ref, cpu, "batched");
 
     std::vector<uint8_t> one(seq_bytes);
     for (int b = 0; b < hb.batch(); ++b) {
@@ -193,23 +193,16 @@ class EmulatorQuantTest : public ::testing::Test {
       Compare(l.dtype, one,
               std::vector<double>(ref.begin() + b * per_seq, ref.begin() + (b + 1) * per_seq),
               std::vector<double>(cpu.begin() + b * per_seq, cpu.begin() + (b + 1) * per_seq),
-              std::vector<double>(cpu_default.begin() + b * per_seq,
-                                  cpu_default.begin() + (b + 1) * per_seq),
               "sequence " + std::to_string(b));
     }
     return splits;
   }
 
-  // Against the float64 reference and the CPU kernel's float path: float32 rounding
-  // only. Against the CPU kernel as it runs by default: its int8 VNNI tile's q
-  // quantization (about 1% of |V|) bounds the difference.
+  // Against the float64 reference and the CPU kernel's float path: float32 rounding only.
   void Compare(DType dtype, const std::vector<uint8_t>& got, const std::vector<double>& ref,
-               const std::vector<double>& cpu, const std::vector<double>& cpu_default,
-               const std::string& what) {
+               const std::vector<double>& cpu, const std::string& what) {
     EXPECT_EQ(CompareWithin(dtype, got, ref, 1e-4, 1e-5), "") << what << " vs float64";
     EXPECT_EQ(CompareWithin(dtype, got, cpu, 2e-5, 1e-6), "") << what << " vs the CPU kernel";
-    EXPECT_EQ(CompareWithin(dtype, got, cpu_default, 0.03, 0.02), "")
-        << what << " vs the default CPU kernel";
   }
 
   uint64_t seed_;
